@@ -1,0 +1,133 @@
+--[[
+  Shared prelude of every luft-redis script.
+
+  Every script receives the keys of one run, in this order (see luft_redis/keys.py):
+    KEYS[1] run            hash    status, task, totals, timestamps, version
+    KEYS[2] events         stream  the event log
+    KEYS[3] phases         hash    <phase_id>:<attr>
+    KEYS[4] results        hash    <agent_id>:<attr>
+    KEYS[5] sessions       hash    <agent_id>:<attr>
+    KEYS[6] started        hash    <agent_id> -> "<seq> <phase_id>"
+    KEYS[7] findings       hash    segment id -> msgpack list of findings
+    KEYS[8] findings_order list    segment ids in order
+
+  Conventions:
+    * numbers travel as decimal strings; u64 sums are done on strings (see u64_add);
+    * an optional argument is "n" for null or "s" followed by the value;
+    * a script reads and checks everything first and writes only afterwards, so an error
+      reply never leaves a half-applied change;
+    * domain errors are raised with fail(CODE, message) and reach the client as the error
+      reply "LUFT_<CODE> <message>" (see main.lua).
+]]
+local K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+
+local U64_MAX = '18446744073709551615'
+local EMPTY_LIST = '\144' -- msgpack of []
+
+local function fail(code, message)
+  error('LUFT_' .. code .. ' ' .. message, 0)
+end
+
+-- Decode an optional argument: "n" -> nil, "s<value>" -> value.
+local function opt(arg, name)
+  if arg == 'n' then return nil end
+  if arg == nil or string.sub(arg, 1, 1) ~= 's' then
+    fail('BAD_ARG', 'optional argument ' .. name .. ' is malformed')
+  end
+  return string.sub(arg, 2)
+end
+
+local function is_uint(s)
+  return type(s) == 'string' and (s == '0' or string.find(s, '^[1-9]%d*$') ~= nil)
+    and (#s < 20 or (#s == 20 and s <= U64_MAX))
+end
+
+-- A stored u64 field, checked; a missing field is corrupt too.
+local function stored_uint(key, field, value)
+  if not is_uint(value) then
+    fail('CORRUPT', key .. ' ' .. field .. ' is not an unsigned integer')
+  end
+  return value
+end
+
+local function arg_uint(value, name)
+  if not is_uint(value) then fail('BAD_ARG', name .. ' is not an unsigned integer') end
+  return value
+end
+
+-- Exact addition of two u64 decimal strings; fails with LUFT_OVERFLOW past 2^64-1.
+local function u64_add(a, b, what)
+  if #a < 15 and #b < 15 then
+    return string.format('%d', tonumber(a) + tonumber(b))
+  end
+  local digits, carry = {}, 0
+  local i, j = #a, #b
+  while i > 0 or j > 0 or carry > 0 do
+    local d = carry
+    if i > 0 then d = d + string.byte(a, i) - 48 end
+    if j > 0 then d = d + string.byte(b, j) - 48 end
+    digits[#digits + 1] = d % 10
+    carry = math.floor(d / 10)
+    i, j = i - 1, j - 1
+  end
+  local sum = string.reverse(table.concat(digits))
+  if #sum > 20 or (#sum == 20 and sum > U64_MAX) then
+    fail('OVERFLOW', what .. ' would exceed 2^64-1')
+  end
+  return sum
+end
+
+local VALID_STATUS = {running = true, completed = true, failed = true, cancelled = true}
+
+-- The run's status, checked; fails with LUFT_NO_RUN when the run does not exist.
+local function run_status()
+  local status = redis.call('HGET', K_RUN, 'status')
+  if not status then fail('NO_RUN', K_RUN .. ' does not exist') end
+  if not VALID_STATUS[status] then
+    fail('CORRUPT', K_RUN .. ' status is not a checkpoint status')
+  end
+  return status
+end
+
+-- Server time in unix seconds, as a decimal string.
+local function now_seconds()
+  return redis.call('TIME')[1]
+end
+
+-- HSET a flat field/value list in chunks (Lua's unpack has a stack limit).
+local function hset_flat(key, flat)
+  local n = #flat
+  local i = 1
+  while i <= n do
+    local j = math.min(i + 3999, n)
+    redis.call('HSET', key, unpack(flat, i, j))
+    i = j + 1
+  end
+end
+
+-- Bump the run's change counter and stamp updated_at; returns the new version.
+local function touch(now, extra)
+  local fields = {'updated_at', now}
+  if extra then
+    for i = 1, #extra do fields[#fields + 1] = extra[i] end
+  end
+  redis.call('HSET', K_RUN, unpack(fields))
+  return redis.call('HINCRBY', K_RUN, 'version', 1)
+end
+
+-- Replace agent `aid`'s findings in the run's finding list (contract §5, findings): in place
+-- when the agent already reported some, at the end when it reports its first. Segments
+-- "<aid>#2", "<aid>#3", ... left by save_checkpoint for the same agent are dropped.
+local function set_agent_findings(aid, blob)
+  if redis.call('HEXISTS', K_FINDINGS, aid) == 0 then
+    if blob == EMPTY_LIST then return end
+    redis.call('RPUSH', K_FINDINGS_ORDER, aid)
+  end
+  redis.call('HSET', K_FINDINGS, aid, blob)
+  local k = 2
+  while redis.call('HDEL', K_FINDINGS, aid .. '#' .. k) == 1 do
+    redis.call('LREM', K_FINDINGS_ORDER, 1, aid .. '#' .. k)
+    k = k + 1
+  end
+end

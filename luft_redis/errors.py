@@ -1,0 +1,104 @@
+"""Exceptions raised by luft-redis.
+
+Every error the library raises on purpose derives from :class:`LuftRedisError`, so callers can
+catch one base class. Errors that name a piece of input carry it in ``field``; errors about
+stored data carry the Redis ``key`` and ``field``.
+
+Domain errors raised inside the Lua scripts arrive as ``LUFT_<CODE> message`` replies and are
+mapped to these classes by :func:`luft_redis.scripts.translate_response_error`.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+__all__ = [
+    "BackendError",
+    "ConfigurationError",
+    "ConnectionError",
+    "CorruptDataError",
+    "LuftRedisError",
+    "NotResumableError",
+    "RunExistsError",
+    "RunMismatchError",
+    "RunNotBoundError",
+    "RunNotFoundError",
+    "ValidationError",
+]
+
+
+class LuftRedisError(Exception):
+    """Base class of every error raised by luft-redis."""
+
+
+class ValidationError(LuftRedisError, ValueError):
+    """Input does not match the luft contract; nothing was stored.
+
+    ``field`` is the dotted path of the offending value (``"tokens.input"``,
+    ``"agent_results.<id>.status"``), or ``""`` for the whole value.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class RunMismatchError(ValidationError):
+    """A value names another run than the one the backend is bound to; nothing was stored."""
+
+
+class ConfigurationError(LuftRedisError, ValueError):
+    """The backend was set up with options or a client it cannot work with."""
+
+
+class RunExistsError(LuftRedisError):
+    """``init_run`` on a run id that is already stored; nothing was changed."""
+
+    def __init__(self, run_id: object) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} already exists")
+
+
+class RunNotFoundError(LuftRedisError):
+    """The bound run is no longer stored in Redis (deleted behind the backend's back)."""
+
+    def __init__(self, run_id: object) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id} does not exist")
+
+
+class RunNotBoundError(LuftRedisError):
+    """An operation that needs a run was called before ``init_run`` or ``open_run``."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        super().__init__(f"{operation}() needs a bound run: call init_run() or open_run() first")
+
+
+class NotResumableError(LuftRedisError):
+    """``reset_status_to_running`` on a completed run; nothing was changed."""
+
+    def __init__(self, run_id: object, status: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        super().__init__(f"run {run_id} is {status} and cannot be resumed")
+
+
+class CorruptDataError(LuftRedisError):
+    """Data stored in Redis cannot be decoded; ``key`` and ``field`` say where it is."""
+
+    def __init__(self, key: str, field: str, message: str) -> None:
+        self.key = key
+        self.field = field
+        self.message = message
+        where = f"{key} field {field!r}" if field else key
+        super().__init__(f"corrupt data in {where}: {message}")
+
+
+class ConnectionError(LuftRedisError, builtins.ConnectionError):
+    """Redis could not be reached or did not answer in time; ``__cause__`` holds the redis error."""
+
+
+class BackendError(LuftRedisError):
+    """Redis answered with an error luft-redis does not expect (``__cause__`` holds it)."""

@@ -1,0 +1,82 @@
+"""Every Redis key luft-redis uses, in one place.
+
+All keys of a run share the hash tag ``{<run-id>}`` (the canonical hyphenated run id), so they
+map to one Redis Cluster slot and one Lua script may touch them all. The layout is documented
+field by field in ``docs/redis-layout.md``.
+
+=====================================  ======  ================================================
+key                                    type    holds
+=====================================  ======  ================================================
+``<prefix>:{<run>}:run``               hash    status, task, totals, timestamps, version, ...
+``<prefix>:{<run>}:events``            stream  the event log: fields ``type`` and ``data``
+``<prefix>:{<run>}:phases``            hash    ``<phase_id>:<attr>`` -> PhaseSummary fields
+``<prefix>:{<run>}:results``           hash    ``<agent_id>:<attr>`` -> AgentResultCache fields
+``<prefix>:{<run>}:sessions``          hash    ``<agent_id>:<attr>`` -> AgentSessionCheckpoint
+``<prefix>:{<run>}:started``           hash    ``<agent_id>`` -> ``<arrival seq> <phase_id>``
+``<prefix>:{<run>}:findings``          hash    finding segment id -> msgpack list of findings
+``<prefix>:{<run>}:findings_order``    list    finding segment ids in list order
+=====================================  ======  ================================================
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import NamedTuple
+
+from .errors import ConfigurationError
+
+__all__ = ["DEFAULT_PREFIX", "RunKeys", "check_prefix", "run_keys", "run_pattern"]
+
+DEFAULT_PREFIX = "luft"
+"""Key prefix used when none is given; one prefix is one namespace of runs."""
+
+SCHEMA_VERSION = "1"
+"""Value of the ``schema`` field of a run hash written by this version of luft-redis."""
+
+
+class RunKeys(NamedTuple):
+    """The keys of one run, in the order every Lua script receives them as ``KEYS``."""
+
+    run: str
+    events: str
+    phases: str
+    results: str
+    sessions: str
+    started: str
+    findings: str
+    findings_order: str
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if usable as a key prefix, else raise :class:`ConfigurationError`."""
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigurationError("prefix must be a non-empty string")
+    if any(c in prefix for c in "{}*?[]") or any(c.isspace() for c in prefix):
+        raise ConfigurationError(
+            f"prefix {prefix!r} must not contain braces, glob characters or whitespace"
+        )
+    return prefix
+
+
+def run_keys(prefix: str, run_id: uuid.UUID) -> RunKeys:
+    """The keys of run ``run_id`` under ``prefix``, all tagged ``{<run-id>}``."""
+    base = f"{prefix}:{{{run_id}}}:"
+    return RunKeys(*(base + name for name in RunKeys._fields))
+
+
+def run_pattern(prefix: str) -> str:
+    """SCAN pattern matching the main hash of every run under ``prefix``."""
+    return f"{prefix}:{{*}}:run"
+
+
+def run_id_from_key(prefix: str, key: str) -> uuid.UUID | None:
+    """The run id in a main-hash key found by :func:`run_pattern`, or None if it is not one."""
+    head, tail = f"{prefix}:{{", "}:run"
+    if not (key.startswith(head) and key.endswith(tail)):
+        return None
+    text = key[len(head) : -len(tail)]
+    try:
+        run_id = uuid.UUID(text)
+    except ValueError:
+        return None
+    return run_id if str(run_id) == text else None

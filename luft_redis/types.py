@@ -1,0 +1,1180 @@
+"""The luft checkpoint contract as Python types.
+
+Every type of ``luft_core/state.rs`` and every ``AgentEvent`` variant is a frozen, slotted,
+keyword-only dataclass with ``from_json(obj)`` (a classmethod taking the parsed JSON object)
+and ``to_json()`` giving exactly luft's JSON form, defaults included (see
+``docs/contract.md`` in the spec). Values are checked when they are built, from JSON or from
+Python: a wrong type, an out-of-range number or an unknown enum string raises
+:class:`~luft_redis.errors.ValidationError` naming the field.
+
+Values are immutable all the way down, so the in-process cache can hand out the same objects
+to every caller: lists are tuples, free JSON objects are :class:`FrozenDict` and arrays
+:class:`FrozenList` (read-only ``dict``/``list`` subclasses that compare equal to plain ones),
+and the checkpoint's maps are ``immutables.Map`` (a persistent map: updating one entry does not
+copy the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import re
+import typing
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, ClassVar, NoReturn, TypeVar, Union, get_args, get_origin
+
+import immutables
+
+from .errors import ValidationError
+
+__all__ = [
+    "EPOCH",
+    "EVENT_TYPES",
+    "U32_MAX",
+    "U64_MAX",
+    "AcpRaw",
+    "AcpRequest",
+    "AgentDone",
+    "AgentEvent",
+    "AgentProgress",
+    "AgentResultCache",
+    "AgentSessionCheckpoint",
+    "AgentStarted",
+    "AgentStatus",
+    "BudgetSet",
+    "CheckpointStatus",
+    "ConvergeDone",
+    "ConvergeStarted",
+    "Finding",
+    "FrozenDict",
+    "FrozenList",
+    "JsonValue",
+    "Location",
+    "Log",
+    "LogLevel",
+    "ParallelDone",
+    "ParallelStarted",
+    "PhaseDone",
+    "PhaseStarted",
+    "PhaseSummary",
+    "PipelineDone",
+    "PipelineItemDone",
+    "PipelineStageStarted",
+    "PipelineStarted",
+    "PlanPhase",
+    "PlanPreview",
+    "ProgressDelta",
+    "ProgressFileEdit",
+    "ProgressMessage",
+    "ProgressTokens",
+    "ProgressToolCall",
+    "Record",
+    "ReportEmitted",
+    "RunCheckpoint",
+    "RunDone",
+    "RunStarted",
+    "RunStatus",
+    "SchemaRetry",
+    "Severity",
+    "SignalReceived",
+    "TokenUsage",
+    "WorkflowDone",
+    "WorkflowStarted",
+    "freeze_json",
+    "thaw_json",
+]
+
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+I64_MIN = -(2**63)
+EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+# Annotations that carry the contract's ranges; they read as plain ``int``/``Any`` to mypy.
+U32 = Annotated[int, "u32"]
+U64 = Annotated[int, "u64"]
+JsonValue = Annotated[Any, "json"]
+"""Free JSON: None, bool, int (i64/u64 range), finite float, str, FrozenList, FrozenDict."""
+
+
+# --------------------------------------------------------------------------------------------
+# Free JSON, frozen
+# --------------------------------------------------------------------------------------------
+
+
+def _readonly(self: object, *args: object, **kwargs: object) -> NoReturn:
+    raise TypeError(f"{type(self).__name__} is read-only")
+
+
+class FrozenDict(dict[str, Any]):
+    """A read-only ``dict``: a JSON object handed out by the cache. Equal to a plain dict."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
+    __ior__ = _readonly
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, Any]]]:
+        return (FrozenDict, (dict(self),))
+
+
+class FrozenList(list[Any]):
+    """A read-only ``list``: a JSON array handed out by the cache. Equal to a plain list."""
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = _readonly
+    clear = reverse = sort = _readonly
+    __iadd__ = __imul__ = _readonly
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"FrozenList({list.__repr__(self)})"
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenList], tuple[list[Any]]]:
+        return (FrozenList, (list(self),))
+
+
+_MAX_JSON_DEPTH = 256
+
+
+def freeze_json(value: Any, path: str = "", _depth: int = 0) -> Any:
+    """Check that ``value`` is JSON luft can store and return it deeply frozen.
+
+    Raises :class:`ValidationError` for non-JSON values, integers outside the i64/u64 range,
+    NaN or infinite floats, non-string object keys and nesting deeper than 256.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if not I64_MIN <= value <= U64_MAX:
+            raise ValidationError(path, f"integer {value} is outside the i64/u64 range")
+        return int(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValidationError(path, f"{value} is not a JSON number")
+        return value
+    if _depth >= _MAX_JSON_DEPTH:
+        raise ValidationError(path, f"JSON nested deeper than {_MAX_JSON_DEPTH}")
+    if isinstance(value, FrozenDict | FrozenList):
+        return value  # built by freeze_json, already checked
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValidationError(path, f"JSON object key {key!r} is not a string")
+            out[key] = freeze_json(item, f"{path}.{key}" if path else key, _depth + 1)
+        return FrozenDict(out)
+    if isinstance(value, (list, tuple)):
+        return FrozenList(
+            freeze_json(item, f"{path}[{i}]", _depth + 1) for i, item in enumerate(value)
+        )
+    raise ValidationError(path, f"{type(value).__name__} is not a JSON value")
+
+
+def thaw_json(value: Any) -> Any:
+    """A plain, mutable copy of a frozen JSON value (dicts and lists)."""
+    if isinstance(value, dict):
+        return {k: thaw_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [thaw_json(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Enumerations
+# --------------------------------------------------------------------------------------------
+
+
+class _StrEnum(str, enum.Enum):  # noqa: UP042 (StrEnum changes format())
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Severity(_StrEnum):
+    """Finding severity, ordered ``info < low < medium < high < critical``."""
+
+    INFO = "info"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank < other.rank
+
+    def __le__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank <= other.rank
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank > other.rank
+
+    def __ge__(self, other: object) -> bool:
+        if not isinstance(other, Severity):
+            return NotImplemented
+        return self.rank >= other.rank
+
+
+_SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}
+
+
+class CheckpointStatus(_StrEnum):
+    """Status of a run's checkpoint."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AgentStatus(_StrEnum):
+    """An agent's outcome, written with its variant name in events (``"TimedOut"``)."""
+
+    OK = "Ok"
+    ERROR = "Error"
+    CANCELLED = "Cancelled"
+    TIMED_OUT = "TimedOut"
+
+    @property
+    def cache_str(self) -> str:
+        """The lower-case form used in ``AgentResultCache.status`` (``"timed_out"``)."""
+        return _AGENT_STATUS_CACHE[self]
+
+
+_AGENT_STATUS_CACHE = {
+    AgentStatus.OK: "ok",
+    AgentStatus.ERROR: "error",
+    AgentStatus.CANCELLED: "cancelled",
+    AgentStatus.TIMED_OUT: "timed_out",
+}
+AGENT_RESULT_STATUSES = frozenset(_AGENT_STATUS_CACHE.values())
+
+
+class RunStatus(_StrEnum):
+    """The outcome a ``run_done`` event reports."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    PARTIAL = "partial"
+
+
+class LogLevel(_StrEnum):
+    TRACE = "trace"
+    DEBUG = "debug"
+    INFO = "info"
+    WARN = "warn"
+    ERROR = "error"
+
+
+# --------------------------------------------------------------------------------------------
+# Timestamps
+# --------------------------------------------------------------------------------------------
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def parse_timestamp(text: str, path: str) -> _dt.datetime:
+    """Parse an RFC 3339 timestamp into an aware UTC datetime (sub-microseconds dropped)."""
+    m = _RFC3339.fullmatch(text)
+    if m is None:
+        raise ValidationError(path, f"{text!r} is not an RFC 3339 timestamp")
+    year, month, day, hour, minute, second, frac, zone = m.groups()
+    micros = int((frac or "").ljust(6, "0")[:6])
+    if zone in ("Z", "z"):
+        tz = _dt.UTC
+    else:
+        sign = 1 if zone[0] == "+" else -1
+        hours, minutes = int(zone[1:3]), int(zone[4:6])
+        if hours > 23 or minutes > 59:
+            raise ValidationError(path, f"{text!r} has an invalid UTC offset")
+        tz = _dt.timezone(sign * _dt.timedelta(hours=hours, minutes=minutes))
+    try:
+        value = _dt.datetime(
+            int(year), int(month), int(day), int(hour), int(minute),
+            min(int(second), 59), micros, tzinfo=tz,
+        )  # fmt: skip
+        return value.astimezone(_dt.UTC)
+    except (ValueError, OverflowError) as exc:
+        raise ValidationError(path, f"{text!r} is not a valid timestamp: {exc}") from None
+
+
+def format_timestamp(value: _dt.datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, fraction digits as chrono writes them (0, 3 or 6)."""
+    base = value.strftime("%Y-%m-%dT%H:%M:%S")
+    us = value.microsecond
+    if us == 0:
+        return base + "Z"
+    if us % 1000 == 0:
+        return f"{base}.{us // 1000:03d}Z"
+    return f"{base}.{us:06d}Z"
+
+
+def _check_timestamp(value: Any, path: str) -> _dt.datetime:
+    if isinstance(value, str):
+        return parse_timestamp(value, path)
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValidationError(path, "datetime must be timezone-aware")
+        if value.tzinfo is _dt.UTC:
+            return value
+        try:
+            return value.astimezone(_dt.UTC)
+        except OverflowError as exc:
+            raise ValidationError(path, f"timestamp out of range: {exc}") from None
+    raise ValidationError(path, f"expected an RFC 3339 string or datetime, got {_tname(value)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Field kinds: how one annotated field is checked (Python or JSON input) and dumped to JSON
+# --------------------------------------------------------------------------------------------
+
+
+def _tname(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+class _Kind:
+    """Checks and converts one field. ``check`` takes Python or JSON input."""
+
+    __slots__ = ()
+    nullable = False
+
+    def check(self, value: Any, path: str) -> Any:
+        raise NotImplementedError
+
+    def dump(self, value: Any) -> Any:
+        return value
+
+
+class _IntKind(_Kind):
+    __slots__ = ("hi", "name")
+
+    def __init__(self, name: str, hi: int) -> None:
+        self.name = name
+        self.hi = hi
+
+    def check(self, value: Any, path: str) -> int:
+        if type(value) is not int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                got = _tname(value)
+                raise ValidationError(path, f"expected an integer ({self.name}), got {got}")
+            value = int(value)
+        assert isinstance(value, int)
+        if not 0 <= value <= self.hi:
+            raise ValidationError(path, f"{value} is outside the {self.name} range 0..{self.hi}")
+        return value
+
+
+class _StrKind(_Kind):
+    __slots__ = ()
+
+    def check(self, value: Any, path: str) -> str:
+        if type(value) is not str:
+            if not isinstance(value, str):
+                raise ValidationError(path, f"expected a string, got {_tname(value)}")
+            value = str(value)
+        assert isinstance(value, str)
+        return value
+
+
+class _BoolKind(_Kind):
+    __slots__ = ()
+
+    def check(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise ValidationError(path, f"expected a boolean, got {_tname(value)}")
+        return value
+
+
+class _UuidKind(_Kind):
+    __slots__ = ()
+
+    def check(self, value: Any, path: str) -> uuid.UUID:
+        if isinstance(value, uuid.UUID):
+            return value
+        if isinstance(value, str):
+            try:
+                return uuid.UUID(value)
+            except ValueError:
+                raise ValidationError(path, f"{value!r} is not a UUID") from None
+        raise ValidationError(path, f"expected a UUID string, got {_tname(value)}")
+
+    def dump(self, value: Any) -> str:
+        return str(value)
+
+
+class _TsKind(_Kind):
+    __slots__ = ()
+
+    def check(self, value: Any, path: str) -> _dt.datetime:
+        return _check_timestamp(value, path)
+
+    def dump(self, value: Any) -> str:
+        return format_timestamp(value)
+
+
+class _JsonKind(_Kind):
+    __slots__ = ()
+    nullable = True
+
+    def check(self, value: Any, path: str) -> Any:
+        return freeze_json(value, path)
+
+    def dump(self, value: Any) -> Any:
+        return thaw_json(value)
+
+
+class _EnumKind(_Kind):
+    __slots__ = ("enum",)
+
+    def __init__(self, enum_cls: type[_StrEnum]) -> None:
+        self.enum = enum_cls
+
+    def check(self, value: Any, path: str) -> _StrEnum:
+        if isinstance(value, self.enum):
+            return value
+        if isinstance(value, str):
+            try:
+                return self.enum(value)
+            except ValueError:
+                pass
+        choices = ", ".join(m.value for m in self.enum)
+        raise ValidationError(path, f"{value!r} is not one of: {choices}")
+
+    def dump(self, value: Any) -> str:
+        return str(value.value)
+
+
+class _OptionalKind(_Kind):
+    __slots__ = ("inner",)
+    nullable = True
+
+    def __init__(self, inner: _Kind) -> None:
+        self.inner = inner
+
+    def check(self, value: Any, path: str) -> Any:
+        return None if value is None else self.inner.check(value, path)
+
+    def dump(self, value: Any) -> Any:
+        return None if value is None else self.inner.dump(value)
+
+
+class _RecordKind(_Kind):
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: type[Record]) -> None:
+        self.cls = cls
+
+    def check(self, value: Any, path: str) -> Record:
+        if isinstance(value, self.cls):
+            return value
+        if isinstance(value, Mapping):
+            return self.cls._from_json(value, path)
+        raise ValidationError(path, f"expected a {self.cls.__name__} object, got {_tname(value)}")
+
+    def dump(self, value: Any) -> Any:
+        return value.to_json()
+
+
+class _TupleKind(_Kind):
+    __slots__ = ("item",)
+
+    def __init__(self, item: _Kind) -> None:
+        self.item = item
+
+    def check(self, value: Any, path: str) -> tuple[Any, ...]:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+            raise ValidationError(path, f"expected an array, got {_tname(value)}")
+        check = self.item.check
+        if type(value) is tuple and all(
+            type(v) is getattr(self.item, "cls", None) for v in value
+        ):
+            return value
+        return tuple(check(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+    def dump(self, value: Any) -> list[Any]:
+        dump = self.item.dump
+        return [dump(v) for v in value]
+
+
+class _MapKind(_Kind):
+    """``Mapping[UUID, Record]`` keyed by the record's ``agent_id``."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: _RecordKind) -> None:
+        self.item = item
+
+    def check(self, value: Any, path: str) -> immutables.Map[uuid.UUID, Any]:
+        if not isinstance(value, Mapping):
+            raise ValidationError(path, f"expected an object, got {_tname(value)}")
+        if isinstance(value, immutables.Map) and all(
+            isinstance(v, self.item.cls) and getattr(v, "agent_id", None) == k
+            for k, v in value.items()
+        ):
+            return value
+        out: dict[uuid.UUID, Any] = {}
+        for key, item in value.items():
+            sub = f"{path}.{key}"
+            key_id = _UUID.check(key, sub)
+            record = self.item.check(item, sub)
+            if getattr(record, "agent_id", key_id) != key_id:
+                raise ValidationError(f"{sub}.agent_id", "does not match its key")
+            out[key_id] = record
+        return immutables.Map(out)
+
+    def dump(self, value: Any) -> dict[str, Any]:
+        return {str(k): v.to_json() for k, v in value.items()}
+
+
+class _DeltaKind(_Kind):
+    __slots__ = ()
+
+    def check(self, value: Any, path: str) -> ProgressDelta:
+        if isinstance(value, ProgressDelta):
+            return value
+        return ProgressDelta.from_json(value, path)
+
+    def dump(self, value: Any) -> Any:
+        return value.to_json()
+
+
+_UUID = _UuidKind()
+_KIND_BY_META = {"u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX)}
+
+
+def _kind_for(tp: Any) -> _Kind:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        _base, *meta = get_args(tp)
+        if meta and meta[0] == "json":
+            return _JsonKind()
+        return _KIND_BY_META[meta[0]]
+    if origin in (Union, typing.get_origin(int | None)):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"unsupported union {tp!r}")
+        return _OptionalKind(_kind_for(args[0]))
+    if origin is tuple:
+        return _TupleKind(_kind_for(get_args(tp)[0]))
+    if origin is Mapping:
+        item = _kind_for(get_args(tp)[1])
+        assert isinstance(item, _RecordKind)
+        return _MapKind(item)
+    if tp is str:
+        return _StrKind()
+    if tp is bool:
+        return _BoolKind()
+    if tp is uuid.UUID:
+        return _UUID
+    if tp is _dt.datetime:
+        return _TsKind()
+    if isinstance(tp, type) and issubclass(tp, _StrEnum):
+        return _EnumKind(tp)
+    if isinstance(tp, type) and issubclass(tp, ProgressDelta):
+        return _DeltaKind()
+    if isinstance(tp, type) and issubclass(tp, Record):
+        return _RecordKind(tp)
+    raise TypeError(f"unsupported field type {tp!r}")
+
+
+class _Spec:
+    __slots__ = ("default", "has_default", "kind", "name")
+
+    def __init__(self, name: str, kind: _Kind, has_default: bool, default: Any) -> None:
+        self.name = name
+        self.kind = kind
+        self.has_default = has_default
+        self.default = default
+
+
+_MISSING = object()
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """Base of every contract type: declarative fields, validation, JSON round trip.
+
+    Subclasses are ``@dataclass(frozen=True, slots=True, kw_only=True)``; their annotations
+    declare the JSON form. A field with a default may be missing in JSON input; a nullable
+    field without one may be missing too (read as ``null``, as serde does).
+    """
+
+    __slots__ = ()
+    _specs: ClassVar[tuple[_Spec, ...]]
+
+    @classmethod
+    def _field_specs(cls) -> tuple[_Spec, ...]:
+        specs = cls.__dict__.get("_specs_cache")
+        if specs is None:
+            hints = typing.get_type_hints(cls, globalns=globals(), include_extras=True)
+            out = []
+            for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+                has_default = f.default is not dataclasses.MISSING
+                out.append(_Spec(f.name, _kind_for(hints[f.name]), has_default, f.default))
+            specs = tuple(out)
+            type.__setattr__(cls, "_specs_cache", specs)
+        return specs
+
+    def __post_init__(self) -> None:
+        cls_name = type(self).__name__
+        for spec in self._field_specs():
+            value = object.__getattribute__(self, spec.name)
+            checked = spec.kind.check(value, f"{cls_name}.{spec.name}")
+            if checked is not value:
+                object.__setattr__(self, spec.name, checked)
+
+    @classmethod
+    def _trusted(cls: type[R], **values: Any) -> R:
+        """Build from values already checked (the cache's own updates): no validation."""
+        self = object.__new__(cls)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        return self
+
+    def _replace(self: R, **changes: Any) -> R:
+        """A copy with ``changes`` applied, trusted like :meth:`_trusted`."""
+        self_cls = type(self)
+        new = object.__new__(self_cls)
+        for spec in self_cls._field_specs():
+            object.__setattr__(new, spec.name, changes.get(spec.name, getattr(self, spec.name)))
+        return new
+
+    @classmethod
+    def from_json(cls: type[R], obj: Any) -> R:
+        """Build from a parsed JSON object, applying luft's defaults for missing fields."""
+        return cls._from_json(obj, "")
+
+    @classmethod
+    def _from_json(cls: type[R], obj: Any, path: str) -> R:
+        if not isinstance(obj, Mapping):
+            raise ValidationError(path, f"expected a {cls.__name__} object, got {_tname(obj)}")
+        self = object.__new__(cls)
+        for spec in cls._field_specs():
+            sub = f"{path}.{spec.name}" if path else spec.name
+            raw = obj.get(spec.name, _MISSING)
+            if raw is _MISSING:
+                if spec.has_default:
+                    value = spec.default
+                elif spec.kind.nullable:
+                    value = None
+                else:
+                    raise ValidationError(sub, "missing required field")
+            else:
+                value = spec.kind.check(raw, sub)
+            object.__setattr__(self, spec.name, value)
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """luft's JSON object for this value, every field present (``null`` for None)."""
+        return {s.name: s.kind.dump(getattr(self, s.name)) for s in self._field_specs()}
+
+
+_record = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Value types (§2)
+# --------------------------------------------------------------------------------------------
+
+
+@_record
+class TokenUsage(Record):
+    input: U64 = 0
+    output: U64 = 0
+    cache_read: U64 = 0
+    cache_write: U64 = 0
+
+    def total(self) -> int:
+        """``input + output`` (cache counters excluded)."""
+        return self.input + self.output
+
+
+@_record
+class Location(Record):
+    file: str
+    line: U64 | None = None
+
+
+@_record
+class Finding(Record):
+    kind: str
+    severity: Severity
+    title: str
+    detail: str
+    location: Location | None = None
+    evidence: tuple[str, ...] = ()
+    data: JsonValue = None
+
+
+@_record
+class PhaseSummary(Record):
+    phase_id: U32
+    label: str
+    planned: U64
+    ok: U64
+    failed: U64
+    description: str | None = None
+    role: str | None = None
+
+
+@_record
+class AgentResultCache(Record):
+    agent_id: uuid.UUID
+    phase_id: U32
+    status: str
+    output: JsonValue
+    findings: tuple[Finding, ...]
+    tokens: U64
+    completed_at: U64
+    cache_key_hash: str | None = None
+    description: str | None = None
+    role: str | None = None
+
+    def __post_init__(self) -> None:
+        Record.__post_init__(self)
+        _check_result_status(self.status, "AgentResultCache.status")
+
+    @classmethod
+    def _from_json(cls, obj: Any, path: str) -> AgentResultCache:
+        self = super()._from_json(obj, path)
+        _check_result_status(self.status, f"{path}.status" if path else "status")
+        return self
+
+
+def _check_result_status(status: str, path: str) -> None:
+    if status not in AGENT_RESULT_STATUSES:
+        choices = ", ".join(sorted(AGENT_RESULT_STATUSES))
+        raise ValidationError(path, f"{status!r} is not one of: {choices}")
+
+
+@_record
+class AgentSessionCheckpoint(Record):
+    agent_id: uuid.UUID
+    backend_id: str | None = None
+    protocol_session_id: str | None = None
+    session_id: str
+    status: str
+    updated_at: U64
+    resumable: bool = False
+
+
+@_record
+class RunCheckpoint(Record):
+    """The whole state of a run. ``agent_results``/``agent_sessions`` are persistent maps."""
+
+    run_id: uuid.UUID
+    task: str
+    status: CheckpointStatus
+    current_phase: U32
+    completed_phases: tuple[PhaseSummary, ...]
+    agent_results: Mapping[uuid.UUID, AgentResultCache]
+    agent_sessions: Mapping[uuid.UUID, AgentSessionCheckpoint] = immutables.Map()
+    findings: tuple[Finding, ...]
+    total_tokens: U64
+    created_at: U64
+    updated_at: U64
+    workflow_meta: JsonValue = None
+    started_agent_ids: tuple[uuid.UUID, ...] = ()
+
+    def can_resume(self) -> bool:
+        """Status is running, failed or cancelled."""
+        return self.status is not CheckpointStatus.COMPLETED
+
+
+# --------------------------------------------------------------------------------------------
+# ProgressDelta and PlanPhase
+# --------------------------------------------------------------------------------------------
+
+
+class ProgressDelta(Record):
+    """``agent_progress`` payload, tagged by ``"kind"``."""
+
+    __slots__ = ()
+    KIND: ClassVar[str]
+
+    @classmethod
+    def from_json(cls, obj: Any, path: str = "") -> ProgressDelta:
+        if not isinstance(obj, Mapping):
+            raise ValidationError(path, f"expected a progress delta object, got {_tname(obj)}")
+        kind = obj.get("kind")
+        sub = _DELTA_KINDS.get(kind) if isinstance(kind, str) else None
+        if sub is None or (cls is not ProgressDelta and sub is not cls):
+            choices = ", ".join(_DELTA_KINDS)
+            field = f"{path}.kind" if path else "kind"
+            raise ValidationError(field, f"{kind!r} is not one of: {choices}")
+        return sub._from_json(obj, path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.KIND, **super().to_json()}
+
+
+@_record
+class ProgressMessage(ProgressDelta):
+    KIND: ClassVar[str] = "message"
+    text: str
+
+
+@_record
+class ProgressToolCall(ProgressDelta):
+    KIND: ClassVar[str] = "tool_call"
+    name: str
+    summary: str
+
+
+@_record
+class ProgressFileEdit(ProgressDelta):
+    KIND: ClassVar[str] = "file_edit"
+    path: str
+
+
+@_record
+class ProgressTokens(ProgressDelta):
+    KIND: ClassVar[str] = "tokens"
+    usage: TokenUsage
+
+
+_DELTA_KINDS: dict[str, type[ProgressDelta]] = {
+    c.KIND: c for c in (ProgressMessage, ProgressToolCall, ProgressFileEdit, ProgressTokens)
+}
+
+
+@_record
+class PlanPhase(Record):
+    label: str
+    dynamic: bool = False
+    description: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# AgentEvent (§3)
+# --------------------------------------------------------------------------------------------
+
+
+class AgentEvent(Record):
+    """A luft event, tagged by ``"type"``. ``AgentEvent.from_json`` dispatches on it."""
+
+    __slots__ = ()
+    TYPE: ClassVar[str]
+    run_id: uuid.UUID | None
+
+    @classmethod
+    def from_json(cls, obj: Any, path: str = "") -> AgentEvent:
+        if not isinstance(obj, Mapping):
+            raise ValidationError(path, f"expected an event object, got {_tname(obj)}")
+        tag = obj.get("type")
+        sub = EVENT_TYPES.get(tag) if isinstance(tag, str) else None
+        if sub is None:
+            raise ValidationError(f"{path}.type" if path else "type", f"unknown event type {tag!r}")
+        if cls is not AgentEvent and sub is not cls:
+            raise ValidationError(
+                f"{path}.type" if path else "type", f"expected {cls.TYPE!r}, got {tag!r}"
+            )
+        return sub._from_json(obj, path)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.TYPE, **super().to_json()}
+
+
+@_record
+class RunStarted(AgentEvent):
+    TYPE: ClassVar[str] = "run_started"
+    run_id: uuid.UUID
+    task: str
+    ts: _dt.datetime = EPOCH
+
+
+@_record
+class PhaseStarted(AgentEvent):
+    TYPE: ClassVar[str] = "phase_started"
+    run_id: uuid.UUID
+    phase_id: U32
+    label: str
+    planned: U64
+    description: str | None = None
+    role: str | None = None
+    ts: _dt.datetime = EPOCH
+
+
+@_record
+class AgentStarted(AgentEvent):
+    TYPE: ClassVar[str] = "agent_started"
+    run_id: uuid.UUID
+    phase_id: U32
+    agent_id: uuid.UUID
+    prompt_preview: str
+    model: str | None = None
+    description: str | None = None
+    role: str | None = None
+    name: str | None = None
+    agent_seq: U32 = 0
+    ts: _dt.datetime = EPOCH
+
+
+@_record
+class AgentProgress(AgentEvent):
+    TYPE: ClassVar[str] = "agent_progress"
+    run_id: uuid.UUID
+    agent_id: uuid.UUID
+    delta: ProgressDelta
+
+
+@_record
+class AcpRaw(AgentEvent):
+    TYPE: ClassVar[str] = "acp_raw"
+    run_id: uuid.UUID
+    agent_id: uuid.UUID
+    kind: str
+    raw: JsonValue = None
+
+
+@_record
+class AcpRequest(AgentEvent):
+    TYPE: ClassVar[str] = "acp_request"
+    run_id: uuid.UUID
+    agent_id: uuid.UUID
+    method: str
+    raw: JsonValue = None
+
+
+@_record
+class AgentDone(AgentEvent):
+    TYPE: ClassVar[str] = "agent_done"
+    run_id: uuid.UUID
+    agent_id: uuid.UUID
+    status: AgentStatus
+    tokens: TokenUsage
+    elapsed_ms: U64
+    name: str | None = None
+    agent_seq: U32 = 0
+    ts: _dt.datetime = EPOCH
+    output: JsonValue = None
+    findings: tuple[Finding, ...] = ()
+    prompt: str = ""
+    retry_count: U32 = 0
+
+
+@_record
+class PhaseDone(AgentEvent):
+    TYPE: ClassVar[str] = "phase_done"
+    run_id: uuid.UUID
+    phase_id: U32
+    ok: U64
+    failed: U64
+    ts: _dt.datetime = EPOCH
+
+
+@_record
+class RunDone(AgentEvent):
+    TYPE: ClassVar[str] = "run_done"
+    run_id: uuid.UUID
+    status: RunStatus
+    total_tokens: TokenUsage
+    report: JsonValue = None
+    ts: _dt.datetime = EPOCH
+
+
+@_record
+class Log(AgentEvent):
+    TYPE: ClassVar[str] = "log"
+    run_id: uuid.UUID
+    agent_id: uuid.UUID | None = None
+    level: LogLevel
+    msg: str
+
+
+@_record
+class BudgetSet(AgentEvent):
+    TYPE: ClassVar[str] = "budget_set"
+    run_id: uuid.UUID
+    time_limit_ms: U64 | None = None
+    max_rounds: U64 | None = None
+
+
+@_record
+class ReportEmitted(AgentEvent):
+    TYPE: ClassVar[str] = "report_emitted"
+    run_id: uuid.UUID
+    phase_id: U32
+    report: JsonValue = None
+
+
+@_record
+class ParallelStarted(AgentEvent):
+    TYPE: ClassVar[str] = "parallel_started"
+    run_id: uuid.UUID
+    phase_id: U32
+    span_id: U64
+    count: U64
+
+
+@_record
+class ParallelDone(AgentEvent):
+    TYPE: ClassVar[str] = "parallel_done"
+    run_id: uuid.UUID
+    phase_id: U32
+    span_id: U64
+    ok: U64
+    failed: U64
+    results: JsonValue = None
+    elapsed_ms: U64
+
+
+@_record
+class WorkflowStarted(AgentEvent):
+    TYPE: ClassVar[str] = "workflow_started"
+    run_id: uuid.UUID
+    span_id: U64
+    path: str
+    args: JsonValue = None
+
+
+@_record
+class WorkflowDone(AgentEvent):
+    TYPE: ClassVar[str] = "workflow_done"
+    run_id: uuid.UUID
+    span_id: U64
+    path: str
+    report: JsonValue = None
+    elapsed_ms: U64
+    error: str | None = None
+
+
+@_record
+class ConvergeStarted(AgentEvent):
+    TYPE: ClassVar[str] = "converge_started"
+    run_id: uuid.UUID
+    phase_id: U32
+    span_id: U64
+    items: U64
+    max_rounds: U32
+
+
+@_record
+class ConvergeDone(AgentEvent):
+    TYPE: ClassVar[str] = "converge_done"
+    run_id: uuid.UUID
+    phase_id: U32
+    span_id: U64
+    rounds: U32
+    converged: bool
+    surviving: U64
+    result: JsonValue = None
+    elapsed_ms: U64
+    error: str | None = None
+
+
+@_record
+class PipelineStarted(AgentEvent):
+    TYPE: ClassVar[str] = "pipeline_started"
+    run_id: uuid.UUID
+    total_stages: U64
+    items: U64
+
+
+@_record
+class PipelineStageStarted(AgentEvent):
+    TYPE: ClassVar[str] = "pipeline_stage_started"
+    run_id: uuid.UUID
+    stage_index: U64
+    label: str
+    agents_in_stage: U64
+
+
+@_record
+class PipelineItemDone(AgentEvent):
+    TYPE: ClassVar[str] = "pipeline_item_done"
+    run_id: uuid.UUID
+    stage_index: U64
+    item_index: U64
+    status: AgentStatus
+    tokens: TokenUsage
+    elapsed_ms: U64
+
+
+@_record
+class PipelineDone(AgentEvent):
+    TYPE: ClassVar[str] = "pipeline_done"
+    run_id: uuid.UUID
+    stages_completed: U64
+    total_ok: U64
+    total_failed: U64
+
+
+@_record
+class SchemaRetry(AgentEvent):
+    TYPE: ClassVar[str] = "schema_retry"
+    run_id: uuid.UUID
+    agent_id: uuid.UUID
+    attempt: U32
+    max: U32
+
+
+@_record
+class PlanPreview(AgentEvent):
+    TYPE: ClassVar[str] = "plan_preview"
+    run_id: uuid.UUID
+    reasoning: str
+    phases: tuple[PlanPhase, ...]
+
+
+@_record
+class SignalReceived(AgentEvent):
+    TYPE: ClassVar[str] = "signal_received"
+    run_id: uuid.UUID | None = None
+    signal: str
+    ts: _dt.datetime = EPOCH
+
+
+EVENT_TYPES: dict[str, type[AgentEvent]] = {
+    c.TYPE: c
+    for c in (
+        RunStarted, PhaseStarted, AgentStarted, AgentProgress, AcpRaw, AcpRequest, AgentDone,
+        PhaseDone, RunDone, Log, BudgetSet, ReportEmitted, ParallelStarted, ParallelDone,
+        WorkflowStarted, WorkflowDone, ConvergeStarted, ConvergeDone, PipelineStarted,
+        PipelineStageStarted, PipelineItemDone, PipelineDone, SchemaRetry, PlanPreview,
+        SignalReceived,
+    )
+}  # fmt: skip
+"""Every event class by its ``"type"`` tag, in the contract's order."""
+
+# Resolve every field spec now, so a bad annotation fails at import, not at first use.
+_ALL_RECORDS: tuple[type[Record], ...] = (
+    TokenUsage, Location, Finding, PhaseSummary, AgentResultCache, AgentSessionCheckpoint,
+    RunCheckpoint, PlanPhase, *_DELTA_KINDS.values(), *EVENT_TYPES.values(),
+)  # fmt: skip
+for _cls in _ALL_RECORDS:
+    _cls._field_specs()
+del _cls
