@@ -37,7 +37,7 @@ local function main()
   local findings = opt(ARGV[7], 'findings') or EMPTY_LIST
   local now = now_seconds()
 
-  redis.call('HDEL', K_RESULTS, unpack(drop))
+  if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end
   redis.call('HSET', K_RESULTS, unpack(fields))
   set_agent_findings(aid, findings)
   return {tostring(touch(now)), now}

@@ -30,7 +30,7 @@ local function main()
   end
   local now = now_seconds()
 
-  redis.call('HDEL', K_SESSIONS, unpack(drop))
+  if #drop > 0 then redis.call('HDEL', K_SESSIONS, unpack(drop)) end
   redis.call('HSET', K_SESSIONS, unpack(fields))
   return {tostring(touch(now)), now}
 end

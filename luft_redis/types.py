@@ -115,7 +115,7 @@ class FrozenDict(dict[str, Any]):
     __ior__ = _readonly
 
     def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(self.items()))
+        return hash(frozenset(self.items()))
 
     def __repr__(self) -> str:
         return f"FrozenDict({dict.__repr__(self)})"
@@ -175,8 +175,6 @@ def freeze_json(value: Any, path: str = "", _depth: int = 0) -> Any:
         return value
     if _depth >= _MAX_JSON_DEPTH:
         raise ValidationError(path, f"JSON nested deeper than {_MAX_JSON_DEPTH}")
-    if isinstance(value, FrozenDict | FrozenList):
-        return value  # built by freeze_json, already checked
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
@@ -301,7 +299,8 @@ class LogLevel(_StrEnum):
 # --------------------------------------------------------------------------------------------
 
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})"
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})",
+    re.ASCII,
 )
 
 
@@ -320,6 +319,8 @@ def parse_timestamp(text: str, path: str) -> _dt.datetime:
         if hours > 23 or minutes > 59:
             raise ValidationError(path, f"{text!r} has an invalid UTC offset")
         tz = _dt.timezone(sign * _dt.timedelta(hours=hours, minutes=minutes))
+    if int(second) > 60:
+        raise ValidationError(path, f"{text!r} has an invalid second")
     try:
         value = _dt.datetime(
             int(year), int(month), int(day), int(hour), int(minute),
@@ -332,7 +333,7 @@ def parse_timestamp(text: str, path: str) -> _dt.datetime:
 
 def format_timestamp(value: _dt.datetime) -> str:
     """RFC 3339 in UTC with a ``Z``, fraction digits as chrono writes them (0, 3 or 6)."""
-    base = value.strftime("%Y-%m-%dT%H:%M:%S")
+    base = f"{value.year:04d}-{value.month:02d}-{value.day:02d}T" + value.strftime("%H:%M:%S")
     us = value.microsecond
     if us == 0:
         return base + "Z"
@@ -702,7 +703,13 @@ class Record:
         return {s.name: s.kind.dump(getattr(self, s.name)) for s in self._field_specs()}
 
 
-_record = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+_C = TypeVar("_C", bound=type)
+
+
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True)
+def _record(cls: _C) -> _C:
+    """Declare a contract record: a frozen, slotted, keyword-only dataclass."""
+    return dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------------------------
@@ -769,7 +776,8 @@ class AgentResultCache(Record):
 
     @classmethod
     def _from_json(cls, obj: Any, path: str) -> AgentResultCache:
-        self = super()._from_json(obj, path)
+        # explicit super(): a slotted dataclass is a new class, the zero-argument form breaks
+        self = super(AgentResultCache, cls)._from_json(obj, path)  # noqa: UP008
         _check_result_status(self.status, f"{path}.status" if path else "status")
         return self
 

@@ -1,0 +1,664 @@
+"""Private, throw-away Redis servers for tests, benchmarks and demos.
+
+:class:`LocalRedisServer` runs one ``redis-server`` subprocess bound to
+``127.0.0.1`` on a free port, in a directory it owns (or one you give it).
+:class:`LocalRedisCluster` runs several of them in cluster mode and joins them
+with ``redis-cli --cluster create``.
+
+Nothing here touches a Redis you already run: every server gets its own port
+and directory, and every process started here is stopped at interpreter exit
+at the latest (an :mod:`atexit` safety net).
+
+Example::
+
+    from luft_redis.server import LocalRedisServer
+
+    with LocalRedisServer(appendonly=True) as server:
+        client = redis.Redis.from_url(server.url)
+        client.set("k", "v")
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+__all__ = [
+    "LOOPBACK",
+    "LocalRedisCluster",
+    "LocalRedisServer",
+    "find_free_port",
+    "find_redis_cli",
+    "find_redis_server",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The only address servers started here listen on.
+LOOPBACK = "127.0.0.1"
+
+_STOP_TIMEOUT = 10.0
+_LOG_TAIL_LINES = 40
+_CLUSTER_SLOTS = 16384
+
+# Every server that is running, so that the atexit hook can stop it.
+_live_servers: weakref.WeakSet[LocalRedisServer] = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def _stop_all_at_exit() -> None:
+    with _live_lock:
+        servers = list(_live_servers)
+    for server in servers:
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+atexit.register(_stop_all_at_exit)
+
+
+def find_free_port(host: str = LOOPBACK) -> int:
+    """Return a TCP port on *host* that was free a moment ago.
+
+    The port is found by binding port 0 and reading back what the kernel
+    picked; another process may take it before the caller binds it, which
+    :meth:`LocalRedisServer.start` handles by retrying once.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def find_redis_server() -> str | None:
+    """Return the path of a ``redis-server`` binary, or ``None`` if there is none.
+
+    Looks on ``PATH`` first, then at ``/usr/bin/redis-server``.
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    fallback = Path("/usr/bin/redis-server")
+    if fallback.is_file() and os.access(fallback, os.X_OK):
+        return str(fallback)
+    return None
+
+
+def find_redis_cli(server_binary: str | None = None) -> str | None:
+    """Return the path of ``redis-cli``: next to *server_binary*, on PATH, or in /usr/bin."""
+    if server_binary:
+        sibling = Path(server_binary).with_name("redis-cli")
+        if sibling.is_file() and os.access(sibling, os.X_OK):
+            return str(sibling)
+    found = shutil.which("redis-cli")
+    if found:
+        return found
+    fallback = Path("/usr/bin/redis-cli")
+    if fallback.is_file() and os.access(fallback, os.X_OK):
+        return str(fallback)
+    return None
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when a Redis server answers on (host, port) and is done loading.
+
+    ``-NOAUTH`` (a ``requirepass`` server) counts as up; ``-LOADING`` (still
+    replaying its AOF/RDB) does not.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            reply = sock.recv(64)
+    except OSError:
+        return False
+    return reply.startswith(b"+PONG") or reply.startswith(b"-NOAUTH")
+
+
+class LocalRedisServer:
+    """A private ``redis-server`` subprocess on a free ``127.0.0.1`` port.
+
+    All configuration is passed on the command line (no config file):
+    ``--port``, ``--bind 127.0.0.1``, ``--dir``, ``--save ""``,
+    ``--appendonly``/``--appendfsync``, ``--daemonize no`` and
+    ``--logfile <dir>/redis.log``, followed by *extra_args* (later arguments win,
+    so *extra_args* can override any of these).
+
+    The server keeps its port once it has started, so after :meth:`kill`
+    (a simulated crash) :meth:`start` brings it back on the same port and
+    directory, replaying the AOF when *appendonly* is true.
+
+    Args:
+        port: fixed port to use; by default a free one is picked (and picked
+            again, once, if another process grabs it before Redis binds it).
+        dir: working directory for data and log files; by default a temporary
+            directory that :meth:`stop` removes. A given directory is never removed.
+        binary: path of ``redis-server``; by default :func:`find_redis_server`.
+        appendonly: enable the AOF.
+        appendfsync: ``always``, ``everysec`` or ``no``.
+        extra_args: more ``--name value`` arguments for ``redis-server``.
+        startup_timeout: seconds :meth:`start` waits for the server to answer PING.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        binary: str | None = None,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        extra_args: Sequence[str] = (),
+        startup_timeout: float = 10.0,
+    ) -> None:
+        if isinstance(extra_args, str):
+            raise TypeError("extra_args must be a sequence of strings, not a string")
+        self._port: int | None = port
+        self._port_fixed = port is not None
+        self._given_dir = Path(dir) if dir is not None else None
+        self._dir: Path | None = self._given_dir
+        self._owns_dir = False
+        self._binary = binary
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def host(self) -> str:
+        """The address the server listens on (always ``127.0.0.1``)."""
+        return LOOPBACK
+
+    @property
+    def port(self) -> int:
+        """The server's port; raises if no port has been chosen yet (never started)."""
+        if self._port is None:
+            raise RuntimeError("LocalRedisServer has no port yet: call start() first")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def dir(self) -> Path:
+        """The server's working directory (data files and ``redis.log``)."""
+        if self._dir is None:
+            raise RuntimeError("LocalRedisServer has no directory yet: call start() first")
+        return self._dir
+
+    @property
+    def log_path(self) -> Path:
+        """Path of the server's log file."""
+        return self.dir / "redis.log"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the running process, or ``None`` when not running."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return None
+        return proc.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the subprocess is alive."""
+        return self.pid is not None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _resolve_binary(self) -> str:
+        binary = self._binary or find_redis_server()
+        if binary is None:
+            raise FileNotFoundError(
+                "redis-server not found on PATH or at /usr/bin/redis-server "
+                "(Debian/Ubuntu: apt-get install redis-server)"
+            )
+        return binary
+
+    def _ensure_dir(self) -> Path:
+        if self._dir is None or (self._owns_dir and not self._dir.exists()):
+            self._dir = Path(tempfile.mkdtemp(prefix="luft-redis-"))
+            self._owns_dir = True
+        self._dir.mkdir(parents=True, exist_ok=True)
+        return self._dir
+
+    def _command(self, binary: str, port: int, workdir: Path) -> list[str]:
+        return [
+            binary,
+            "--port", str(port),
+            "--bind", LOOPBACK,
+            "--dir", str(workdir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
+            "--daemonize", "no",
+            "--logfile", str(workdir / "redis.log"),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> LocalRedisServer:
+        """Start the server and wait until it answers PING.
+
+        Returns ``self``. Raises :class:`RuntimeError` (with the tail of the
+        server log) if it does not come up within *startup_timeout* seconds.
+        Calling it on a running server does nothing.
+        """
+        with self._lock:
+            if self.running:
+                return self
+            binary = self._resolve_binary()
+            workdir = self._ensure_dir()
+            attempts = 1 if (self._port_fixed or self._port is not None) else 2
+            for attempt in range(1, attempts + 1):
+                if self._port is None:
+                    self._port = find_free_port()
+                try:
+                    self._spawn_and_wait(binary, self._port, workdir)
+                except _PortInUse as exc:
+                    if attempt < attempts:
+                        logger.info("port %d was taken before redis bound it; retrying", exc.port)
+                        self._port = None
+                        continue
+                    raise RuntimeError(str(exc)) from None
+                return self
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def _spawn_and_wait(self, binary: str, port: int, workdir: Path) -> None:
+        cmd = self._command(binary, port, workdir)
+        log_path = workdir / "redis.log"
+        out_path = workdir / "redis.stdout"
+        # The server's own log goes to --logfile; stdout/stderr only carry
+        # errors from before the log is open (e.g. a bad argument).
+        log_offset = log_path.stat().st_size if log_path.exists() else 0
+        logger.debug("starting %s", " ".join(c or repr(c) for c in cmd))
+        with out_path.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                close_fds=True,
+            )
+        self._proc = proc
+        with _live_lock:
+            _live_servers.add(self)
+
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if proc.poll() is not None:
+                self._proc = None
+                log = self._new_log(log_path, log_offset)
+                details = "\n".join(x for x in (log, _tail(out_path, 10)) if x)
+                if "Address already in use" in details:
+                    raise _PortInUse(port, details)
+                raise RuntimeError(
+                    f"redis-server exited with code {proc.returncode} during startup "
+                    f"(port {port}, dir {workdir}); log tail:\n{details}"
+                )
+            if _ping(LOOPBACK, port) or self._log_says_ready(log_path, log_offset):
+                logger.info("redis-server pid %d ready on %s:%d", proc.pid, LOOPBACK, port)
+                return
+            if time.monotonic() >= deadline:
+                self._terminate(kill_first=True)
+                details = self._new_log(log_path, log_offset)
+                raise RuntimeError(
+                    f"redis-server did not answer PING within {self.startup_timeout:.1f}s "
+                    f"(port {port}, dir {workdir}); log tail:\n{details}"
+                )
+            time.sleep(0.02)
+
+    @staticmethod
+    def _new_log(log_path: Path, offset: int) -> str:
+        """The tail of what the log gained since *offset* (this run only)."""
+        try:
+            with log_path.open("rb") as fh:
+                fh.seek(offset)
+                text = fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
+
+    @staticmethod
+    def _log_says_ready(log_path: Path, offset: int) -> bool:
+        # Covers setups where a plain-TCP PING cannot work (e.g. TLS only).
+        try:
+            with log_path.open("rb") as fh:
+                fh.seek(offset)
+                return b"Ready to accept connections" in fh.read()
+        except OSError:
+            return False
+
+    def _terminate(self, *, kill_first: bool) -> None:
+        proc = self._proc
+        self._proc = None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            if kill_first:
+                proc.kill()
+            else:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=_STOP_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    logger.warning("redis-server pid %d ignored SIGTERM; killing", proc.pid)
+                    proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_STOP_TIMEOUT)
+        with _live_lock:
+            _live_servers.discard(self)
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 10 s) and clean up.
+
+        Removes the working directory only if this object created it.
+        Safe to call more than once, and on a server that never started.
+        """
+        with self._lock:
+            self._terminate(kill_first=False)
+            if self._owns_dir and self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+                self._owns_dir = False
+
+    def kill(self) -> None:
+        """Simulate a crash: SIGKILL the server and keep its port and directory.
+
+        A later :meth:`start` restarts it on the same port with the same data
+        directory (so an AOF written with ``appendfsync always`` survives).
+        """
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            self._terminate(kill_first=True)
+
+    def __enter__(self) -> LocalRedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<LocalRedisServer {LOOPBACK}:{self._port} pid={self.pid} dir={self._dir}>"
+
+
+class _PortInUse(Exception):
+    def __init__(self, port: int, details: str) -> None:
+        super().__init__(f"port {port} is already in use; log tail:\n{details}")
+        self.port = port
+
+
+class LocalRedisCluster:
+    """A local Redis Cluster of *masters* primaries (no replicas) on 127.0.0.1.
+
+    Each node is a :class:`LocalRedisServer` with ``--cluster-enabled yes``,
+    in its own sub-directory of one temporary directory. After the nodes are up,
+    ``redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes`` joins
+    them, and :meth:`start` waits until every node reports ``cluster_state:ok``
+    with all 16384 slots assigned. A 3-master cluster is up in about 4 s.
+
+    Args:
+        masters: number of primary nodes (at least 3, Redis' minimum).
+        binary: path of ``redis-server``; ``redis-cli`` is looked up beside it.
+        dir: parent directory for the node directories; by default a temporary
+            directory that :meth:`stop` removes.
+        extra_args: more arguments for every node.
+        startup_timeout: seconds to wait for the cluster to become ``ok``.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        *,
+        binary: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        extra_args: Sequence[str] = (),
+        startup_timeout: float = 30.0,
+    ) -> None:
+        if masters < 3:
+            raise ValueError("a Redis Cluster needs at least 3 masters")
+        self.masters = masters
+        self._binary = binary
+        self._given_dir = Path(dir) if dir is not None else None
+        self._root: Path | None = None
+        self._owns_root = False
+        self.extra_args: tuple[str, ...] = tuple(extra_args)
+        self.startup_timeout = startup_timeout
+        self.nodes: list[LocalRedisServer] = []
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        """``(host, port)`` of every node."""
+        return [(node.host, node.port) for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """URL of the first node (``redis://127.0.0.1:<port>/0``)."""
+        if not self.nodes:
+            raise RuntimeError("LocalRedisCluster is not started")
+        return self.nodes[0].url
+
+    @property
+    def dir(self) -> Path:
+        """The parent directory of the node directories."""
+        if self._root is None:
+            raise RuntimeError("LocalRedisCluster is not started")
+        return self._root
+
+    def _pick_ports(self) -> tuple[int, int]:
+        """A (client port, bus port) pair, both free right now."""
+        for _ in range(200):
+            port = find_free_port()
+            bus = find_free_port()
+            if port != bus and _port_is_free(port) and _port_is_free(bus):
+                return port, bus
+        raise RuntimeError("could not find free ports for a cluster node")
+
+    @staticmethod
+    def _node_args(bus_port: int) -> list[str]:
+        return [
+            "--cluster-enabled", "yes",
+            "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", "5000",
+            # An explicit bus port: the default (port + 10000) may be out of
+            # range (> 65535) or taken.
+            "--cluster-port", str(bus_port),
+        ]  # fmt: skip
+
+    def _start_node(self, index: int, binary: str) -> LocalRedisServer:
+        root = self.dir
+        last_error: Exception | None = None
+        for _ in range(3):
+            port, bus = self._pick_ports()
+            node = LocalRedisServer(
+                port=port,
+                dir=root / f"node-{index}",
+                binary=binary,
+                extra_args=[*self._node_args(bus), *self.extra_args],
+                startup_timeout=self.startup_timeout,
+            )
+            try:
+                return node.start()
+            except RuntimeError as exc:
+                node.stop()
+                last_error = exc
+                if "already in use" not in str(exc):
+                    raise
+                # A stale nodes.conf would pin the old ports: start afresh.
+                shutil.rmtree(root / f"node-{index}", ignore_errors=True)
+        raise RuntimeError(f"cluster node {index} failed to start: {last_error}")
+
+    def start(self) -> LocalRedisCluster:
+        """Start the nodes, create the cluster and wait until it is ``ok``."""
+        if self.nodes:
+            return self
+        binary = self._binary or find_redis_server()
+        if binary is None:
+            raise FileNotFoundError("redis-server not found on PATH or at /usr/bin/redis-server")
+        cli = find_redis_cli(binary)
+        if cli is None:
+            raise FileNotFoundError("redis-cli not found (it ships with redis-server/redis-tools)")
+        if self._given_dir is not None:
+            self._given_dir.mkdir(parents=True, exist_ok=True)
+            self._root = self._given_dir
+        else:
+            self._root = Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
+            self._owns_root = True
+        try:
+            for index in range(self.masters):
+                self.nodes.append(self._start_node(index, binary))
+            self._create(cli)
+            self._wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("redis cluster ready: %s", self.startup_nodes)
+        return self
+
+    def _create(self, cli: str) -> None:
+        cmd = [
+            cli,
+            "--cluster", "create",
+            *(f"{host}:{port}" for host, port in self.startup_nodes),
+            "--cluster-replicas", "0",
+            "--cluster-yes",
+        ]  # fmt: skip
+        try:
+            result = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=self.startup_timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"redis-cli --cluster create timed out: {cmd}") from exc
+        output = (result.stdout + result.stderr).decode("utf-8", errors="replace")
+        if result.returncode != 0 or "[OK] All 16384 slots covered" not in output:
+            raise RuntimeError(
+                f"redis-cli --cluster create failed (exit {result.returncode}):\n{output[-3000:]}"
+            )
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        last: dict[int, str] = {}
+        while True:
+            ready = True
+            for node in self.nodes:
+                try:
+                    with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
+                        info: Any = conn.execute_command("CLUSTER", "INFO")
+                except redis.RedisError as exc:
+                    last[node.port] = repr(exc)
+                    ready = False
+                    continue
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                last[node.port] = text
+                fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+                if (
+                    fields.get("cluster_state", "").strip() != "ok"
+                    or fields.get("cluster_slots_assigned", "").strip() != str(_CLUSTER_SLOTS)
+                    or fields.get("cluster_known_nodes", "").strip() != str(self.masters)
+                ):
+                    ready = False
+            if ready:
+                return
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"redis cluster not ok after {self.startup_timeout:.1f}s: {last}"
+                )
+            time.sleep(0.05)
+
+    def client(self, **kwargs: Any) -> RedisCluster:
+        """A new :class:`redis.cluster.RedisCluster` client for this cluster.
+
+        Keyword arguments are passed on to ``RedisCluster`` (e.g.
+        ``decode_responses=True``). The caller closes it.
+        """
+        return RedisCluster(
+            startup_nodes=[
+                ClusterNode(host, port)  # type: ignore[no-untyped-call]
+                for host, port in self.startup_nodes
+            ],
+            **kwargs,
+        )
+
+    def flushall(self) -> None:
+        """Run FLUSHALL on every master."""
+        for node in self.nodes:
+            with redis.Redis(host=node.host, port=node.port) as conn:
+                conn.flushall()
+
+    def stop(self) -> None:
+        """Stop every node and remove the directory if this object created it.
+
+        Idempotent.
+        """
+        nodes, self.nodes = self.nodes, []
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+        if self._owns_root and self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._owns_root = False
+        self._root = None
+
+    def __enter__(self) -> LocalRedisCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<LocalRedisCluster masters={self.masters} nodes={self.startup_nodes}>"
