@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import redis
 import redis.cluster
@@ -22,6 +23,7 @@ from .cache import RunState, finding_segments
 from .errors import (
     ConfigurationError,
     CorruptDataError,
+    LuftRedisError,
     RunMismatchError,
     RunNotBoundError,
     RunNotFoundError,
@@ -36,14 +38,20 @@ from .keys import (
     run_keys,
     run_pattern,
 )
+from .listener import ChangeListener, parse_notice
+from .retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from .scripts import Scripts, translate_error
 
-__all__ = ["DEFAULT_PAGE_SIZE", "CheckpointBackend", "RedisCheckpointBackend"]
+__all__ = ["DEFAULT_PAGE_SIZE", "CheckpointBackend", "LogEntry", "RedisCheckpointBackend"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 1000
 """Stream entries fetched per XRANGE call by :meth:`RedisCheckpointBackend.iter_event_log`."""
+
+SUBSCRIBE_TIMEOUT = 2.0
+"""Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
+(the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
 
 _T = TypeVar("_T")
 
@@ -117,15 +125,37 @@ def _is_cluster(client: Any) -> bool:
     return isinstance(client, redis.cluster.RedisCluster)
 
 
+class LogEntry(NamedTuple):
+    """An event of the log with its stream entry id (to resume reading after it)."""
+
+    id: str
+    event: t.AgentEvent
+
+
 class RedisCheckpointBackend:
     """luft's checkpoint backend on Redis.
 
     ``client`` is a redis-py ``Redis``, ``RedisCluster`` or fakeredis client created with
-    ``decode_responses=False`` (the default); ``prefix`` namespaces the keys
-    (``<prefix>:{<run-id>}:...``, see ``docs/redis-layout.md``).
+    ``decode_responses=False`` (the default); many backends may share one client.
+    ``prefix`` namespaces the keys (``<prefix>:{<run-id>}:...``, see ``docs/redis-layout.md``).
+
+    ``watch=True`` (the default) keeps the cache coherent with every other process writing to
+    the run: one listener thread per client applies their change notices (see
+    :mod:`luft_redis.listener`). With ``watch=False`` the cache sees only this backend's writes
+    (and catches up on the next write of its own).
+
+    ``retry`` is the :class:`~luft_redis.retry.RetryPolicy` for transient Redis failures
+    (``None``: one attempt). Writes apply exactly once, however often they are retried.
     """
 
-    def __init__(self, client: Any, *, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        watch: bool = True,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+    ) -> None:
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if kwargs is None and hasattr(client, "get_connection_kwargs"):
             kwargs = client.get_connection_kwargs()
@@ -136,7 +166,16 @@ class RedisCheckpointBackend:
         self._client = client
         self._prefix = check_prefix(prefix)
         self._scripts = Scripts(client)
+        self._retry = retry if retry is not None else NO_RETRY
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
+        self._next_callback = 0
+        self._writer_id = uuid.uuid4().hex
+        self._op_seq = 0
+        self._listener = ChangeListener.for_client(client) if watch else None
+        self._channel: bytes | None = None
+        self._synced = 0  # the listener confirmation our state was loaded after
         self._run_id: uuid.UUID | None = None
         self._keys: RunKeys | None = None
         self._key_list: list[str] = []
@@ -145,7 +184,14 @@ class RedisCheckpointBackend:
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = DEFAULT_PREFIX, cluster: bool = False, **client_kwargs: Any
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        cluster: bool = False,
+        watch: bool = True,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        **client_kwargs: Any,
     ) -> RedisCheckpointBackend:
         """A backend with its own client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
 
@@ -158,7 +204,7 @@ class RedisCheckpointBackend:
             client = redis.cluster.RedisCluster.from_url(url, **client_kwargs)
         else:
             client = redis.Redis.from_url(url, **client_kwargs)
-        backend = cls(client, prefix=prefix)
+        backend = cls(client, prefix=prefix, watch=watch, retry=retry)
         backend._owns_client = True
         return backend
 
@@ -189,9 +235,23 @@ class RedisCheckpointBackend:
         state = self._state
         return state.version if state else 0
 
+    @property
+    def cache_is_fresh(self) -> bool:
+        """True when the cache is known to reflect every change made by any process.
+
+        That needs a bound run, ``watch=True`` and a connected listener whose subscription to
+        the run was confirmed before the cache was last (re)loaded. While it is False, reads
+        still answer from the cache, which then holds this process's writes only.
+        """
+        listener, channel = self._listener, self._channel
+        if listener is None or channel is None or self._state is None:
+            return False
+        return listener.is_fresh(channel) and listener.confirmation(channel) == self._synced
+
     def close(self) -> None:
-        """Unbind the run; close the client if :meth:`from_url` made it."""
+        """Unbind the run, stop watching it; close the client if :meth:`from_url` made it."""
         with self._lock:
+            self._unwatch()
             self._run_id = self._keys = self._state = None
             self._key_list = []
             if self._owns_client:
@@ -206,10 +266,27 @@ class RedisCheckpointBackend:
     def __repr__(self) -> str:
         return f"<RedisCheckpointBackend prefix={self._prefix!r} run={self._run_id}>"
 
-    def _bind(self, run_id: uuid.UUID) -> RunKeys:
-        keys = run_keys(self._prefix, run_id)
+    def _watch(self, keys: RunKeys) -> int:
+        """Subscribe to ``keys``'s change notices; the confirmation count (0 if unconfirmed)."""
+        self._unwatch()
+        if self._listener is None:
+            return 0
+        channel = keys.changes.encode()
+        self._channel = channel
+        self._listener.watch(channel, self)
+        return self._listener.wait_confirmed(channel, SUBSCRIBE_TIMEOUT)
+
+    def _unwatch(self) -> None:
+        if self._listener is not None and self._channel is not None:
+            self._listener.unwatch(self._channel, self)
+        self._channel = None
+        self._synced = 0
+
+    def _bind(self, run_id: uuid.UUID, keys: RunKeys, state: RunState, synced: int) -> None:
         self._run_id, self._keys, self._key_list = run_id, keys, list(keys)
-        return keys
+        self._state = state
+        self._synced = synced
+        self._emit()
 
     def _need_run(self, operation: str) -> RunState:
         state = self._state
@@ -218,20 +295,32 @@ class RedisCheckpointBackend:
         return state
 
     def _call(self, script: Any, args: Sequence[Any], keys: list[str] | None = None) -> Any:
+        key_list = keys or self._key_list
         try:
-            return script(keys=keys or self._key_list, args=args)
+            return self._retry.call(lambda: script(keys=key_list, args=args))
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
             raise translate_error(exc, run_id=self._run_id) from exc
 
+    def _write(self, script: Any, args: Sequence[Any], keys: list[str] | None = None) -> Any:
+        """Run a writing script once, exactly: the operation id is made before any attempt."""
+        self._op_seq += 1
+        return self._call(script, (self._writer_id, str(self._op_seq), *args), keys)
+
     def _after_write(self, reply: Any) -> tuple[int, int, bool]:
-        """(version, now, in_sequence) of a script reply; reloads the state on a gap."""
+        """(version, now, apply) for a write's reply; reloads on a gap in versions.
+
+        ``apply`` is True when the change is the next version of the cache (apply it); False
+        when the cache already has it (from a notice) or was reloaded to include it.
+        """
         version, now = int(reply[0]), int(reply[1])
         state = self._state
         assert state is not None
         if version == state.version + 1:
             return version, now, True
-        logger.debug("run %s: version %d after %d, reloading", self._run_id, version, state.version)
-        self._reload()
+        if version > state.version:
+            logger.debug("run %s: version %d after %d, reloading", self._run_id, version,
+                         state.version)  # fmt: skip
+            self._reload()
         return version, now, False
 
     def _reload(self) -> None:
@@ -240,6 +329,116 @@ class RedisCheckpointBackend:
         if reply == 0 or reply is None:
             raise RunNotFoundError(self._run_id)
         self._state = RunState.from_load(self._run_id, self._keys, reply)
+
+    def _emit(self) -> None:
+        """Wake waiters and run the change callbacks (with the lock held)."""
+        self._changed.notify_all()
+        state = self._state
+        if state is None or not self._callbacks:
+            return
+        for callback in list(self._callbacks.values()):
+            try:
+                callback(state.snapshot)
+            except Exception:
+                logger.exception("change callback %r failed", callback)
+
+    # -- change notices (called by the listener thread) ------------------------------------
+
+    def _on_notice(self, channel: bytes, payload: bytes) -> None:
+        with self._lock:
+            state = self._state
+            if state is None or channel != self._channel:
+                return
+            try:
+                parts = parse_notice(payload)
+                version, now, op = int(parts[0]), int(parts[1]), parts[2]
+            except (ValueError, IndexError):
+                logger.warning("run %s: unreadable change notice, reloading", self._run_id)
+                self._reload()
+                self._emit()
+                return
+            if version <= state.version:
+                return
+            if version == state.version + 1:
+                try:
+                    applied = self._apply_notice(state, op, parts[3:], now, version)
+                except (LuftRedisError, ValueError, IndexError):
+                    logger.warning("run %s: change notice not applicable, reloading",
+                                   self._run_id, exc_info=True)  # fmt: skip
+                    applied = False
+                if not applied:
+                    self._reload()
+            else:
+                self._reload()
+            self._emit()
+
+    def _apply_notice(
+        self, state: RunState, op: bytes, parts: list[bytes], now: int, version: int
+    ) -> bool:
+        keys = self._keys
+        assert keys is not None and self._run_id is not None
+        if op == b"e":
+            count = int(parts[0])
+            events = []
+            for i in range(count):
+                type_raw, entry_id, blob = parts[1 + 3 * i : 4 + 3 * i]
+                events.append(codec.decode_event(
+                    type_raw.decode(), blob, self._run_id, key=keys.events,
+                    entry_id=entry_id.decode(),
+                ))  # fmt: skip
+            state.apply_events(events, now, version)
+        elif op == b"r":
+            state.apply_result(_result_from_args(parts, keys.results), now, version)
+        elif op == b"s":
+            state.apply_session(_session_from_args(parts), now, version)
+        elif op == b"c":
+            state.apply_status(t.CheckpointStatus(parts[0].decode()), now, version)
+        else:
+            return False
+        return True
+
+    def _on_subscribed(self, channel: bytes, confirmation: int) -> None:
+        with self._lock:
+            if channel != self._channel or self._state is None:
+                return
+            if confirmation > self._synced:
+                # notices may have been missed before this subscription: load the run again
+                self._reload()
+                self._synced = confirmation
+                self._emit()
+
+    # -- change API ------------------------------------------------------------------------
+
+    def wait_for_change(
+        self, after_version: int | None = None, timeout: float | None = None
+    ) -> bool:
+        """Block until the run's version passes ``after_version`` (default: the current one).
+
+        True if it did, False when ``timeout`` seconds passed first. Changes by other
+        processes arrive through the listener (``watch=True``).
+        """
+        self._need_run("wait_for_change")
+        with self._changed:
+            base = self.version if after_version is None else after_version
+            return self._changed.wait_for(lambda: self.version > base, timeout)
+
+    def subscribe(self, callback: Callable[[t.RunCheckpoint], None]) -> Callable[[], None]:
+        """Call ``callback(checkpoint)`` after every change of the bound run; returns a
+        function that unsubscribes.
+
+        Callbacks run in the thread that saw the change (the listener's, or the writer's),
+        with the backend's lock held: keep them short and do not block in them.
+        """
+        with self._lock:
+            key = self._next_callback
+            self._next_callback += 1
+            self._callbacks[key] = callback
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._callbacks.pop(key, None)
+
+        return unsubscribe
 
     # -- run lifecycle ---------------------------------------------------------------------
 
@@ -261,25 +460,38 @@ class RedisCheckpointBackend:
         blob = None if meta is None else codec.encode_json(meta)
         keys = run_keys(self._prefix, rid)
         with self._lock:
-            reply = self._call(
-                self._scripts.init_run,
-                (str(rid), task, run_dir, _opt(blob), SCHEMA_VERSION),
-                keys=list(keys),
-            )
-            self._bind(rid)
-            self._state = RunState(rid, task, run_dir, meta, int(reply[1]), int(reply[0]))
+            synced = self._watch(keys)
+            try:
+                reply = self._write(
+                    self._scripts.init_run,
+                    (str(rid), task, run_dir, _opt(blob), SCHEMA_VERSION),
+                    keys=list(keys),
+                )
+            except BaseException:
+                self._unwatch()
+                self._run_id = self._keys = self._state = None
+                raise
+            state = RunState(rid, task, run_dir, meta, int(reply[1]), int(reply[0]))
+            self._bind(rid, keys, state, synced)
 
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist."""
         rid = _check_uuid(run_id, "run_id")
         keys = run_keys(self._prefix, rid)
         with self._lock:
-            reply = self._call(self._scripts.load, (), keys=list(keys))
-            if reply == 0 or reply is None:
-                return None
-            state = RunState.from_load(rid, keys, reply)
-            self._bind(rid)
-            self._state = state
+            synced = self._watch(keys)
+            try:
+                reply = self._call(self._scripts.load, (), keys=list(keys))
+                if reply == 0 or reply is None:
+                    self._unwatch()
+                    self._run_id = self._keys = self._state = None
+                    return None
+                state = RunState.from_load(rid, keys, reply)
+            except BaseException:
+                self._unwatch()
+                self._run_id = self._keys = self._state = None
+                raise
+            self._bind(rid, keys, state, synced)
             return state.snapshot
 
     def list_runs(self) -> list[uuid.UUID]:
@@ -299,49 +511,68 @@ class RedisCheckpointBackend:
 
     def append_event(self, event: t.AgentEvent) -> None:
         """Append ``event`` to the run's log and apply contract §5's rules, atomically."""
-        state = self._need_run("append_event")
-        event = _check_type(event, t.AgentEvent, "event")
+        self.append_events((event,))
+
+    def append_events(self, events: Sequence[t.AgentEvent]) -> None:
+        """Append ``events`` in order, applying §5's rules to each, as one atomic change.
+
+        One round trip for the whole batch; either every event is stored or none is.
+        """
+        self._need_run("append_events")
+        if isinstance(events, t.AgentEvent):
+            raise ValidationError("events", "expected a sequence of events, got one event")
+        batch = list(events)
+        if not batch:
+            return
+        args: list[Any] = [str(len(batch))]
+        for i, event in enumerate(batch):
+            args += self._event_args(event, f"events[{i}]" if len(batch) > 1 else "event")
+        with self._lock:
+            reply = self._write(self._scripts.append_events, args)
+            version, now, apply = self._after_write(reply)
+            state = self._need_run("append_events")
+            if apply:
+                state.apply_events(batch, now, version)
+                self._check_echo(state, reply)
+            self._emit()
+
+    def _event_args(self, event: Any, field: str) -> list[Any]:
+        event = _check_type(event, t.AgentEvent, field)
         if event.run_id is not None and event.run_id != self._run_id:
             raise RunMismatchError(
-                "run_id", f"event of run {event.run_id} cannot go into run {self._run_id}"
+                f"{field}.run_id", f"event of run {event.run_id} cannot go into run {self._run_id}"
             )
         if event.run_id is None and not isinstance(event, t.SignalReceived):
-            raise ValidationError("run_id", "only signal_received may have a null run_id")
-        args: list[Any] = [event.TYPE, codec.encode_event(event)]
+            raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
+        rule: tuple[Any, ...] = ()
         if isinstance(event, t.AgentStarted):
-            args += (str(event.agent_id), str(event.phase_id))
+            rule = (str(event.agent_id), str(event.phase_id))
         elif isinstance(event, t.AgentDone):
             total = event.tokens.total()
             if total > t.U64_MAX:
-                raise ValidationError("tokens", "input + output exceeds 2^64-1")
-            args += (
+                raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
+            rule = (
                 str(event.agent_id), event.status.cache_str, str(total),
                 _opt(None if event.output is None else codec.encode_json(event.output)),
                 _opt(codec.encode_findings(event.findings) if event.findings else None),
             )  # fmt: skip
         elif isinstance(event, t.PhaseStarted):
-            args += (
+            rule = (
                 str(event.phase_id), event.label, str(event.planned),
                 _opt(event.description), _opt(event.role),
             )  # fmt: skip
         elif isinstance(event, t.PhaseDone):
-            args += (str(event.phase_id), str(event.ok), str(event.failed))
+            rule = (str(event.phase_id), str(event.ok), str(event.failed))
         elif isinstance(event, t.RunDone):
             total = event.total_tokens.total()
             if total > t.U64_MAX:
-                raise ValidationError("total_tokens", "input + output exceeds 2^64-1")
-            args += (event.status.value, str(total))
-        with self._lock:
-            reply = self._call(self._scripts.append_event, args)
-            version, now, in_sequence = self._after_write(reply)
-            state = self._need_run("append_event")
-            if in_sequence:
-                state.apply_event(event, now, version)
-                self._check_echo(state, reply)
+                raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
+            rule = (event.status.value, str(total))
+        return [event.TYPE, codec.encode_event(event), str(len(rule)), *rule]
 
     def _check_echo(self, state: RunState, reply: Any) -> None:
         """Compare the script's view of the run fields with the cache's; reload if they differ."""
-        status, phase, total = (x.decode() if isinstance(x, bytes) else str(x) for x in reply[3:6])
+        status, phase, total = (x.decode() if isinstance(x, bytes) else str(x) for x in reply[2:5])
         if (status, int(phase), int(total)) != (
             state.status.value, state.current_phase, state.total_tokens
         ):
@@ -360,10 +591,11 @@ class RedisCheckpointBackend:
             _opt(cache.cache_key_hash), _opt(cache.description), _opt(cache.role),
         )  # fmt: skip
         with self._lock:
-            reply = self._call(self._scripts.upsert_agent_result, args)
-            version, now, in_sequence = self._after_write(reply)
-            if in_sequence:
+            reply = self._write(self._scripts.upsert_agent_result, args)
+            version, now, apply = self._after_write(reply)
+            if apply:
                 self._need_run("upsert_agent_result").apply_result(cache, now, version)
+            self._emit()
 
     def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
         """Insert or replace ``agent_sessions[session.agent_id]``."""
@@ -375,10 +607,11 @@ class RedisCheckpointBackend:
             "true" if session.resumable else "false",
         )  # fmt: skip
         with self._lock:
-            reply = self._call(self._scripts.upsert_agent_session, args)
-            version, now, in_sequence = self._after_write(reply)
-            if in_sequence:
+            reply = self._write(self._scripts.upsert_agent_session, args)
+            version, now, apply = self._after_write(reply)
+            if apply:
                 self._need_run("upsert_agent_session").apply_session(session, now, version)
+            self._emit()
 
     def cancel(self) -> None:
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
@@ -391,15 +624,12 @@ class RedisCheckpointBackend:
     def _status_change(self, operation: str, script: Any) -> None:
         self._need_run(operation)
         with self._lock:
-            reply = self._call(script, ())
-            state = self._need_run(operation)
-            version = int(reply[0])
-            if version == state.version:
-                return  # no change
-            version, now, in_sequence = self._after_write(reply)
-            if in_sequence:
+            reply = self._write(script, ())
+            version, now, apply = self._after_write(reply)
+            if apply:
                 status = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
                 self._need_run(operation).apply_status(t.CheckpointStatus(status), now, version)
+            self._emit()
 
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
@@ -432,10 +662,11 @@ class RedisCheckpointBackend:
                 _opt(r.cache_key_hash), _opt(r.description), _opt(r.role),
             )  # fmt: skip
         args.append(str(len(cp.agent_sessions)))
-        for s in cp.agent_sessions.values():
+        for sess in cp.agent_sessions.values():
             args += (
-                str(s.agent_id), _opt(s.backend_id), _opt(s.protocol_session_id), s.session_id,
-                s.status, str(s.updated_at), "true" if s.resumable else "false",
+                str(sess.agent_id), _opt(sess.backend_id), _opt(sess.protocol_session_id),
+                sess.session_id, sess.status, str(sess.updated_at),
+                "true" if sess.resumable else "false",
             )  # fmt: skip
         args.append(str(len(started)))
         args += (str(a) for a in started)
@@ -443,10 +674,11 @@ class RedisCheckpointBackend:
         for seg, group in segments:
             args += (seg, codec.encode_findings(group))
         with self._lock:
-            reply = self._call(self._scripts.save_checkpoint, args)
-            version, now, in_sequence = self._after_write(reply)
-            if in_sequence:
+            reply = self._write(self._scripts.save_checkpoint, args)
+            version, now, apply = self._after_write(reply)
+            if apply:
                 self._need_run("save_checkpoint").apply_save(cp, segments, now, version)
+            self._emit()
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -488,18 +720,122 @@ class RedisCheckpointBackend:
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             for entry_id, fields in page:
-                yield self._decode_entry(run_id, keys.events, entry_id, fields)
+                eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                yield self._decode_entry(run_id, keys.events, eid, fields)
             if len(page) < page_size:
                 return
             last = page[-1][0]
             lower = "(" + (last.decode() if isinstance(last, bytes) else str(last))
 
+    def iter_events(
+        self,
+        from_id: str | None = None,
+        *,
+        follow: bool = True,
+        timeout: float | None = None,
+        block_ms: int = 1000,
+        count: int = 100,
+    ) -> Iterator[LogEntry]:
+        """Yield the run's events as :class:`LogEntry` ``(id, event)``, following new ones.
+
+        Starts after stream id ``from_id`` (``None``: from the first event; ``"$"``: only events
+        appended from now on). With ``follow=True`` it waits for new events with
+        ``XREAD BLOCK`` and stops once ``timeout`` seconds pass without one (``None``: never);
+        with ``follow=False`` it stops at the end of the log.
+        """
+        self._need_run("iter_events")
+        run_id, keys = self._run_id, self._keys
+        assert run_id is not None and keys is not None
+        last = "0-0" if from_id is None else from_id
+        if last == "$":
+            last = self._last_entry_id(keys.events)
+        idle_since = time.monotonic()
+        while True:
+            block = block_ms if follow else None
+            if follow and timeout is not None:
+                left = timeout - (time.monotonic() - idle_since)
+                if left <= 0:
+                    return
+                block = max(1, min(block_ms, int(left * 1000)))
+            try:
+                reply = self._client.xread({keys.events: last}, count=count, block=block)
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+            entries = _xread_entries(reply)
+            for entry_id, fields in entries:
+                eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+                last = eid
+                yield LogEntry(eid, self._decode_entry(run_id, keys.events, eid, fields))
+            if entries:
+                idle_since = time.monotonic()
+            elif not follow:
+                return
+
+    def _last_entry_id(self, key: str) -> str:
+        try:
+            newest = self._client.xrevrange(key, count=1)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            raise translate_error(exc, run_id=self._run_id) from exc
+        if not newest:
+            return "0-0"
+        raw = newest[0][0]
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
     @staticmethod
-    def _decode_entry(run_id: uuid.UUID, key: str, entry_id: Any, fields: Any) -> t.AgentEvent:
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    def _decode_entry(run_id: uuid.UUID, key: str, eid: str, fields: Any) -> t.AgentEvent:
         type_raw, blob = fields.get(b"type"), fields.get(b"data")
         if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
             raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
         return codec.decode_event(
             type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
         )
+
+
+def _xread_entries(reply: Any) -> list[Any]:
+    """The entries of an XREAD reply for one stream (RESP2 list or RESP3 dict)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        out: list[Any] = []
+        for value in reply.values():
+            out.extend(value[0] if value and isinstance(value[0], list) else value)
+        return out
+    return [entry for _, entries in reply for entry in entries]
+
+
+def _opt_arg(raw: bytes) -> bytes | None:
+    if raw == b"n":
+        return None
+    if not raw.startswith(b"s"):
+        raise ValueError("malformed optional value in a change notice")
+    return raw[1:]
+
+
+def _opt_text(raw: bytes) -> str | None:
+    value = _opt_arg(raw)
+    return None if value is None else value.decode()
+
+
+def _result_from_args(a: list[bytes], key: str) -> t.AgentResultCache:
+    """The AgentResultCache of an upsert_agent_result notice (the script's arguments)."""
+    agent_id = uuid.UUID(a[0].decode())
+    output, findings = _opt_arg(a[5]), _opt_arg(a[6])
+    field = f"{agent_id}:"
+    return t.AgentResultCache._trusted(
+        agent_id=agent_id, phase_id=int(a[1]), status=a[2].decode(), tokens=int(a[3]),
+        completed_at=int(a[4]),
+        output=None if output is None else codec.decode_json(output, key=key,
+                                                             field=field + "output"),
+        findings=() if findings is None else codec.decode_findings(findings, key=key,
+                                                                   field=field + "findings"),
+        cache_key_hash=_opt_text(a[7]), description=_opt_text(a[8]), role=_opt_text(a[9]),
+    )  # fmt: skip
+
+
+def _session_from_args(a: list[bytes]) -> t.AgentSessionCheckpoint:
+    """The AgentSessionCheckpoint of an upsert_agent_session notice."""
+    return t.AgentSessionCheckpoint._trusted(
+        agent_id=uuid.UUID(a[0].decode()), backend_id=_opt_text(a[1]),
+        protocol_session_id=_opt_text(a[2]), session_id=a[3].decode(), status=a[4].decode(),
+        updated_at=int(a[5]), resumable=a[6] == b"true",
+    )  # fmt: skip

@@ -100,8 +100,13 @@ class RunState:
 
     # -- changes, mirroring the Lua scripts ------------------------------------------------
 
-    def apply_event(self, event: t.AgentEvent, now: int, version: int) -> None:
-        """Apply ``event`` as append_event-8.lua does."""
+    def apply_events(self, events: Sequence[t.AgentEvent], now: int, version: int) -> None:
+        """Apply a batch of events, in order, as append_events-10.lua does (one version)."""
+        for event in events:
+            self._apply_event(event, now)
+        self._commit(now, version)
+
+    def _apply_event(self, event: t.AgentEvent, now: int) -> None:
         if isinstance(event, t.AgentStarted):
             if event.agent_id not in self._started_phase:
                 self._started.append(event.agent_id)
@@ -133,7 +138,6 @@ class RunState:
             reported = event.total_tokens.total()
             if reported > 0:
                 self.total_tokens = reported
-        self._commit(now, version)
 
     def _apply_agent_done(self, event: t.AgentDone, now: int) -> None:
         old = self.results.get(event.agent_id)
@@ -160,7 +164,7 @@ class RunState:
         self.total_tokens += event.tokens.total()
 
     def apply_result(self, result: t.AgentResultCache, now: int, version: int) -> None:
-        """Apply ``upsert_agent_result`` as upsert_agent_result-8.lua does."""
+        """Apply ``upsert_agent_result`` as upsert_agent_result-10.lua does."""
         self.results = self.results.set(result.agent_id, result)
         self._set_agent_findings(result.agent_id, result.findings)
         self._commit(now, version)
@@ -170,9 +174,7 @@ class RunState:
         self._commit(now, version)
 
     def apply_status(self, status: t.CheckpointStatus, now: int, version: int) -> None:
-        """A status change by cancel/reset (or no change: same version, nothing to do)."""
-        if version == self.version:
-            return
+        """A status change by cancel/reset."""
         self.status = status
         self._commit(now, version)
 
@@ -194,7 +196,7 @@ class RunState:
 
     def apply_save(self, cp: t.RunCheckpoint, segments: list[Segment], now: int,
                    version: int) -> None:  # fmt: skip
-        """Apply ``save_checkpoint(cp)`` as save_checkpoint-8.lua does."""
+        """Apply ``save_checkpoint(cp)`` as save_checkpoint-10.lua does."""
         self.task, self.status = cp.task, cp.status
         self.current_phase, self.total_tokens = cp.current_phase, cp.total_tokens
         self.created_at, self.workflow_meta = cp.created_at, cp.workflow_meta
@@ -211,7 +213,7 @@ class RunState:
 
     @classmethod
     def from_load(cls, run_id: uuid.UUID, keys: RunKeys, reply: Sequence[Any]) -> RunState:
-        """Decode the reply of load-8.lua, checking every field (CorruptDataError)."""
+        """Decode the reply of load-10.lua, checking every field (CorruptDataError)."""
         return _Loader(run_id, keys).load(reply)
 
 
@@ -252,7 +254,7 @@ def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:
 
 
 class _Loader:
-    """Decodes load-8.lua's reply; every problem is a CorruptDataError naming key and field."""
+    """Decodes load-10.lua's reply; every problem is a CorruptDataError naming key and field."""
 
     def __init__(self, run_id: uuid.UUID, keys: RunKeys) -> None:
         self.run_id = run_id

@@ -15,6 +15,8 @@ key                                    type    holds
 ``<prefix>:{<run>}:started``           hash    ``<agent_id>`` -> ``<arrival seq> <phase_id>``
 ``<prefix>:{<run>}:findings``          hash    finding segment id -> msgpack list of findings
 ``<prefix>:{<run>}:findings_order``    list    finding segment ids in list order
+``<prefix>:{<run>}:writers``           hash    ``<writer id>`` -> ``<op seq> <reply>``
+``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices
 =====================================  ======  ================================================
 """
 
@@ -45,6 +47,9 @@ class RunKeys(NamedTuple):
     started: str
     findings: str
     findings_order: str
+    writers: str
+    changes: str
+    """The change-notice channel (SSUBSCRIBE), not a key; passed so it hashes like one."""
 
 
 def check_prefix(prefix: str) -> str:

@@ -31,7 +31,7 @@ _SCRIPT_FILE = re.compile(r"^([a-z_]+)-(\d+)\.lua$")
 
 SCRIPT_NAMES = (
     "init_run",
-    "append_event",
+    "append_events",
     "upsert_agent_result",
     "upsert_agent_session",
     "cancel",
@@ -102,9 +102,6 @@ class Scripts:
         raise AttributeError(name)
 
 
-_CODES: dict[str, type[errors.LuftRedisError]] = {}
-
-
 def translate_error(exc: BaseException, *, run_id: object = None) -> errors.LuftRedisError:
     """The luft-redis error for an exception raised by redis-py while running a command."""
     if isinstance(exc, errors.LuftRedisError):
@@ -135,4 +132,6 @@ def _domain_error(code: str, message: str, run_id: object) -> errors.LuftRedisEr
         return errors.CorruptDataError(key, field, detail)
     if code == "OVERFLOW":
         return errors.ValidationError("total_tokens", message)
+    if code == "STALE":
+        return errors.BackendError(f"a newer operation of this backend was applied: {message}")
     return errors.BackendError(f"luft-redis script rejected its arguments: {code} {message}")

@@ -2,14 +2,21 @@
   Shared prelude of every luft-redis script.
 
   Every script receives the keys of one run, in this order (see luft_redis/keys.py):
-    KEYS[1] run            hash    status, task, totals, timestamps, version
-    KEYS[2] events         stream  the event log
-    KEYS[3] phases         hash    <phase_id>:<attr>
-    KEYS[4] results        hash    <agent_id>:<attr>
-    KEYS[5] sessions       hash    <agent_id>:<attr>
-    KEYS[6] started        hash    <agent_id> -> "<seq> <phase_id>"
-    KEYS[7] findings       hash    segment id -> msgpack list of findings
-    KEYS[8] findings_order list    segment ids in order
+    KEYS[1]  run            hash    status, task, totals, timestamps, version
+    KEYS[2]  events         stream  the event log
+    KEYS[3]  phases         hash    <phase_id>:<attr>
+    KEYS[4]  results        hash    <agent_id>:<attr>
+    KEYS[5]  sessions       hash    <agent_id>:<attr>
+    KEYS[6]  started        hash    <agent_id> -> "<seq> <phase_id>"
+    KEYS[7]  findings       hash    segment id -> msgpack list of findings
+    KEYS[8]  findings_order list    segment ids in order
+    KEYS[9]  writers        hash    <writer id> -> "<op seq> <reply>" (exactly-once writes)
+    KEYS[10] changes        the sharded pub/sub channel of change notices (not a key)
+
+  Every writing script takes ARGV[1] = writer id and ARGV[2] = the writer's operation sequence
+  number, made before the first attempt; its own arguments follow and are read as ARGS[i]
+  (= ARGV[i + 2]). A retried operation whose first attempt was applied gets the stored reply
+  of that attempt back and changes nothing (see dedup / remember).
 
   Conventions:
     * numbers travel as decimal strings; u64 sums are done on strings (see u64_add);
@@ -17,10 +24,17 @@
     * a script reads and checks everything first and writes only afterwards, so an error
       reply never leaves a half-applied change;
     * domain errors are raised with fail(CODE, message) and reach the client as the error
-      reply "LUFT_<CODE> <message>" (see main.lua).
+      reply "LUFT_<CODE> <message>" (see main.lua);
+    * every change bumps the run's version, stamps updated_at with the server's clock and
+      publishes one change notice (see notify).
 ]]
 local K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_WRITERS, K_CHANGES = KEYS[9], KEYS[10]
+
+local WRITER, WRITER_SEQ = ARGV[1], ARGV[2]
+local ARGS = {}
+for i = 3, #ARGV do ARGS[i - 2] = ARGV[i] end
 
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
@@ -80,14 +94,17 @@ end
 
 local VALID_STATUS = {running = true, completed = true, failed = true, cancelled = true}
 
--- The run's status, checked; fails with LUFT_NO_RUN when the run does not exist.
-local function run_status()
-  local status = redis.call('HGET', K_RUN, 'status')
+-- The run's status and version (plus any other run fields asked for), checked; fails with
+-- LUFT_NO_RUN when the run does not exist.
+local function read_run(...)
+  local values = redis.call('HMGET', K_RUN, 'status', 'version', ...)
+  local status = values[1]
   if not status then fail('NO_RUN', K_RUN .. ' does not exist') end
   if not VALID_STATUS[status] then
     fail('CORRUPT', K_RUN .. ' status is not a checkpoint status')
   end
-  return status
+  stored_uint(K_RUN, 'version', values[2])
+  return values
 end
 
 -- Server time in unix seconds, as a decimal string.
@@ -106,14 +123,52 @@ local function hset_flat(key, flat)
   end
 end
 
--- Bump the run's change counter and stamp updated_at; returns the new version.
-local function touch(now, extra)
-  local fields = {'updated_at', now}
-  if extra then
-    for i = 1, #extra do fields[#fields + 1] = extra[i] end
+-- The stored reply when this writer's operation WRITER_SEQ was already applied, else nil.
+local function dedup()
+  if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
+    fail('BAD_ARG', 'writer id and operation sequence are required')
   end
-  redis.call('HSET', K_RUN, unpack(fields))
-  return redis.call('HINCRBY', K_RUN, 'version', 1)
+  local last = redis.call('HGET', K_WRITERS, WRITER)
+  if not last then return nil end
+  local seq, reply = string.match(last, '^(%d+) (.*)$')
+  if not seq then fail('CORRUPT', K_WRITERS .. ' ' .. WRITER .. ' is not "<seq> <reply>"') end
+  if seq == WRITER_SEQ then
+    local parts = {}
+    for part in string.gmatch(reply, '[^ ]+') do parts[#parts + 1] = part end
+    return parts
+  end
+  if #seq > #WRITER_SEQ or (#seq == #WRITER_SEQ and seq > WRITER_SEQ) then
+    fail('STALE', 'operation ' .. WRITER_SEQ .. ' of writer ' .. WRITER .. ' is older than ' .. seq)
+  end
+  return nil
+end
+
+-- Remember this operation's reply (space-free parts) for retries of the same operation.
+local function remember(reply)
+  redis.call('HSET', K_WRITERS, WRITER, WRITER_SEQ .. ' ' .. table.concat(reply, ' '))
+  return reply
+end
+
+-- Publish a change notice: netstrings "<len>:<bytes>" of version, now, op and op parts.
+local function notify(version, now, op, parts)
+  local out = {}
+  local function put(s) out[#out + 1] = #s .. ':' .. s end
+  put(version)
+  put(now)
+  put(op)
+  if parts then for i = 1, #parts do put(parts[i]) end end
+  redis.call('SPUBLISH', K_CHANGES, table.concat(out))
+end
+
+-- Stamp updated_at, set `fields` and bump the version; returns the new version (string).
+local function touch(version, now, fields)
+  local new_version = u64_add(version, '1', 'version')
+  local all = {'updated_at', now, 'version', new_version}
+  if fields then
+    for i = 1, #fields do all[#all + 1] = fields[i] end
+  end
+  redis.call('HSET', K_RUN, unpack(all))
+  return new_version
 end
 
 -- Replace agent `aid`'s findings in the run's finding list (contract §5, findings): in place

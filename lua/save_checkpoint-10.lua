@@ -2,9 +2,10 @@
   save_checkpoint: replace the run's whole state (not its event log) atomically
   (contract §4). updated_at becomes the server time; run_dir and the event log are kept.
 
-  KEYS[1..8] the run's keys (see includes/common.lua)
-  ARGV[1] task   ARGV[2] status   ARGV[3] current_phase   ARGV[4] total_tokens
-  ARGV[5] created_at   ARGV[6] workflow_meta (opt msgpack)
+  KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGS[1] writer id   ARGS[2] operation sequence   then ARGS:
+  ARGS[1] task   ARGS[2] status   ARGS[3] current_phase   ARGS[4] total_tokens
+  ARGS[5] created_at   ARGS[6] workflow_meta (opt msgpack)
   then five counted groups, each "<count>" followed by count * width arguments:
     phases    width 7: phase_id, label, planned, ok, failed, description (opt), role (opt)
     results   width 10: agent_id, phase_id, status, tokens, completed_at, output (opt),
@@ -15,28 +16,31 @@
     findings  width 2: segment id, msgpack list of findings (in order)
 
   Reply:  {version, now}
-  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG; nothing is written on error.
+  Notice: op "x" (subscribers reload the run)
+  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE; nothing is written on error.
 ]]
 --- @include "includes/common"
 
 local RESULT_OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
 
 local function main()
-  run_status()
-  if not VALID_STATUS[ARGV[2]] then fail('BAD_ARG', 'status is not a checkpoint status') end
+  local dup = dedup()
+  if dup then return dup end
+  local version = read_run()[2]
+  if not VALID_STATUS[ARGS[2]] then fail('BAD_ARG', 'status is not a checkpoint status') end
   local run_fields = {
-    'task', ARGV[1], 'status', ARGV[2], 'current_phase', arg_uint(ARGV[3], 'current_phase'),
-    'total_tokens', arg_uint(ARGV[4], 'total_tokens'),
-    'created_at', arg_uint(ARGV[5], 'created_at'),
+    'task', ARGS[1], 'status', ARGS[2], 'current_phase', arg_uint(ARGS[3], 'current_phase'),
+    'total_tokens', arg_uint(ARGS[4], 'total_tokens'),
+    'created_at', arg_uint(ARGS[5], 'created_at'),
   }
-  local meta = opt(ARGV[6], 'workflow_meta')
+  local meta = opt(ARGS[6], 'workflow_meta')
   local pos = 7
 
   local function group(width)
-    local count = tonumber(arg_uint(ARGV[pos], 'group count'))
+    local count = tonumber(arg_uint(ARGS[pos], 'group count'))
     local first = pos + 1
     pos = first + count * width
-    if pos - 1 > #ARGV then fail('BAD_ARG', 'argument list is short') end
+    if pos - 1 > #ARGS then fail('BAD_ARG', 'argument list is short') end
     return first, count
   end
 
@@ -44,11 +48,11 @@ local function main()
   local first, count = group(7)
   for i = 0, count - 1 do
     local a = first + i * 7
-    local p = arg_uint(ARGV[a], 'phase_id') .. ':'
-    local f = {p .. 'seq', tostring(i + 1), p .. 'label', ARGV[a + 1],
-      p .. 'planned', arg_uint(ARGV[a + 2], 'planned'), p .. 'ok', arg_uint(ARGV[a + 3], 'ok'),
-      p .. 'failed', arg_uint(ARGV[a + 4], 'failed')}
-    local description, role = opt(ARGV[a + 5], 'description'), opt(ARGV[a + 6], 'role')
+    local p = arg_uint(ARGS[a], 'phase_id') .. ':'
+    local f = {p .. 'seq', tostring(i + 1), p .. 'label', ARGS[a + 1],
+      p .. 'planned', arg_uint(ARGS[a + 2], 'planned'), p .. 'ok', arg_uint(ARGS[a + 3], 'ok'),
+      p .. 'failed', arg_uint(ARGS[a + 4], 'failed')}
+    local description, role = opt(ARGS[a + 5], 'description'), opt(ARGS[a + 6], 'role')
     if description then f[#f + 1] = p .. 'description'; f[#f + 1] = description end
     if role then f[#f + 1] = p .. 'role'; f[#f + 1] = role end
     for j = 1, #f do phases[#phases + 1] = f[j] end
@@ -60,12 +64,12 @@ local function main()
   first, count = group(10)
   for i = 0, count - 1 do
     local a = first + i * 10
-    local p = ARGV[a] .. ':'
-    local f = {p .. 'phase_id', arg_uint(ARGV[a + 1], 'phase_id'), p .. 'status', ARGV[a + 2],
-      p .. 'tokens', arg_uint(ARGV[a + 3], 'tokens'),
-      p .. 'completed_at', arg_uint(ARGV[a + 4], 'completed_at')}
+    local p = ARGS[a] .. ':'
+    local f = {p .. 'phase_id', arg_uint(ARGS[a + 1], 'phase_id'), p .. 'status', ARGS[a + 2],
+      p .. 'tokens', arg_uint(ARGS[a + 3], 'tokens'),
+      p .. 'completed_at', arg_uint(ARGS[a + 4], 'completed_at')}
     for j, name in ipairs(RESULT_OPTIONAL) do
-      local value = opt(ARGV[a + 4 + j], name)
+      local value = opt(ARGS[a + 4 + j], name)
       if value then f[#f + 1] = p .. name; f[#f + 1] = value end
     end
     for j = 1, #f do results[#results + 1] = f[j] end
@@ -75,10 +79,10 @@ local function main()
   first, count = group(7)
   for i = 0, count - 1 do
     local a = first + i * 7
-    local p = ARGV[a] .. ':'
-    local f = {p .. 'session_id', ARGV[a + 3], p .. 'status', ARGV[a + 4],
-      p .. 'updated_at', arg_uint(ARGV[a + 5], 'updated_at'), p .. 'resumable', ARGV[a + 6]}
-    local backend, protocol = opt(ARGV[a + 1], 'backend_id'), opt(ARGV[a + 2], 'protocol_session_id')
+    local p = ARGS[a] .. ':'
+    local f = {p .. 'session_id', ARGS[a + 3], p .. 'status', ARGS[a + 4],
+      p .. 'updated_at', arg_uint(ARGS[a + 5], 'updated_at'), p .. 'resumable', ARGS[a + 6]}
+    local backend, protocol = opt(ARGS[a + 1], 'backend_id'), opt(ARGS[a + 2], 'protocol_session_id')
     if backend then f[#f + 1] = p .. 'backend_id'; f[#f + 1] = backend end
     if protocol then f[#f + 1] = p .. 'protocol_session_id'; f[#f + 1] = protocol end
     for j = 1, #f do sessions[#sessions + 1] = f[j] end
@@ -93,7 +97,7 @@ local function main()
   local started = {}
   first, count = group(1)
   for i = 0, count - 1 do
-    local aid = ARGV[first + i]
+    local aid = ARGS[first + i]
     started[#started + 1] = aid
     started[#started + 1] = tostring(i + 1) .. ' ' .. (old_phase[aid] or '0')
   end
@@ -102,11 +106,11 @@ local function main()
   first, count = group(2)
   for i = 0, count - 1 do
     local a = first + i * 2
-    findings[#findings + 1] = ARGV[a]
-    findings[#findings + 1] = ARGV[a + 1]
-    order[#order + 1] = ARGV[a]
+    findings[#findings + 1] = ARGS[a]
+    findings[#findings + 1] = ARGS[a + 1]
+    order[#order + 1] = ARGS[a]
   end
-  if pos - 1 ~= #ARGV then fail('BAD_ARG', 'argument list is too long') end
+  if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list is too long') end
   local now = now_seconds()
 
   redis.call('DEL', K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER)
@@ -127,7 +131,9 @@ local function main()
     redis.call('RPUSH', K_FINDINGS_ORDER, unpack(order, i, j))
     i = j + 1
   end
-  return {tostring(touch(now, run_fields)), now}
+  local new_version = touch(version, now, run_fields)
+  notify(new_version, now, 'x')
+  return remember({new_version, now})
 end
 
 --- @include "includes/main"

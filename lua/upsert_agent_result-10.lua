@@ -1,0 +1,52 @@
+--[[
+  upsert_agent_result: insert or replace agent_results[agent_id] (contract §4); the agent's
+  findings replace its earlier ones in the run's finding list. total_tokens is untouched and
+  no event is added.
+
+  KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  ARGS[1] agent_id   ARGS[2] phase_id   ARGS[3] status   ARGS[4] tokens   ARGS[5] completed_at
+  ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
+  ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)
+
+  Reply:  {version, now}
+  Notice: op "r", then ARGS[1..10]
+  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
+]]
+--- @include "includes/common"
+
+local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
+
+local function main()
+  local dup = dedup()
+  if dup then return dup end
+  local version = read_run()[2]
+  local aid = ARGS[1]
+  local p = aid .. ':'
+  local fields = {
+    p .. 'status', ARGS[3], p .. 'phase_id', arg_uint(ARGS[2], 'phase_id'),
+    p .. 'tokens', arg_uint(ARGS[4], 'tokens'),
+    p .. 'completed_at', arg_uint(ARGS[5], 'completed_at'),
+  }
+  local drop = {}
+  for i, name in ipairs(OPTIONAL) do
+    local value = opt(ARGS[5 + i], name)
+    if value then
+      fields[#fields + 1] = p .. name
+      fields[#fields + 1] = value
+    else
+      drop[#drop + 1] = p .. name
+    end
+  end
+  local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
+  local now = now_seconds()
+
+  if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end
+  redis.call('HSET', K_RESULTS, unpack(fields))
+  set_agent_findings(aid, findings)
+  local new_version = touch(version, now)
+  notify(new_version, now, 'r', ARGS)
+  return remember({new_version, now})
+end
+
+--- @include "includes/main"

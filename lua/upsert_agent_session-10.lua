@@ -1,0 +1,44 @@
+--[[
+  upsert_agent_session: insert or replace agent_sessions[agent_id] (contract §4).
+
+  KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  ARGS[1] agent_id   ARGS[2] backend_id (opt)   ARGS[3] protocol_session_id (opt)
+  ARGS[4] session_id   ARGS[5] status   ARGS[6] updated_at   ARGS[7] resumable ("true"/"false")
+
+  Reply:  {version, now}
+  Notice: op "s", then ARGS[1..7]
+  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
+]]
+--- @include "includes/common"
+
+local function main()
+  local dup = dedup()
+  if dup then return dup end
+  local version = read_run()[2]
+  local p = ARGS[1] .. ':'
+  if ARGS[7] ~= 'true' and ARGS[7] ~= 'false' then fail('BAD_ARG', 'resumable is not a bool') end
+  local fields = {
+    p .. 'session_id', ARGS[4], p .. 'status', ARGS[5],
+    p .. 'updated_at', arg_uint(ARGS[6], 'updated_at'), p .. 'resumable', ARGS[7],
+  }
+  local drop = {}
+  for i, name in ipairs({'backend_id', 'protocol_session_id'}) do
+    local value = opt(ARGS[1 + i], name)
+    if value then
+      fields[#fields + 1] = p .. name
+      fields[#fields + 1] = value
+    else
+      drop[#drop + 1] = p .. name
+    end
+  end
+  local now = now_seconds()
+
+  if #drop > 0 then redis.call('HDEL', K_SESSIONS, unpack(drop)) end
+  redis.call('HSET', K_SESSIONS, unpack(fields))
+  local new_version = touch(version, now)
+  notify(new_version, now, 's', ARGS)
+  return remember({new_version, now})
+end
+
+--- @include "includes/main"

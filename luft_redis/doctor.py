@@ -1,0 +1,425 @@
+"""Check that a Redis server is configured safely for luft-redis checkpoints.
+
+:func:`check_server` asks the server about the settings that decide whether checkpoints
+survive: the eviction policy (``maxmemory-policy``), persistence (AOF and RDB), the Redis
+version the Lua scripts need, and cluster mode. Each answer becomes a :class:`Check` with a
+level:
+
+``ok``
+    nothing to do;
+``warn``
+    works, but weaker than recommended (RDB snapshots only, ``appendfsync no``, a
+    ``volatile-*`` eviction policy, ...);
+``unsafe``
+    checkpoints can be lost or the scripts cannot run (eviction of any key, no persistence,
+    Redis older than 7.0);
+``unknown``
+    the server refused to say: fakeredis, or a managed service that disables or renames
+    ``CONFIG``/``INFO``. An unknown check is not an error.
+
+Every question is asked on its own with its own error handling, so one refused command never
+hides the answers of the others. Only an unreachable server is an error
+(:class:`luft_redis.errors.ConnectionError`).
+
+Example::
+
+    report = check_server(redis.Redis.from_url("redis://127.0.0.1:6379/0"))
+    for check in report.checks:
+        print(check.level, check.name, check.message)
+    assert report.ok
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+import redis
+import redis.cluster
+import redis.exceptions
+
+from . import errors
+
+__all__ = ["LEVELS", "MIN_REDIS_VERSION", "Check", "Level", "ServerReport", "check_server"]
+
+logger = logging.getLogger(__name__)
+
+Level: TypeAlias = Literal["ok", "warn", "unsafe", "unknown"]
+"""How a check came out (see the module documentation)."""
+
+LEVELS: Final[tuple[Level, ...]] = ("ok", "unknown", "warn", "unsafe")
+"""Every level, from the best to the worst."""
+
+MIN_REDIS_VERSION: Final = (7, 0)
+"""The oldest Redis the Lua scripts run on (they use 7.0 features)."""
+
+_SAFE_POLICY: Final = "noeviction"
+_FSYNC_MODES: Final = ("always", "everysec", "no")
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one check.
+
+    ``name`` says what was checked (``"maxmemory-policy"``, ``"persistence"``, ...), ``level``
+    how it came out, ``message`` what was found and what to do about it. ``node`` is the
+    ``host:port`` of the cluster primary the check is about, or ``None`` for a single server.
+    """
+
+    name: str
+    level: Level
+    message: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerReport:
+    """Every check of one server (or of every primary of a cluster).
+
+    ``ok`` is true when no check is ``unsafe``; ``warn`` and ``unknown`` checks do not make a
+    report fail.
+    """
+
+    ok: bool
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def level(self) -> Level:
+        """The worst level of any check (``"ok"`` for an empty report)."""
+        worst: Level = "ok"
+        for check in self.checks:
+            if LEVELS.index(check.level) > LEVELS.index(worst):
+                worst = check.level
+        return worst
+
+    def by_level(self, level: Level) -> list[Check]:
+        """The checks that came out as ``level``."""
+        return [check for check in self.checks if check.level == level]
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+class _Refused(Exception):
+    """The server answered a question with an error (disabled, renamed, no permission)."""
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _ask(what: str, call: Any, *args: Any) -> Any:
+    """Run one command; refusals become :class:`_Refused`, an unreachable server an error."""
+    try:
+        return call(*args)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # AuthenticationError is a ConnectionError too: the server cannot be used either way.
+        raise errors.ConnectionError(f"Redis is unreachable: {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        logger.debug("%s refused: %s", what, exc)
+        raise _Refused(f"{what} refused: {exc}") from exc
+
+
+def _info(client: redis.Redis, section: str) -> dict[str, str]:
+    """``INFO <section>`` as a dict of text; raises :class:`_Refused`."""
+    reply = _ask(f"INFO {section}", client.info, section)
+    if not isinstance(reply, Mapping):
+        raise _Refused(f"INFO {section} gave an unexpected reply {reply!r}")
+    return {_text(k): _text(v) for k, v in reply.items()}
+
+
+def _config(client: redis.Redis, name: str) -> str:
+    """The value of one ``CONFIG GET`` parameter; raises :class:`_Refused`."""
+    reply = _ask(f"CONFIG GET {name}", client.config_get, name)
+    if isinstance(reply, Mapping):
+        for key, value in reply.items():
+            if _text(key).lower() == name:
+                return _text(value)
+    raise _Refused(f"CONFIG GET {name} did not return {name}")
+
+
+def _parse_version(text: str) -> tuple[int, ...] | None:
+    parts: list[int] = []
+    for piece in text.strip().split("."):
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) if parts else None
+
+
+class _Probe:
+    """Asks one server each question once (lazily) and remembers the answer or the refusal."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._infos: dict[str, dict[str, str] | _Refused] = {}
+        self._configs: dict[str, str | _Refused] = {}
+
+    def info(self, section: str) -> dict[str, str]:
+        if section not in self._infos:
+            try:
+                self._infos[section] = _info(self.client, section)
+            except _Refused as exc:
+                self._infos[section] = exc
+        answer = self._infos[section]
+        if isinstance(answer, _Refused):
+            raise answer
+        return answer
+
+    def config(self, name: str) -> str:
+        if name not in self._configs:
+            try:
+                self._configs[name] = _config(self.client, name)
+            except _Refused as exc:
+                self._configs[name] = exc
+        answer = self._configs[name]
+        if isinstance(answer, _Refused):
+            raise answer
+        return answer
+
+
+# ---------------------------------------------------------------------------- the checks
+
+
+def _check_version(probe: _Probe) -> Check:
+    name = "redis-version"
+    try:
+        server = probe.info("server")
+    except _Refused as exc:
+        return Check(name, "unknown", f"cannot tell the Redis version ({exc})")
+    text = server.get("redis_version", "")
+    version = _parse_version(text)
+    if version is None:
+        return Check(name, "unknown", f"cannot parse redis_version {text!r}")
+    flavour = f"valkey {server['valkey_version']}, " if "valkey_version" in server else ""
+    wanted = ".".join(map(str, MIN_REDIS_VERSION))
+    if version[: len(MIN_REDIS_VERSION)] < MIN_REDIS_VERSION:
+        return Check(
+            name,
+            "unsafe",
+            f"Redis {text} ({flavour}older than {wanted}): the luft-redis scripts use "
+            f"{wanted} features; upgrade the server",
+        )
+    return Check(name, "ok", f"Redis {text}" + (f" ({flavour.rstrip(', ')})" if flavour else ""))
+
+
+def _check_cluster(probe: _Probe, *, cluster_client: bool) -> Check:
+    name = "cluster-mode"
+    try:
+        mode = probe.info("server").get("redis_mode", "")
+    except _Refused as exc:
+        if cluster_client:
+            return Check(name, "ok", "cluster (the client is a RedisCluster)")
+        return Check(name, "unknown", f"cannot tell whether this is a cluster ({exc})")
+    if mode == "cluster":
+        if cluster_client:
+            return Check(name, "ok", "cluster mode; every run lives in one slot ({run-id} tag)")
+        return Check(
+            name,
+            "warn",
+            "the server is in cluster mode but the client is not a RedisCluster: "
+            "use RedisCheckpointBackend.from_url(..., cluster=True) (luft-redis --cluster)",
+        )
+    if mode == "sentinel":
+        return Check(name, "warn", "this is a Sentinel, not a data server: connect to the primary")
+    if not mode:
+        return Check(name, "unknown", "INFO server does not report redis_mode")
+    return Check(name, "ok", f"{mode} (not a cluster)")
+
+
+def _check_policy(probe: _Probe) -> Check:
+    name = "maxmemory-policy"
+    try:
+        policy = probe.config("maxmemory-policy")
+        source = "CONFIG GET"
+    except _Refused as exc:
+        # Managed services often disable CONFIG but still show the policy in INFO memory.
+        try:
+            policy = probe.info("memory")["maxmemory_policy"]
+            source = "INFO memory"
+        except (_Refused, KeyError):
+            return Check(
+                name,
+                "unknown",
+                f"cannot read maxmemory-policy ({exc}); make sure it is {_SAFE_POLICY}",
+            )
+    policy = policy.strip().lower()
+    logger.debug("maxmemory-policy %s (from %s)", policy, source)
+    if policy == _SAFE_POLICY:
+        return Check(name, "ok", "noeviction: a full Redis refuses writes instead of evicting")
+    if policy.startswith("volatile-"):
+        return Check(
+            name,
+            "warn",
+            f"{policy} evicts only keys with a TTL (luft-redis sets none), but other data may be "
+            f"evicted and the intent is unclear; set maxmemory-policy {_SAFE_POLICY}",
+        )
+    return Check(
+        name,
+        "unsafe",
+        f"{policy}: when maxmemory is reached Redis silently evicts keys, including "
+        f"checkpoints and event logs; set maxmemory-policy {_SAFE_POLICY}",
+    )
+
+
+def _aof_enabled(probe: _Probe) -> bool | None:
+    try:
+        return probe.config("appendonly").strip().lower() == "yes"
+    except _Refused:
+        pass
+    try:
+        return probe.info("persistence")["aof_enabled"].strip() == "1"
+    except (_Refused, KeyError):
+        return None
+
+
+def _check_persistence(probe: _Probe) -> list[Check]:
+    name = "persistence"
+    aof = _aof_enabled(probe)
+    save: str | None
+    try:
+        save = probe.config("save").strip()
+    except _Refused:
+        save = None
+    checks: list[Check] = []
+    if aof:
+        checks.append(Check(name, "ok", "AOF on (appendonly yes)" + (
+            f"; RDB save rules {save!r} as well" if save else "")))
+    elif aof is None and save is None:
+        checks.append(Check(
+            name, "unknown",
+            "cannot read appendonly or save (CONFIG refused); make sure AOF (appendonly yes) "
+            "or RDB snapshots are on, or checkpoints are lost when Redis restarts",
+        ))
+    elif save:
+        checks.append(Check(
+            name, "warn",
+            f"RDB snapshots only (save {save!r}): a crash loses every change since the last "
+            "snapshot; prefer appendonly yes",
+        ))
+    elif save is None:
+        checks.append(Check(
+            name, "unknown",
+            "appendonly is off and the RDB save rules cannot be read (CONFIG GET save "
+            "refused): checkpoints may not survive a restart",
+        ))
+    else:
+        checks.append(Check(
+            name, "unsafe",
+            "no persistence (appendonly no, save \"\"): every checkpoint is lost when Redis "
+            "restarts; set appendonly yes",
+        ))
+    checks.append(_check_fsync(probe, aof))
+    checks.extend(_check_last_writes(probe))
+    return checks
+
+
+def _check_fsync(probe: _Probe, aof: bool | None) -> Check:
+    name = "appendfsync"
+    try:
+        mode = probe.config("appendfsync").strip().lower()
+    except _Refused as exc:
+        return Check(name, "unknown", f"cannot read appendfsync ({exc})")
+    unused = " (not in effect: the AOF is off)" if aof is False else ""
+    if mode == "always":
+        return Check(name, "ok", "always: every write is on disk before Redis answers" + unused)
+    if mode == "everysec":
+        return Check(name, "ok", "everysec: a crash of the machine loses up to ~1 s" + unused)
+    if mode == "no":
+        level: Level = "ok" if aof is False else "warn"
+        return Check(
+            name,
+            level,
+            "no: the OS decides when to flush, a crash of the machine may lose ~30 s; "
+            "prefer everysec" + unused,
+        )
+    return Check(name, "unknown", f"unexpected appendfsync {mode!r}")
+
+
+def _check_last_writes(probe: _Probe) -> list[Check]:
+    """Warn when the last RDB save or AOF write failed (disk full, permissions)."""
+    try:
+        info = probe.info("persistence")
+    except _Refused:
+        return []
+    checks: list[Check] = []
+    if info.get("aof_enabled") == "1" and info.get("aof_last_write_status", "ok") != "ok":
+        checks.append(Check(
+            "aof-write", "unsafe",
+            "the last AOF write failed (aof_last_write_status err): check disk space and "
+            "the Redis log",
+        ))
+    if info.get("rdb_last_bgsave_status", "ok") != "ok":
+        checks.append(Check(
+            "rdb-save", "warn",
+            "the last RDB background save failed (rdb_last_bgsave_status err): check disk "
+            "space and the Redis log",
+        ))
+    return checks
+
+
+def _check_node(client: redis.Redis, *, cluster_client: bool, node: str | None) -> list[Check]:
+    """Every check of one server."""
+    probe = _Probe(client)
+    checks = [
+        _check_version(probe),
+        _check_cluster(probe, cluster_client=cluster_client),
+        _check_policy(probe),
+        *_check_persistence(probe),
+    ]
+    if node is None:
+        return checks
+    return [Check(c.name, c.level, c.message, node) for c in checks]
+
+
+def _ping(client: Any) -> None:
+    try:
+        client.ping()
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise errors.ConnectionError(f"Redis is unreachable: {exc}") from exc
+    except redis.exceptions.RedisClusterException as exc:
+        raise errors.ConnectionError(f"Redis Cluster is unreachable: {exc}") from exc
+    except redis.exceptions.RedisError as exc:
+        # e.g. NOPERM for PING: the server answered, so it is reachable.
+        logger.debug("PING refused: %s", exc)
+
+
+def check_server(client: Any) -> ServerReport:
+    """Check the server(s) behind ``client`` and return a :class:`ServerReport`.
+
+    ``client`` is a ``redis.Redis`` (or fakeredis) client or a ``RedisCluster``; on a cluster
+    every primary is checked and each check names its node. Commands the server refuses give
+    ``unknown`` checks; :class:`luft_redis.errors.ConnectionError` is raised only when the
+    server cannot be reached at all.
+    """
+    _ping(client)
+    checks: list[Check] = []
+    if isinstance(client, redis.cluster.RedisCluster):
+        try:
+            primaries = list(client.get_primaries())  # type: ignore[no-untyped-call]
+        except redis.exceptions.RedisClusterException as exc:
+            raise errors.ConnectionError(f"Redis Cluster is unreachable: {exc}") from exc
+        if not primaries:
+            checks.append(Check("cluster-mode", "unsafe", "the cluster has no primary"))
+        for primary in sorted(primaries, key=lambda n: (n.host, n.port)):
+            node_client = client.get_redis_connection(primary)
+            checks.extend(
+                _check_node(node_client, cluster_client=True, node=f"{primary.host}:{primary.port}")
+            )
+    else:
+        checks.extend(_check_node(client, cluster_client=False, node=None))
+    ok = not any(check.level == "unsafe" for check in checks)
+    for check in checks:
+        log = logger.info if check.level in ("warn", "unsafe") else logger.debug
+        log("doctor %s%s: %s: %s", f"{check.node} " if check.node else "", check.name,
+            check.level, check.message)
+    return ServerReport(ok=ok, checks=checks)

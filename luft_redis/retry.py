@@ -1,0 +1,98 @@
+"""Retries of Redis calls on transient failures (tenacity), with exactly-once writes.
+
+Only failures that may pass by themselves are retried: a refused, reset or timed-out
+connection, a server still loading its data (``LOADING``), a replica promoted or demoted during
+failover (``READONLY``, ``MASTERDOWN``), a cluster resharding (``TRYAGAIN``, ``CLUSTERDOWN``).
+Validation and domain errors (``LUFT_*``) never are.
+
+A write whose reply was lost may have been applied: every write carries a writer id and an
+operation number made before its first attempt, and the Lua scripts apply an operation at most
+once (the ``writers`` hash of the run keeps each writer's last operation and its reply), so a
+retried append counts its tokens once and logs its event once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis.exceptions
+import tenacity
+
+__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+_TRANSIENT_PREFIXES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY ")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a Redis failure that a later attempt may not meet."""
+    if isinstance(
+        exc,
+        (
+            redis.exceptions.ConnectionError,
+            redis.exceptions.TimeoutError,
+            redis.exceptions.BusyLoadingError,
+            redis.exceptions.ReadOnlyError,
+            redis.exceptions.ClusterDownError,
+            redis.exceptions.TryAgainError,
+        ),
+    ):
+        return True
+    if isinstance(exc, redis.exceptions.ResponseError):
+        return str(exc).startswith(_TRANSIENT_PREFIXES)
+    return False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long to keep trying a Redis call that failed transiently.
+
+    Waits grow exponentially from ``initial_delay`` up to ``max_delay`` seconds with full
+    jitter; it gives up after ``max_attempts`` attempts or ``deadline`` seconds in all, and then
+    raises :class:`luft_redis.errors.ConnectionError` (or the typed error of the last failure).
+    """
+
+    max_attempts: int = 10
+    deadline: float = 5.0
+    initial_delay: float = 0.02
+    max_delay: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.deadline < 0 or self.initial_delay < 0 or self.max_delay < 0:
+            raise ValueError("delays must not be negative")
+
+    def call(self, fn: Callable[[], _T]) -> _T:
+        """``fn()``, retried on transient failures; the last failure is re-raised."""
+        if self.max_attempts == 1:
+            return fn()
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.max_attempts)
+            | tenacity.stop_after_delay(self.deadline),
+            wait=tenacity.wait_random_exponential(
+                multiplier=self.initial_delay, max=self.max_delay
+            ),
+            retry=tenacity.retry_if_exception(is_transient),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        return retrying(fn)
+
+
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    logger.info("Redis call failed (%s), attempt %d; retrying", exc, state.attempt_number)
+
+
+DEFAULT_RETRY = RetryPolicy()
+"""A few seconds in all: up to 10 attempts within 5 s, waits from 20 ms up to 1 s."""
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+"""One attempt only."""
