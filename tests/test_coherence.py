@@ -1,0 +1,267 @@
+"""The cache across backends on separate clients: change notices, the change API, the live feed.
+
+Runs on fakeredis, a private redis-server and a private 3-master cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeAlias
+
+import fakeredis
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from luft_redis import (
+    AgentDone,
+    AgentResultCache,
+    AgentSessionCheckpoint,
+    AgentStatus,
+    CheckpointStatus,
+    Finding,
+    Log,
+    LogLevel,
+    PhaseStarted,
+    RedisCheckpointBackend,
+    RunCheckpoint,
+    RunDone,
+    RunStatus,
+    Severity,
+    TokenUsage,
+)
+
+Client: TypeAlias = "redis.Redis | RedisCluster"
+Factory: TypeAlias = Callable[..., RedisCheckpointBackend]
+
+BOUND = 5.0  # seconds: far above the expected milliseconds, low enough to fail fast
+
+
+def _another_client(client: Any) -> Any:
+    if isinstance(client, fakeredis.FakeRedis):
+        return fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()  # type: ignore[no-untyped-call]
+        return RedisCluster(host=node.host, port=node.port)
+    kwargs = client.connection_pool.connection_kwargs
+    return redis.Redis(host=kwargs["host"], port=kwargs["port"])
+
+
+@pytest.fixture
+def make_backend(redis_client: Client) -> Iterator[Factory]:
+    made: list[RedisCheckpointBackend] = []
+    clients: list[Any] = []
+
+    def make(**kwargs: Any) -> RedisCheckpointBackend:
+        client = _another_client(redis_client)
+        clients.append(client)
+        backend = RedisCheckpointBackend(client, **kwargs)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+    for client in clients:
+        client.close()
+
+
+def fresh(backend: RedisCheckpointBackend) -> RunCheckpoint:
+    other = RedisCheckpointBackend(backend.client, watch=False)
+    assert backend.run_id is not None
+    cp = other.open_run(backend.run_id)
+    assert cp is not None
+    return cp
+
+
+def eventually(predicate: Callable[[], bool], bound: float = BOUND) -> bool:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.002)
+    return predicate()
+
+
+def done(run_id: uuid.UUID, agent: uuid.UUID, tokens: int = 10) -> AgentDone:
+    return AgentDone(
+        run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+        tokens=TokenUsage(input=tokens, output=1), elapsed_ms=1,
+        findings=(Finding(kind="k", severity=Severity.LOW, title=str(agent), detail="d"),),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def pair(make_backend: Factory) -> tuple[RedisCheckpointBackend, RedisCheckpointBackend]:
+    writer, reader = make_backend(), make_backend()
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    reader.open_run(run_id)
+    assert eventually(lambda: writer.cache_is_fresh and reader.cache_is_fresh)
+    return writer, reader
+
+
+def test_a_reader_sees_every_kind_of_change_without_writing(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    writer, reader = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    agent = uuid.uuid4()
+    changes: list[Callable[[], None]] = [
+        lambda: writer.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="a", planned=2)),
+        lambda: writer.append_events([done(run_id, agent), Log(run_id=run_id,
+                                      level=LogLevel.INFO, msg="x")]),
+        lambda: writer.upsert_agent_result(AgentResultCache(
+            agent_id=agent, phase_id=1, status="error", output={"o": [1]}, findings=(),
+            tokens=3, completed_at=7, cache_key_hash="h")),
+        lambda: writer.upsert_agent_session(AgentSessionCheckpoint(
+            agent_id=agent, backend_id="b", session_id="s", status="x", updated_at=1,
+            resumable=True)),
+        writer.cancel,
+        writer.reset_status_to_running,
+        lambda: writer.save_checkpoint(writer.get_checkpoint()._replace(task="saved")),  # type: ignore[union-attr]
+        lambda: writer.append_event(RunDone(run_id=run_id, status=RunStatus.FAILED,
+                                            total_tokens=TokenUsage(input=99))),
+    ]
+    for change in changes:
+        before = reader.version
+        change()
+        assert reader.wait_for_change(before, timeout=BOUND)
+        assert eventually(lambda: reader.get_checkpoint() == writer.get_checkpoint())
+        assert reader.get_checkpoint() == fresh(writer)
+        assert reader.cache_is_fresh
+    cp = reader.get_checkpoint()
+    assert cp is not None and cp.status is CheckpointStatus.FAILED and cp.task == "saved"
+
+
+def test_a_worker_learns_of_a_cancel_through_its_cache(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    operator, worker = pair
+    operator.cancel()
+    assert eventually(
+        lambda: worker.get_checkpoint().status is CheckpointStatus.CANCELLED  # type: ignore[union-attr]
+    )
+    assert worker.can_resume()  # a cancelled run stays resumable
+
+
+def test_subscribe_and_unsubscribe(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    writer, reader = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    seen: list[int] = []
+    got = threading.Event()
+
+    def on_change(cp: RunCheckpoint) -> None:
+        seen.append(cp.total_tokens)
+        got.set()
+
+    unsubscribe = reader.subscribe(on_change)
+    writer.append_event(done(run_id, uuid.uuid4(), tokens=41))
+    assert got.wait(BOUND)
+    assert seen[-1] == 42
+    unsubscribe()
+    count = len(seen)
+    before = reader.version
+    writer.append_event(done(run_id, uuid.uuid4(), tokens=1))
+    assert reader.wait_for_change(before, timeout=BOUND)
+    assert len(seen) == count
+
+
+def test_wait_for_change_times_out(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    _, reader = pair
+    start = time.monotonic()
+    assert reader.wait_for_change(timeout=0.2) is False
+    assert time.monotonic() - start >= 0.19
+
+
+def test_iter_events_follows_the_log(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    writer, reader = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    writer.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="before"))
+    events = [Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}") for i in range(5)]
+
+    def produce() -> None:
+        for event in events:
+            time.sleep(0.02)
+            writer.append_event(event)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    got = [entry.event for entry in reader.iter_events("$", timeout=1.0)]
+    thread.join()
+    assert got == events
+    everything = list(reader.iter_events(follow=False))
+    assert [e.event for e in everything][1:] == events
+    # resume after an id
+    after_first = list(reader.iter_events(everything[0].id, follow=False))
+    assert [e.event for e in after_first] == events
+
+
+def test_a_backend_without_watch_catches_up_on_its_next_write(make_backend: Factory) -> None:
+    writer, lazy = make_backend(), make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    lazy.open_run(run_id)
+    writer.append_event(done(run_id, uuid.uuid4()))
+    time.sleep(0.1)
+    assert lazy.get_checkpoint().total_tokens == 0  # type: ignore[union-attr]
+    assert not lazy.cache_is_fresh
+    lazy.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
+    assert lazy.get_checkpoint() == fresh(writer)
+
+
+def test_many_backends_on_one_client_share_one_listener(redis_client: Client) -> None:
+    from luft_redis.listener import ChangeListener
+
+    backends = [RedisCheckpointBackend(redis_client) for _ in range(3)]
+    runs = [uuid.uuid4() for _ in backends]
+    for backend, run_id in zip(backends, runs, strict=True):
+        backend.init_run(run_id, "t", "/d")
+    listener = ChangeListener.for_client(redis_client)
+    assert all(b._listener is listener for b in backends)
+    threads = [t for t in threading.enumerate() if t.name.startswith("luft-redis-listener")]
+    mine = [t for t in threads if t.name.endswith(f"{id(redis_client):x}")]
+    assert len(mine) == 1
+    other = RedisCheckpointBackend(_another_client(redis_client))
+    other.open_run(runs[1])
+    before = backends[1].version
+    other.append_event(Log(run_id=runs[1], level=LogLevel.INFO, msg="x"))
+    assert backends[1].wait_for_change(before, timeout=BOUND)
+    assert backends[0].version == 1 and backends[2].version == 1
+    for backend in backends:
+        backend.close()
+    other.close()
+    other.client.close()
+
+
+def test_a_retried_write_applies_once(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    """The same (writer, operation) sent twice, as after a lost reply: applied once."""
+    writer, reader = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    args = writer._event_args(done(run_id, uuid.uuid4(), tokens=100), "event")
+    op = ("writer-x", "7", "1", *args)
+    first = writer._call(writer._scripts.append_events, op)
+    second = writer._call(writer._scripts.append_events, op)
+    assert first == second
+    cp = fresh(writer)
+    assert cp.total_tokens == 101 and len(writer.get_event_log()) == 1
+    older = ("writer-x", "6", "1", *args)
+    with pytest.raises(Exception, match="older"):
+        writer._call(writer._scripts.append_events, older)
+    assert fresh(writer) == cp
+    assert eventually(lambda: reader.get_checkpoint() == cp)
