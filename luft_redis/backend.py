@@ -345,6 +345,16 @@ class RedisCheckpointBackend:
     # -- change notices (called by the listener thread) ------------------------------------
 
     def _on_notice(self, channel: bytes, payload: bytes) -> None:
+        state = self._state
+        if state is None or channel != self._channel:
+            return
+        head = payload[: payload.find(b":") + 21]
+        try:  # our own writes come back too: skip them without taking the lock
+            length, _, rest = head.partition(b":")
+            if int(rest[: int(length)]) <= state.version:
+                return
+        except ValueError:
+            pass
         with self._lock:
             state = self._state
             if state is None or channel != self._channel:

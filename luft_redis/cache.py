@@ -13,6 +13,7 @@ agent costs O(log n) and callers can never mutate what the cache holds.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,7 @@ class RunState:
     """One run's checkpoint as of ``version``; see the module docstring."""
 
     __slots__ = (
+        "_extras",
         "_findings",
         "_phases",
         "_segments",
@@ -70,8 +72,10 @@ class RunState:
         self._phases: dict[int, t.PhaseSummary] = {}
         self._started: list[uuid.UUID] = []
         self._started_phase: dict[uuid.UUID, int] = {}
-        self._segments: list[Segment] = []
+        # finding segments by id, in list order; "<agent>#<n>" extras exist only after a save
+        self._segments: dict[str, tuple[t.Finding, ...]] = {}
         self._findings: tuple[t.Finding, ...] = ()
+        self._extras: set[str] = set()
         self.snapshot = self._build()
 
     # -- snapshot --------------------------------------------------------------------------
@@ -181,18 +185,19 @@ class RunState:
     def _set_agent_findings(self, agent_id: uuid.UUID, findings: tuple[t.Finding, ...]) -> None:
         seg = str(agent_id)
         segments = self._segments
-        for i, (sid, _) in enumerate(segments):
-            if sid == seg:
-                segments[i] = (seg, findings)
-                break
-        else:
+        old = segments.get(seg)
+        if old is None:
             if not findings:
                 return
-            segments.append((seg, findings))
-        extra = f"{seg}#"
-        if any(sid.startswith(extra) for sid, _ in segments):
-            self._segments = segments = [s for s in segments if not s[0].startswith(extra)]
-        self._findings = tuple(f for _, group in segments for f in group)
+            segments[seg] = findings
+            self._findings += findings  # a new agent's findings go at the end
+            return
+        segments[seg] = findings
+        if seg in self._extras:  # further groups of this agent written by a save: dropped
+            self._extras.discard(seg)
+            for sid in [sid for sid in segments if sid.startswith(f"{seg}#")]:
+                del segments[sid]
+        self._findings = tuple(itertools.chain.from_iterable(segments.values()))
 
     def apply_save(self, cp: t.RunCheckpoint, segments: list[Segment], now: int,
                    version: int) -> None:  # fmt: skip
@@ -205,7 +210,8 @@ class RunState:
         self.sessions = immutables.Map(cp.agent_sessions)
         self._started = list(dict.fromkeys(cp.started_agent_ids))
         self._started_phase = {a: self._started_phase.get(a, 0) for a in self._started}
-        self._segments = list(segments)
+        self._segments = dict(segments)
+        self._extras = _extras(self._segments)
         self._findings = tuple(cp.findings)
         self._commit(now, version)
 
@@ -215,6 +221,11 @@ class RunState:
     def from_load(cls, run_id: uuid.UUID, keys: RunKeys, reply: Sequence[Any]) -> RunState:
         """Decode the reply of load-10.lua, checking every field (CorruptDataError)."""
         return _Loader(run_id, keys).load(reply)
+
+
+def _extras(segments: dict[str, tuple[t.Finding, ...]]) -> set[str]:
+    """Agents with further finding groups ("<agent>#<n>") besides their own segment."""
+    return {sid.partition("#")[0] for sid in segments if "#" in sid}
 
 
 def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:
@@ -353,8 +364,9 @@ class _Loader:
         state.results = self._results(self._hash(keys.results, results_raw))
         state.sessions = self._sessions(self._hash(keys.sessions, sessions_raw))
         state._started, state._started_phase = self._started(self._hash(keys.started, started_raw))
-        state._segments = self._segments(self._hash(keys.findings, seg_raw), order_raw)
-        state._findings = tuple(f for _, group in state._segments for f in group)
+        state._segments = dict(self._segments(self._hash(keys.findings, seg_raw), order_raw))
+        state._extras = _extras(state._segments)
+        state._findings = tuple(itertools.chain.from_iterable(state._segments.values()))
         state.snapshot = state._build()
         return state
 

@@ -108,8 +108,11 @@ def _connect(args: argparse.Namespace) -> Any:
         if args.cluster:
             return redis.cluster.RedisCluster.from_url(url, **_client_kwargs(args))
         return redis.Redis.from_url(url, **_client_kwargs(args))
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.RedisClusterException) as exc:  # fmt: skip
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.RedisClusterException,
+    ) as exc:
         raise _Fail(f"cannot reach Redis at {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
     except ValueError as exc:
         raise _Fail(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
@@ -122,8 +125,11 @@ def _backend(args: argparse.Namespace) -> RedisCheckpointBackend:
         return RedisCheckpointBackend.from_url(
             url, prefix=args.prefix, cluster=args.cluster, **_client_kwargs(args)
         )
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.RedisClusterException) as exc:  # fmt: skip
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.RedisClusterException,
+    ) as exc:
         raise _Fail(f"cannot reach Redis at {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
     except ValueError as exc:
         raise _Fail(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
@@ -189,8 +195,7 @@ def print_report(report: ServerReport, out: TextIO) -> None:
     if not report.ok:
         print(f"\nUNSAFE: {unsafe} problem(s) can lose checkpoints; fix them first.", file=out)
     else:
-        notes = [f"{n} {what}" for n, what in ((warn, "warning(s)"), (unknown, "unknown"))
-                 if n]  # fmt: skip
+        notes = [f"{n} {what}" for n, what in ((warn, "warning(s)"), (unknown, "unknown")) if n]
         print("\nsafe" + (f" ({', '.join(notes)})" if notes else ""), file=out)
 
 
@@ -200,8 +205,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         print(f"checking {redact_url(args.redis)}", file=sys.stdout)
         report = check_server(client)
     except ConnectionError as exc:
-        raise _Fail(f"cannot reach Redis at {redact_url(args.redis)}: {exc}",
-                    EXIT_UNREACHABLE) from exc  # fmt: skip
+        raise _Fail(
+            f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
+        ) from exc
     finally:
         client.close()
     print_report(report, sys.stdout)
@@ -255,8 +261,10 @@ def _cmd_runs(args: argparse.Namespace) -> int:
             if args.json:
                 print(_dumps(_summary(cp)))
             else:
-                print(f"{cp.run_id!s:<36}  {cp.status.value:<9}  {cp.total_tokens:>12}  "
-                      f"{_timestamp(cp.updated_at):<20}  {_one_line(cp.task)}")  # fmt: skip
+                print(
+                    f"{cp.run_id!s:<36}  {cp.status.value:<9}  {cp.total_tokens:>12}  "
+                    f"{_timestamp(cp.updated_at):<20}  {_one_line(cp.task)}"
+                )
         if not args.json:
             print(f"{len(run_ids)} run(s) under prefix {args.prefix!r}", file=sys.stderr)
     return code
@@ -358,20 +366,25 @@ def _run_demo(argv: list[str]) -> int:
 def _add_connection(parser: argparse.ArgumentParser, *, prefix: bool) -> None:
     default_url = os.environ.get(URL_ENV) or DEFAULT_URL
     parser.add_argument(
-        "--redis", metavar="URL", default=default_url,
+        "--redis",
+        metavar="URL",
+        default=default_url,
         help=f"Redis URL (default: env {URL_ENV}, else {DEFAULT_URL}); "
-             "redis://, rediss:// (TLS) or unix://",
-    )  # fmt: skip
+        "redis://, rediss:// (TLS) or unix://",
+    )
     parser.add_argument("--cluster", action="store_true", help="the URL names a Redis Cluster node")
     parser.add_argument(
-        "--tls-ca-cert", metavar="FILE", default=None,
+        "--tls-ca-cert",
+        metavar="FILE",
+        default=None,
         help="CA certificate file to verify the server with (rediss:// URLs)",
-    )  # fmt: skip
+    )
     if prefix:
         parser.add_argument(
-            "--prefix", default=DEFAULT_PREFIX,
+            "--prefix",
+            default=DEFAULT_PREFIX,
             help=f"key prefix of the runs (default: {DEFAULT_PREFIX})",
-        )  # fmt: skip
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -384,10 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     doctor = sub.add_parser(
-        "doctor", help="check that the server keeps checkpoints safe",
+        "doctor",
+        help="check that the server keeps checkpoints safe",
         description="Check eviction policy, persistence, version and cluster mode. "
-                    "Exit 0 when safe, 1 when something is unsafe, 2 when unreachable.",
-    )  # fmt: skip
+        "Exit 0 when safe, 1 when something is unsafe, 2 when unreachable.",
+    )
     _add_connection(doctor, prefix=False)
     doctor.set_defaults(handler=_cmd_doctor)
 
@@ -400,9 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run_id", metavar="RUN_ID", type=_run_id)
     _add_connection(show, prefix=True)
     show.add_argument(
-        "--events", metavar="N", type=_positive_or_zero, default=_DEFAULT_EVENTS,
+        "--events",
+        metavar="N",
+        type=_positive_or_zero,
+        default=_DEFAULT_EVENTS,
         help=f"how many of the last events to print as JSON lines (default {_DEFAULT_EVENTS})",
-    )  # fmt: skip
+    )
     show.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     show.set_defaults(handler=_cmd_show)
 
@@ -411,9 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection(cancel, prefix=True)
     cancel.set_defaults(handler=_cmd_cancel)
 
-    sub.add_parser(
-        "demo", help="run the demo (arguments go to luft_redis.demo)", add_help=False
-    )
+    sub.add_parser("demo", help="run the demo (arguments go to luft_redis.demo)", add_help=False)
     return parser
 
 
@@ -446,13 +461,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
         return exc.code
     except ConnectionError as exc:
-        print(f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: "
-              f"{exc}", file=sys.stderr)  # fmt: skip
+        print(
+            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-            redis.exceptions.RedisClusterException) as exc:  # fmt: skip
-        print(f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: "
-              f"{exc}", file=sys.stderr)  # fmt: skip
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.RedisClusterException,
+    ) as exc:
+        print(
+            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     except LuftRedisError as exc:
         print(f"luft-redis {args.command}: {exc}", file=sys.stderr)

@@ -292,32 +292,49 @@ def _check_persistence(probe: _Probe) -> list[Check]:
         save = None
     checks: list[Check] = []
     if aof:
-        checks.append(Check(name, "ok", "AOF on (appendonly yes)" + (
-            f"; RDB save rules {save!r} as well" if save else "")))
+        checks.append(
+            Check(
+                name,
+                "ok",
+                "AOF on (appendonly yes)" + (f"; RDB save rules {save!r} as well" if save else ""),
+            )
+        )
     elif aof is None and save is None:
-        checks.append(Check(
-            name, "unknown",
-            "cannot read appendonly or save (CONFIG refused); make sure AOF (appendonly yes) "
-            "or RDB snapshots are on, or checkpoints are lost when Redis restarts",
-        ))
+        checks.append(
+            Check(
+                name,
+                "unknown",
+                "cannot read appendonly or save (CONFIG refused); make sure AOF (appendonly yes) "
+                "or RDB snapshots are on, or checkpoints are lost when Redis restarts",
+            )
+        )
     elif save:
-        checks.append(Check(
-            name, "warn",
-            f"RDB snapshots only (save {save!r}): a crash loses every change since the last "
-            "snapshot; prefer appendonly yes",
-        ))
+        checks.append(
+            Check(
+                name,
+                "warn",
+                f"RDB snapshots only (save {save!r}): a crash loses every change since the last "
+                "snapshot; prefer appendonly yes",
+            )
+        )
     elif save is None:
-        checks.append(Check(
-            name, "unknown",
-            "appendonly is off and the RDB save rules cannot be read (CONFIG GET save "
-            "refused): checkpoints may not survive a restart",
-        ))
+        checks.append(
+            Check(
+                name,
+                "unknown",
+                "appendonly is off and the RDB save rules cannot be read (CONFIG GET save "
+                "refused): checkpoints may not survive a restart",
+            )
+        )
     else:
-        checks.append(Check(
-            name, "unsafe",
-            "no persistence (appendonly no, save \"\"): every checkpoint is lost when Redis "
-            "restarts; set appendonly yes",
-        ))
+        checks.append(
+            Check(
+                name,
+                "unsafe",
+                'no persistence (appendonly no, save ""): every checkpoint is lost when Redis '
+                "restarts; set appendonly yes",
+            )
+        )
     checks.append(_check_fsync(probe, aof))
     checks.extend(_check_last_writes(probe))
     return checks
@@ -353,17 +370,23 @@ def _check_last_writes(probe: _Probe) -> list[Check]:
         return []
     checks: list[Check] = []
     if info.get("aof_enabled") == "1" and info.get("aof_last_write_status", "ok") != "ok":
-        checks.append(Check(
-            "aof-write", "unsafe",
-            "the last AOF write failed (aof_last_write_status err): check disk space and "
-            "the Redis log",
-        ))
+        checks.append(
+            Check(
+                "aof-write",
+                "unsafe",
+                "the last AOF write failed (aof_last_write_status err): check disk space and "
+                "the Redis log",
+            )
+        )
     if info.get("rdb_last_bgsave_status", "ok") != "ok":
-        checks.append(Check(
-            "rdb-save", "warn",
-            "the last RDB background save failed (rdb_last_bgsave_status err): check disk "
-            "space and the Redis log",
-        ))
+        checks.append(
+            Check(
+                "rdb-save",
+                "warn",
+                "the last RDB background save failed (rdb_last_bgsave_status err): check disk "
+                "space and the Redis log",
+            )
+        )
     return checks
 
 
@@ -420,6 +443,11 @@ def check_server(client: Any) -> ServerReport:
     ok = not any(check.level == "unsafe" for check in checks)
     for check in checks:
         log = logger.info if check.level in ("warn", "unsafe") else logger.debug
-        log("doctor %s%s: %s: %s", f"{check.node} " if check.node else "", check.name,
-            check.level, check.message)
+        log(
+            "doctor %s%s: %s: %s",
+            f"{check.node} " if check.node else "",
+            check.name,
+            check.level,
+            check.message,
+        )
     return ServerReport(ok=ok, checks=checks)
