@@ -13,11 +13,12 @@ change is one atomic Lua script; ``get_checkpoint()`` is answered from an in-pro
 from __future__ import annotations
 
 from . import errors
-from .backend import CheckpointBackend, RedisCheckpointBackend
+from .backend import CheckpointBackend, Durability, LogEntry, RedisCheckpointBackend
 from .errors import (
     ConfigurationError,
     CorruptDataError,
     LuftRedisError,
+    NotDurableError,
     NotResumableError,
     RunExistsError,
     RunMismatchError,
@@ -25,6 +26,7 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
+from .retry import RetryPolicy
 from .types import (
     EVENT_TYPES,
     AcpRaw,
@@ -95,13 +97,16 @@ __all__ = [
     "ConvergeDone",
     "ConvergeStarted",
     "CorruptDataError",
+    "Durability",
     "Finding",
     "FrozenDict",
     "FrozenList",
     "Location",
     "Log",
+    "LogEntry",
     "LogLevel",
     "LuftRedisError",
+    "NotDurableError",
     "NotResumableError",
     "ParallelDone",
     "ParallelStarted",
@@ -121,6 +126,7 @@ __all__ = [
     "ProgressToolCall",
     "RedisCheckpointBackend",
     "ReportEmitted",
+    "RetryPolicy",
     "RunCheckpoint",
     "RunDone",
     "RunExistsError",

@@ -7,15 +7,18 @@ one Lua script run atomically in Redis; reads of the checkpoint are answered fro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import redis
 import redis.cluster
+import redis.sentinel
 
 from . import codec
 from . import types as t
@@ -24,6 +27,7 @@ from .errors import (
     ConfigurationError,
     CorruptDataError,
     LuftRedisError,
+    NotDurableError,
     RunMismatchError,
     RunNotBoundError,
     RunNotFoundError,
@@ -42,7 +46,14 @@ from .listener import ChangeListener, parse_notice
 from .retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from .scripts import Scripts, translate_error
 
-__all__ = ["DEFAULT_PAGE_SIZE", "CheckpointBackend", "LogEntry", "RedisCheckpointBackend"]
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "CheckpointBackend",
+    "Durability",
+    "LogEntry",
+    "RedisCheckpointBackend",
+    "sentinel_client",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +136,47 @@ def _is_cluster(client: Any) -> bool:
     return isinstance(client, redis.cluster.RedisCluster)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Durability:
+    """Wait for ``replicas`` replicas to acknowledge each write, at most ``timeout_ms`` ms."""
+
+    replicas: int = 1
+    timeout_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.timeout_ms < 0:
+            raise ConfigurationError("durability needs replicas >= 1 and timeout_ms >= 0")
+
+
+def sentinel_client(url: str, **client_kwargs: Any) -> Any:
+    """A client for the primary named in ``redis+sentinel://[:pw@]h:p[,h:p...]/<service>[/<db>]``.
+
+    The client asks the Sentinels for the current primary on every (re)connection, so it follows
+    a failover; ``rediss+sentinel://`` uses TLS to the Redis servers.
+    """
+    parsed = urllib.parse.urlsplit(url)
+    netloc = parsed.netloc.rpartition("@")[2]
+    password = urllib.parse.unquote(parsed.netloc.rpartition("@")[0].partition(":")[2]) or None
+    hosts: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(f"sentinel address {part!r} is not host:port")
+        hosts.append((host.strip("[]"), int(port)))
+    path = [p for p in parsed.path.split("/") if p]
+    if not path:
+        raise ConfigurationError("a sentinel URL needs the service name: .../<service>[/<db>]")
+    service, db = path[0], int(path[1]) if len(path) > 1 else 0
+    if password is not None:
+        client_kwargs.setdefault("password", password)
+    if parsed.scheme.startswith("rediss"):
+        client_kwargs.setdefault("ssl", True)
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        hosts, socket_timeout=client_kwargs.get("socket_timeout")
+    )
+    return sentinel.master_for(service, db=db, **client_kwargs)  # type: ignore[no-untyped-call]
+
+
 class LogEntry(NamedTuple):
     """An event of the log with its stream entry id (to resume reading after it)."""
 
@@ -146,6 +198,11 @@ class RedisCheckpointBackend:
 
     ``retry`` is the :class:`~luft_redis.retry.RetryPolicy` for transient Redis failures
     (``None``: one attempt). Writes apply exactly once, however often they are retried.
+
+    ``durability=Durability(replicas=1, timeout_ms=1000)`` makes every write wait (``WAIT``, in
+    the same round trip) until that many replicas have it, and raise
+    :class:`~luft_redis.errors.NotDurableError` when fewer did in time (the write itself is
+    applied on the primary; the error says it could be lost if the primary fails now).
     """
 
     def __init__(
@@ -155,6 +212,7 @@ class RedisCheckpointBackend:
         prefix: str = DEFAULT_PREFIX,
         watch: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        durability: Durability | None = None,
     ) -> None:
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if kwargs is None and hasattr(client, "get_connection_kwargs"):
@@ -167,6 +225,10 @@ class RedisCheckpointBackend:
         self._prefix = check_prefix(prefix)
         self._scripts = Scripts(client)
         self._retry = retry if retry is not None else NO_RETRY
+        if durability is not None and isinstance(client, redis.cluster.RedisCluster):
+            raise ConfigurationError("durability= is not supported on Redis Cluster clients")
+        self._durability = durability
+        self._acked: int | None = None
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
@@ -191,20 +253,25 @@ class RedisCheckpointBackend:
         cluster: bool = False,
         watch: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
+        durability: Durability | None = None,
         **client_kwargs: Any,
     ) -> RedisCheckpointBackend:
-        """A backend with its own client for ``url`` (``redis://``, ``rediss://``, ``unix://``).
+        """A backend with its own client for ``url``, closed by :meth:`close`.
 
-        ``cluster=True`` makes a ``RedisCluster`` client; ``client_kwargs`` go to the client.
-        The client is closed by :meth:`close`.
+        ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs make a ``Redis`` client
+        (``cluster=True``: a ``RedisCluster``); ``redis+sentinel://[:password@]host:port[,host:
+        port...]/<service>[/<db>]`` asks those Sentinels for the primary of ``<service>`` and
+        follows failovers. ``client_kwargs`` go to the client.
         """
         client_kwargs["decode_responses"] = False
         client: Any
-        if cluster:
+        if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+            client = sentinel_client(url, **client_kwargs)
+        elif cluster:
             client = redis.cluster.RedisCluster.from_url(url, **client_kwargs)
         else:
             client = redis.Redis.from_url(url, **client_kwargs)
-        backend = cls(client, prefix=prefix, watch=watch, retry=retry)
+        backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability)
         backend._owns_client = True
         return backend
 
@@ -302,9 +369,37 @@ class RedisCheckpointBackend:
             raise translate_error(exc, run_id=self._run_id) from exc
 
     def _write(self, script: Any, args: Sequence[Any], keys: list[str] | None = None) -> Any:
-        """Run a writing script once, exactly: the operation id is made before any attempt."""
+        """Run a writing script once, exactly: the operation id is made before any attempt.
+
+        With ``durability`` set, ``WAIT`` goes in the same round trip (a pipeline) and the
+        number of replicas that acknowledged is kept for :meth:`_check_durable`.
+        """
         self._op_seq += 1
-        return self._call(script, (self._writer_id, str(self._op_seq), *args), keys)
+        full = (self._writer_id, str(self._op_seq), *args)
+        durability = self._durability
+        if durability is None:
+            return self._call(script, full, keys)
+        key_list = keys or self._key_list
+
+        def attempt() -> Any:
+            pipe = self._client.pipeline(transaction=False)
+            script(keys=key_list, args=full, client=pipe)
+            pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
+            reply, acked = pipe.execute()
+            self._acked = int(acked)
+            return reply
+
+        try:
+            return self._retry.call(attempt)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            raise translate_error(exc, run_id=self._run_id) from exc
+
+    def _check_durable(self) -> None:
+        """Raise :class:`NotDurableError` when too few replicas acknowledged the last write."""
+        durability, acked = self._durability, self._acked
+        if durability is not None and acked is not None and acked < durability.replicas:
+            self._acked = None
+            raise NotDurableError(durability.replicas, acked)
 
     def _after_write(self, reply: Any) -> tuple[int, int, bool]:
         """(version, now, apply) for a write's reply; reloads on a gap in versions.
@@ -545,6 +640,7 @@ class RedisCheckpointBackend:
                 state.apply_events(batch, now, version)
                 self._check_echo(state, reply)
             self._emit()
+        self._check_durable()
 
     def _event_args(self, event: Any, field: str) -> list[Any]:
         event = _check_type(event, t.AgentEvent, field)
@@ -606,6 +702,7 @@ class RedisCheckpointBackend:
             if apply:
                 self._need_run("upsert_agent_result").apply_result(cache, now, version)
             self._emit()
+        self._check_durable()
 
     def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
         """Insert or replace ``agent_sessions[session.agent_id]``."""
@@ -622,6 +719,7 @@ class RedisCheckpointBackend:
             if apply:
                 self._need_run("upsert_agent_session").apply_session(session, now, version)
             self._emit()
+        self._check_durable()
 
     def cancel(self) -> None:
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
@@ -640,6 +738,7 @@ class RedisCheckpointBackend:
                 status = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
                 self._need_run(operation).apply_status(t.CheckpointStatus(status), now, version)
             self._emit()
+        self._check_durable()
 
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
@@ -689,6 +788,7 @@ class RedisCheckpointBackend:
             if apply:
                 self._need_run("save_checkpoint").apply_save(cp, segments, now, version)
             self._emit()
+        self._check_durable()
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ __all__ = [
     "ConnectionError",
     "CorruptDataError",
     "LuftRedisError",
+    "NotDurableError",
     "NotResumableError",
     "RunExistsError",
     "RunMismatchError",
@@ -98,6 +99,19 @@ class CorruptDataError(LuftRedisError):
 
 class ConnectionError(LuftRedisError, builtins.ConnectionError):
     """Redis could not be reached or did not answer in time; ``__cause__`` holds the redis error."""
+
+
+class NotDurableError(LuftRedisError):
+    """Fewer replicas than asked acknowledged a write in time (``durability=``).
+
+    The write is applied on the primary and in this backend's cache; it may be lost if the
+    primary fails before a replica has it.
+    """
+
+    def __init__(self, wanted: int, acked: int) -> None:
+        self.wanted = wanted
+        self.acked = acked
+        super().__init__(f"only {acked} of {wanted} replicas acknowledged the write in time")
 
 
 class BackendError(LuftRedisError):
