@@ -93,7 +93,7 @@ FULL = Sizes(
     warmup=100,
     count_ops=1000,
     batch_events=2000,
-    bench_pipelined=100_000,
+    bench_pipelined=50_000,
     checkpoint_sizes=(10, 1_000, 10_000),
     checkpoint_batches=200,
     checkpoint_inner=1000,
@@ -296,8 +296,17 @@ def replay(client: redis.Redis, key: str, entries: list[dict[bytes, bytes]], tot
     pipe.execute()
 
 
+_OPEN: list[RedisCheckpointBackend] = []  # closed after each section (stops their watching)
+
+
+def close_backends() -> None:
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def new_run(client: redis.Redis, results: int = 0) -> tuple[RedisCheckpointBackend, uuid.UUID]:
     backend = RedisCheckpointBackend(client, prefix=PREFIX)
+    _OPEN.append(backend)
     run_id = uuid.uuid4()
     backend.init_run(run_id, "review the repository", f"/tmp/runs/{run_id}")
     if results:
@@ -306,19 +315,21 @@ def new_run(client: redis.Redis, results: int = 0) -> tuple[RedisCheckpointBacke
 
 
 # The commands append_event runs in Redis for an agent_done of a new agent with one finding
-# (lua/append_event*.lua + includes/common.lua), without the checks: the "same-shape script"
-# that redis-benchmark and raw redis-py EVALSHA run as the server-side baseline.
-# KEYS: run, events, results, started, findings, findings_order.
-# ARGV: type, blob, agent id, status, tokens, "s"+output, "s"+findings.
+# (lua/append_events-10.lua + includes/common.lua: dedup, read_run, rules, XADD, writes, touch,
+# remember, notify), without the checks: the "same-shape script" that redis-benchmark and raw
+# redis-py EVALSHA run as the server-side baseline.
+# KEYS: run, events, results, started, findings, findings_order, writers, changes.
+# ARGV: type, blob, agent id, status, tokens, "s"+output, "s"+findings, writer id, op seq.
 SAME_SHAPE_LUA = """
-local status = redis.call('HGET', KEYS[1], 'status')
-local run = redis.call('HMGET', KEYS[1], 'current_phase', 'total_tokens')
+local last = redis.call('HGET', KEYS[7], ARGV[8])
+local run = redis.call('HMGET', KEYS[1], 'status', 'version', 'current_phase', 'total_tokens',
+  'phases')
 local now = redis.call('TIME')[1]
 local aid = ARGV[3]
 local p = aid .. ':'
 local existing = redis.call('HMGET', KEYS[3], p .. 'status', p .. 'output', p .. 'findings')
 local seen = redis.call('HGET', KEYS[4], aid)
-local total = string.format('%d', (tonumber(run[2]) or 0) + tonumber(ARGV[5]))
+local total = string.format('%d', (tonumber(run[4]) or 0) + tonumber(ARGV[5]))
 local id = redis.call('XADD', KEYS[2], '*', 'type', ARGV[1], 'data', ARGV[2])
 local findings = string.sub(ARGV[7], 2)
 redis.call('HSET', KEYS[3], p .. 'status', ARGV[4], p .. 'tokens', ARGV[5],
@@ -327,9 +338,16 @@ redis.call('HSET', KEYS[3], p .. 'status', ARGV[4], p .. 'tokens', ARGV[5],
 if redis.call('HEXISTS', KEYS[5], aid) == 0 then redis.call('RPUSH', KEYS[6], aid) end
 redis.call('HSET', KEYS[5], aid, findings)
 redis.call('HDEL', KEYS[5], aid .. '#2')
-redis.call('HSET', KEYS[1], 'updated_at', now, 'total_tokens', total)
-local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
-return {tostring(version), now, id, status, run[1] or '0', total}
+local version = string.format('%d', (tonumber(run[2]) or 0) + 1)
+redis.call('HSET', KEYS[1], 'updated_at', now, 'version', version, 'total_tokens', total)
+local reply = {version, now, run[1], run[3] or '0', total, id}
+redis.call('HSET', KEYS[7], ARGV[8], ARGV[9] .. ' ' .. table.concat(reply, ' '))
+local out = {}
+for _, s in ipairs({version, now, 'e', '1', ARGV[1], id, ARGV[2]}) do
+  out[#out + 1] = #s .. ':' .. s
+end
+redis.call('SPUBLISH', KEYS[8], table.concat(out))
+return reply
 """
 
 
@@ -344,6 +362,7 @@ class SameShape:
         self.blob_len = len(codec.encode_event(sample))
         self.output_len = len(codec.encode_json(sample.output))
         self.findings_len = len(codec.encode_findings(sample.findings))
+        self.writer = str(uuid.uuid4())
 
     def new_keys(self) -> None:
         keys = run_keys(PREFIX, uuid.uuid4())
@@ -354,6 +373,8 @@ class SameShape:
             keys.started,
             keys.findings,
             keys.findings_order,
+            keys.writers,
+            keys.changes,
         ]
         self.client.hset(
             keys.run,
@@ -375,6 +396,8 @@ class SameShape:
             "21340",
             "s" + "o" * self.output_len,
             "s" + "f" * self.findings_len,
+            self.writer,
+            "1",
         ]
 
     def call(self, agent_id: str) -> Any:
@@ -527,6 +550,7 @@ def section_latency(client: redis.Redis, sizes: Sizes, raw: dict[str, Any]) -> l
             d["p99"].append(pct(s, 0.99) / 1000)
         if rnd == 0:
             memory_note = _run_memory_note(client, backend, sizes.latency_iters + w)
+        close_backends()
     raw["latency_rounds_us"] = per
     ping50, ping99 = per["ping"]["p50"], per["ping"]["p99"]
 
@@ -681,6 +705,7 @@ def section_batch(
                     append_events(events[j : j + batch])
                 elapsed = time.perf_counter_ns() - t0
                 rates[f"b{batch}"].append(sizes.batch_events * NS / elapsed)
+                close_backends()
     raw["batch_rates"] = rates
     base = median(rates["bench"]) if bench.binary else None
     base_name = "redis-benchmark -P 16 same shape" if bench.binary else "redis-benchmark missing"
@@ -846,6 +871,7 @@ def section_open_run(client: redis.Redis, sizes: Sizes, raw: dict[str, Any]) -> 
         load(keys=key_list)
         loads.append((time.perf_counter_ns() - t0) / NS)
         fresh = RedisCheckpointBackend(client, prefix=PREFIX)
+        _OPEN.append(fresh)
         t0 = time.perf_counter_ns()
         cp = fresh.open_run(run_id)
         opens.append((time.perf_counter_ns() - t0) / NS)
@@ -896,6 +922,7 @@ def _writer(url: str, run_id: str, seconds: float, barrier: Any, queue: Any) -> 
             gaps += 1
         count += 1
     queue.put((count, clock() - t0, gaps))
+    backend.close()
     client.close()
 
 
@@ -1094,8 +1121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name in sections:
                 t0 = time.perf_counter()
                 rows += steps[name]()
+                close_backends()
                 print(f"  [{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
-                client.flushall()
+                client.flushall(asynchronous=True)
         client.close()
     print()
     print_table(rows)

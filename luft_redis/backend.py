@@ -64,6 +64,10 @@ SUBSCRIBE_TIMEOUT = 2.0
 """Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
 (the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
 
+GAP_WAIT = 0.1
+"""Seconds a write waits for the listener to deliver other processes' changes that came
+before it, before it reloads the run instead."""
+
 _T = TypeVar("_T")
 
 
@@ -402,16 +406,25 @@ class RedisCheckpointBackend:
             raise NotDurableError(durability.replicas, acked)
 
     def _after_write(self, reply: Any) -> tuple[int, int, bool]:
-        """(version, now, apply) for a write's reply; reloads on a gap in versions.
+        """(version, now, apply) for a write's reply.
 
         ``apply`` is True when the change is the next version of the cache (apply it); False
-        when the cache already has it (from a notice) or was reloaded to include it.
+        when the cache already has it (from a notice) or was reloaded to include it. When
+        other processes wrote in between, their notices were published before this reply:
+        the listener gets a moment to apply them before the run is reloaded.
         """
         version, now = int(reply[0]), int(reply[1])
         state = self._state
         assert state is not None
         if version == state.version + 1:
             return version, now, True
+        if version > state.version + 1 and self.cache_is_fresh:
+            self._changed.wait_for(  # releases the lock, so the listener can apply
+                lambda: self._state is None or self._state.version >= version - 1, GAP_WAIT
+            )
+            state = self._need_run("write")
+            if version == state.version + 1:
+                return version, now, True
         if version > state.version:
             logger.debug("run %s: version %d after %d, reloading", self._run_id, version,
                          state.version)  # fmt: skip
@@ -578,6 +591,7 @@ class RedisCheckpointBackend:
                 raise
             state = RunState(rid, task, run_dir, meta, int(reply[1]), int(reply[0]))
             self._bind(rid, keys, state, synced)
+        self._check_durable()
 
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist."""

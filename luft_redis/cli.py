@@ -19,6 +19,7 @@ unsafe; a run that does not exist; corrupt data), 2 Redis unreachable or a usage
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib
 import json
@@ -26,7 +27,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,6 +43,7 @@ from .backend import RedisCheckpointBackend
 from .doctor import ServerReport, check_server
 from .errors import ConnectionError, CorruptDataError, LuftRedisError
 from .keys import DEFAULT_PREFIX, run_keys
+from .retry import NO_RETRY
 from .scripts import translate_error
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "main"]
@@ -118,21 +120,21 @@ def _connect(args: argparse.Namespace) -> Any:
         raise _Fail(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
 
 
-def _backend(args: argparse.Namespace) -> RedisCheckpointBackend:
-    """A backend with its own client (closed by ``close()``/the ``with`` block)."""
-    url: str = args.redis
+@contextlib.contextmanager
+def _backend(args: argparse.Namespace) -> Iterator[RedisCheckpointBackend]:
+    """A backend on its own client, closed on exit.
+
+    No change listener (``watch=False``) and no retries: an operator wants one quick, clear
+    answer, and can simply run the command again.
+    """
+    client = _connect(args)
     try:
-        return RedisCheckpointBackend.from_url(
-            url, prefix=args.prefix, cluster=args.cluster, **_client_kwargs(args)
-        )
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.RedisClusterException,
-    ) as exc:
-        raise _Fail(f"cannot reach Redis at {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
-    except ValueError as exc:
-        raise _Fail(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
+        with RedisCheckpointBackend(
+            client, prefix=args.prefix, watch=False, retry=NO_RETRY
+        ) as backend:
+            yield backend
+    finally:
+        client.close()
 
 
 def _timestamp(seconds: int) -> str:

@@ -88,6 +88,7 @@ ROLES = ("scout", "reviewer", "verifier", "fixer", "writer")
 MODEL = "claude-sim"
 WORKER_IDLE_EXIT = 120.0  # a worker with no job for this long gives up (an orphan safety net)
 JOIN_TIMEOUT = 10.0
+BLOCK_SECONDS: Any = 0.2  # BLMOVE timeout (redis-py's stubs say int; Redis takes a float)
 
 
 class DemoError(Exception):
@@ -175,7 +176,11 @@ class DemoKeys:
 
 
 def _simulate(
-    backend: RedisCheckpointBackend, run_id: uuid.UUID, job: Job, seed: int, fast: bool,
+    backend: RedisCheckpointBackend,
+    run_id: uuid.UUID,
+    job: Job,
+    seed: int,
+    fast: bool,
     worker: int,
 ) -> None:
     """Run one simulated agent: agent_started, progress, agent_done, then its result."""
@@ -254,7 +259,8 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
                 return
             if os.getppid() != parent or time.monotonic() - idle_since > WORKER_IDLE_EXIT:
                 return
-            raw = client.blmove(keys.jobs, keys.working(worker), 0.2, "LEFT", "RIGHT")
+            raw: Any = client.blmove(keys.jobs, keys.working(worker), BLOCK_SECONDS,
+                                     "LEFT", "RIGHT")  # fmt: skip
             if raw is None:
                 continue
             _simulate(backend, run_id, Job.decode(raw), seed, fast, worker)
@@ -293,8 +299,11 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
         server = LocalRedisServer(binary=binary, appendonly=True)
         try:
             server.start()
-            print(f"Started a private redis-server (pid {server.pid}) on 127.0.0.1:{server.port}"
-                  f" in {server.dir} (appendonly yes); it is stopped at exit.", file=out)
+            print(
+                f"Started a private redis-server (pid {server.pid}) on 127.0.0.1:{server.port}"
+                f" in {server.dir} (appendonly yes); it is stopped at exit.",
+                file=out,
+            )
             yield Target(server.url, "redis-server", "127.0.0.1", server.port, 0)
         finally:
             server.stop()
@@ -460,8 +469,12 @@ class Coordinator:
 
     def run(self) -> int:
         args = self.args
-        meta = {"workflow": "fleet-demo", "seed": args.seed, "workers": args.workers,
-                "phases": [{"label": jobs[0].label, "agents": len(jobs)} for jobs in self.plan]}
+        meta = {
+            "workflow": "fleet-demo",
+            "seed": args.seed,
+            "workers": args.workers,
+            "phases": [{"label": jobs[0].label, "agents": len(jobs)} for jobs in self.plan],
+        }
         self.backend.init_run_with_meta(self.run_id, "simulated review of a repository",
                                         tempfile.gettempdir() + f"/luft-demo-{self.run_id}",
                                         meta)  # fmt: skip
@@ -722,8 +735,9 @@ class Coordinator:
         severities = Counter(f.severity for f in cp.findings)
         by_sev = ", ".join(f"{s} {severities[s]}" for s in sorted(Severity, reverse=True)
                            if severities[s]) or "none"  # fmt: skip
-        failed_events = sum(1 for e in self.events
-                            if isinstance(e, AgentDone) and e.status is not AgentStatus.OK)
+        failed_events = sum(
+            1 for e in self.events if isinstance(e, AgentDone) and e.status is not AgentStatus.OK
+        )
         phases = ", ".join(f"{s.label} {s.ok}/{s.ok + s.failed} ok" for s in cp.completed_phases)
         reruns = len(self.stats.rerun_interrupted) + len(self.stats.rerun_failed)
         print("", file=out)
@@ -745,8 +759,12 @@ class Coordinator:
         print(f"  events    {len(self.events)} in the log", file=out)
         print(f"  time      {self.display.elapsed():.1f} s", file=out)
         tgt = self.target
-        cli = "redis-cli" + (f" -h {tgt.host}" if tgt.host not in ("127.0.0.1", "localhost")
-                             else "") + f" -p {tgt.port}" + (f" -n {tgt.db}" if tgt.db else "")
+        cli = (
+            "redis-cli"
+            + (f" -h {tgt.host}" if tgt.host not in ("127.0.0.1", "localhost") else "")
+            + f" -p {tgt.port}"
+            + (f" -n {tgt.db}" if tgt.db else "")
+        )
         print("", file=out)
         print("Inspect the run:", file=out)
         print(f'  {cli} HGETALL "{self.keys.run}"', file=out)
@@ -754,8 +772,9 @@ class Coordinator:
         print(f'  {cli} XREVRANGE "{self.keys.events}" + - COUNT 5', file=out)
         notes = []
         if tgt.kind != "given":
-            notes.append(f"the private {tgt.kind} server is stopped when the demo exits: pass "
-                         "--redis URL (and --keep) to keep the run")  # fmt: skip
+            what = "private redis-server" if tgt.kind == "redis-server" else "embedded fakeredis"
+            notes.append(f"the {what} is stopped when the demo exits: pass --redis URL "
+                         "(and --keep) to keep the run")  # fmt: skip
         elif not self.args.keep:
             notes.append("the run's keys are deleted when the demo exits: pass --keep to "
                          "keep them")  # fmt: skip
@@ -764,8 +783,10 @@ class Coordinator:
 
     def cleanup(self) -> None:
         with contextlib.suppress(Exception):
-            names = [self.demo_keys.jobs,
-                     *(self.demo_keys.working(i) for i in range(1, len(self.procs) + 1))]
+            names = [
+                self.demo_keys.jobs,
+                *(self.demo_keys.working(i) for i in range(1, len(self.procs) + 1)),
+            ]
             if not self.args.keep:
                 names += [k for name, k in self.keys._asdict().items() if name != "changes"]
             self.client.delete(*names)
@@ -798,8 +819,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis", metavar="URL", default=None,
                         help="use this Redis (default: a private redis-server from PATH, else "
                              "an embedded fakeredis)")  # fmt: skip
-    parser.add_argument("--fakeredis", action="store_true",
-                        help=f"use the embedded fakeredis server (also env {FAKEREDIS_ENV}=1)")
+    parser.add_argument(
+        "--fakeredis",
+        action="store_true",
+        help=f"use the embedded fakeredis server (also env {FAKEREDIS_ENV}=1)",
+    )
     parser.add_argument("--workers", type=_positive, default=4, help="worker processes (4)")
     parser.add_argument("--phases", type=_positive, default=3, help="phases (3)")
     parser.add_argument("--agents", type=_positive, default=8, help="agents per phase (8)")

@@ -250,7 +250,8 @@ class ChangeListener:
         self._connected = False
         with self._lock:
             self._confirmed.clear()
-        if was_connected:
+            watched = any(self._watchers.values())
+        if was_connected and watched:
             logger.warning("change listener lost its connection (%s); reconnecting", exc)
         else:
             logger.debug("change listener cannot connect: %s", exc)

@@ -2,7 +2,8 @@
 
 Only failures that may pass by themselves are retried: a refused, reset or timed-out
 connection, a server still loading its data (``LOADING``), a replica promoted or demoted during
-failover (``READONLY``, ``MASTERDOWN``), a cluster resharding (``TRYAGAIN``, ``CLUSTERDOWN``).
+failover (``READONLY``, ``MASTERDOWN``), a cluster resharding (``TRYAGAIN``, ``CLUSTERDOWN``),
+and a script missing from the server's cache (``NOSCRIPT``: flushed between load and call).
 Validation and domain errors (``LUFT_*``) never are.
 
 A write whose reply was lost may have been applied: every write carries a writer id and an
@@ -41,6 +42,8 @@ def is_transient(exc: BaseException) -> bool:
             redis.exceptions.ReadOnlyError,
             redis.exceptions.ClusterDownError,
             redis.exceptions.TryAgainError,
+            # the script cache was emptied again between SCRIPT LOAD and EVALSHA: not applied
+            redis.exceptions.NoScriptError,
         ),
     ):
         return True

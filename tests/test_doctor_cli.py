@@ -13,6 +13,7 @@ import sys
 import types
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
@@ -183,10 +184,10 @@ def test_doctor_falls_back_to_info_when_config_is_disabled() -> None:
     """Managed services disable CONFIG; INFO still tells the policy and the AOF."""
 
     class NoConfig(fakeredis.FakeRedis):
-        def config_get(self, *args: object, **kwargs: object) -> object:
+        def config_get(self, *args: Any, **kwargs: Any) -> Any:
             raise redis.exceptions.ResponseError("unknown command 'CONFIG'")
 
-        def info(self, section: object = None, *args: object, **kwargs: object) -> object:
+        def info(self, section: Any = None, *args: Any, **kwargs: Any) -> Any:
             if section == "memory":
                 return {"maxmemory_policy": "noeviction"}
             if section == "persistence":
@@ -271,7 +272,7 @@ def test_report_level_and_by_level() -> None:
     assert ServerReport(ok=True).level == "ok"
 
 
-# -------------------------------------------------------------------------------- runs, show, cancel
+# ---------------------------------------------------------------------------- runs, show, cancel
 
 
 @pytest.fixture
@@ -280,14 +281,25 @@ def stored_run(redis_url: str) -> Iterator[uuid.UUID]:
     run_id, agent_id = uuid.uuid4(), uuid.uuid4()
     with RedisCheckpointBackend.from_url(redis_url) as backend:
         backend.init_run(run_id, "review the repository", "/tmp/runs/cli")
-        backend.append_event(AgentStarted(
-            run_id=run_id, phase_id=0, agent_id=agent_id, prompt_preview="look", model="m"))
-        backend.append_event(AgentDone(
-            run_id=run_id, agent_id=agent_id, status=AgentStatus.OK,
-            tokens=TokenUsage(input=1200, output=340), elapsed_ms=5100,
-            findings=(Finding(kind="bug", severity=Severity.HIGH, title="off by one",
-                              detail="loop bound"),),
-        ))  # fmt: skip
+        backend.append_event(
+            AgentStarted(
+                run_id=run_id, phase_id=0, agent_id=agent_id, prompt_preview="look", model="m"
+            )
+        )
+        backend.append_event(
+            AgentDone(
+                run_id=run_id,
+                agent_id=agent_id,
+                status=AgentStatus.OK,
+                tokens=TokenUsage(input=1200, output=340),
+                elapsed_ms=5100,
+                findings=(
+                    Finding(
+                        kind="bug", severity=Severity.HIGH, title="off by one", detail="loop bound"
+                    ),
+                ),
+            )
+        )
         for i in range(5):
             backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg=f"line {i}"))
     yield run_id
@@ -300,8 +312,9 @@ def test_cli_runs_lists_the_runs(
     other = uuid.uuid4()
     with RedisCheckpointBackend.from_url(redis_url) as backend:
         backend.init_run(other, "second", "/tmp/runs/2")
-        backend.append_event(RunDone(run_id=other, status=RunStatus.COMPLETED,
-                                     total_tokens=TokenUsage()))  # fmt: skip
+        backend.append_event(
+            RunDone(run_id=other, status=RunStatus.COMPLETED, total_tokens=TokenUsage())
+        )
     assert cli.main(["runs", "--redis", redis_url]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
@@ -340,14 +353,22 @@ def test_cli_show_prints_summary_and_last_events(
     assert [e["msg"] for e in events] == ["line 2", "line 3", "line 4"]
     assert all(e["type"] == "log" and e["run_id"] == str(stored_run) for e in events)
 
-    assert cli.main(["show", str(stored_run), "--redis", redis_url, "--json",
-                     "--events", "100"]) == 0  # fmt: skip
+    assert (
+        cli.main(["show", str(stored_run), "--redis", redis_url, "--json", "--events", "100"]) == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     summary = json.loads(lines[0])
     assert summary["events"] == 7 and summary["findings"] == 1
     assert summary["agent_results"] == {"ok": 1}
     assert [json.loads(line)["type"] for line in lines[1:]] == [
-        "agent_started", "agent_done", "log", "log", "log", "log", "log"]  # fmt: skip
+        "agent_started",
+        "agent_done",
+        "log",
+        "log",
+        "log",
+        "log",
+        "log",
+    ]
 
     assert cli.main(["show", str(stored_run), "--redis", redis_url, "--events", "0"]) == 0
     assert not any(line.startswith("{") for line in capsys.readouterr().out.splitlines())
@@ -389,16 +410,15 @@ def test_cli_cancel_leaves_a_completed_run(
     run_id = uuid.uuid4()
     with RedisCheckpointBackend.from_url(redis_url) as backend:
         backend.init_run(run_id, "done", "/tmp/runs/done")
-        backend.append_event(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
-                                     total_tokens=TokenUsage()))  # fmt: skip
+        backend.append_event(
+            RunDone(run_id=run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage())
+        )
     assert cli.main(["cancel", str(run_id), "--redis", redis_url]) == 0
     out = capsys.readouterr().out
     assert "completed" in out and "only a running run" in out
 
 
-def test_cli_runs_unreachable_exits_2(
-    closed_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_runs_unreachable_exits_2(closed_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["runs", "--redis", closed_url]) == 2
     captured = capsys.readouterr()
     assert "cannot reach Redis" in captured.err and "Traceback" not in captured.err
@@ -441,7 +461,10 @@ def test_cli_usage(capsys: pytest.CaptureFixture[str]) -> None:
 def test_python_dash_m_runs_the_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "luft_redis", "--help"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert "doctor" in result.stdout

@@ -1,0 +1,219 @@
+"""Staleness between processes: how long until another process's cache shows a write.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.staleness            # 2,000 samples
+    .venv/bin/python -m benchmarks.staleness --smoke    # 200 samples, a few seconds
+
+A private redis-server (``LocalRedisServer``) holds one run. Process A (this process) writes
+one event per sample with ``append_event``, spaced by ``--gap-ms``: by default an
+``agent_done`` of one same agent with 1 token, so sample ``i`` is the run's ``total_tokens ==
+i + 1`` and the run keeps its size (``--mode agents``: an ``agent_started`` of a new agent
+each time, so ``started_agent_ids`` grows by one per sample). Process B (a spawned process,
+``watch=True``) writes its own ``log`` events at a steady rate (``--b-rate`` per second) and
+records, from a ``subscribe`` callback, when its cache first shows each of A's samples: through
+a change notice, or through the reload that a write of its own triggers when it sees a gap in
+versions. Both processes read
+``time.monotonic_ns()`` (CLOCK_MONOTONIC, one clock for every process on a Linux machine).
+
+Reported, in ms: the delay from A's ``append_event`` returning to B's cache showing it ("after
+ack"; it can be negative: the notice may reach B before the reply reaches A), and from A's
+call starting ("after call", which includes A's own round trip). Target: p99 after ack <= 20 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+
+import luft_redis
+from luft_redis import (
+    AgentDone,
+    AgentEvent,
+    AgentStarted,
+    AgentStatus,
+    Log,
+    LogLevel,
+    RedisCheckpointBackend,
+    RunCheckpoint,
+    TokenUsage,
+)
+from luft_redis.server import LocalRedisServer, find_redis_server
+
+NS_PER_MS = 1_000_000
+TARGET_P99_MS = 20.0
+
+
+def _reader(url: str, run_id_text: str, samples: int, rate: float, mode: str, out: Any,
+            go: Any) -> None:  # fmt: skip
+    """Process B: write log events at ``rate``/s and time the arrival of A's agents."""
+    run_id = uuid.UUID(run_id_text)
+    client = redis.Redis.from_url(url)
+    backend = RedisCheckpointBackend(client)
+    seen: list[int] = []
+    lock = threading.Lock()
+    all_seen = threading.Event()
+
+    def on_change(cp: RunCheckpoint) -> None:
+        now = time.monotonic_ns()
+        shown = len(cp.started_agent_ids) if mode == "agents" else cp.total_tokens
+        with lock:
+            for _ in range(len(seen), shown):
+                seen.append(now)
+            if len(seen) >= samples:
+                all_seen.set()
+
+    backend.subscribe(on_change)
+    try:
+        if backend.open_run(run_id) is None:
+            raise SystemExit(f"run {run_id} not found")
+        deadline = time.monotonic() + 10
+        while not backend.cache_is_fresh and time.monotonic() < deadline:
+            time.sleep(0.005)
+        out.put(("ready", backend.cache_is_fresh))
+        go.wait(30)
+        period = 1.0 / rate if rate > 0 else None
+        own = 0
+        next_write = time.monotonic()
+        hard_stop = time.monotonic() + 120
+        while not all_seen.is_set() and time.monotonic() < hard_stop:
+            if period is None:
+                all_seen.wait(0.05)
+                continue
+            backend.append_event(Log(run_id=run_id, level=LogLevel.DEBUG, msg=f"b{own}"))
+            own += 1
+            next_write += period
+            all_seen.wait(max(0.0, next_write - time.monotonic()))
+        with lock:
+            out.put(("seen", list(seen), own))
+    finally:
+        backend.close()
+        time.sleep(0.2)  # the listener unsubscribes before the client closes
+        client.close()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def run(samples: int, gap_ms: float, b_rate: float, mode: str, server_binary: str | None) -> int:
+    binary = server_binary or find_redis_server()
+    if binary is None:
+        print("redis-server not found on PATH", file=sys.stderr)
+        return 2
+    server = LocalRedisServer(binary=binary)
+    server.start()
+    proc: Any = None
+    client = redis.Redis.from_url(server.url)
+    try:
+        backend = RedisCheckpointBackend(client)
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "staleness", "/tmp/staleness")
+        ctx = mp.get_context("spawn")
+        out, go = ctx.Queue(), ctx.Event()
+        proc = ctx.Process(target=_reader, args=(server.url, str(run_id), samples, b_rate,
+                                                 mode, out, go), daemon=True)  # fmt: skip
+        proc.start()
+        kind, fresh = out.get(timeout=60)
+        assert kind == "ready"
+        if not fresh:
+            print("warning: process B's cache was not fresh before the start", file=sys.stderr)
+        go.set()
+        calls: list[int] = []
+        acks: list[int] = []
+        agent = uuid.uuid4()
+        for i in range(samples):
+            event: AgentEvent
+            if mode == "agents":
+                event = AgentStarted(run_id=run_id, phase_id=0, agent_id=uuid.uuid4(),
+                                     prompt_preview=f"a{i}")  # fmt: skip
+            else:
+                event = AgentDone(run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+                                  tokens=TokenUsage(input=1), elapsed_ms=i)  # fmt: skip
+            calls.append(time.monotonic_ns())
+            backend.append_event(event)
+            acks.append(time.monotonic_ns())
+            time.sleep(gap_ms / 1000)
+        kind, seen, own = out.get(timeout=120)
+        assert kind == "seen"
+        proc.join(timeout=10)
+        if len(seen) < samples:
+            print(f"process B saw only {len(seen)} of {samples} writes", file=sys.stderr)
+            return 1
+        after_ack = [(s - a) / NS_PER_MS for s, a in zip(seen, acks, strict=False)]
+        after_call = [(s - c) / NS_PER_MS for s, c in zip(seen, calls, strict=False)]
+        info = server_info(client)
+        backend.close()
+        what = "a new agent_started" if mode == "agents" else "an agent_done (1 token)"
+        print(f"staleness between two processes: {samples} samples; A appends {what} every "
+              f"{gap_ms:g} ms, B appends a log event {b_rate:g}/s ({own} events)")  # fmt: skip
+        print(f"date {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {platform.machine()}, "
+              f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}; Python "
+              f"{platform.python_version()}; redis-py {redis.__version__}; redis-server "
+              f"{info}; luft-redis {luft_redis.__version__}")  # fmt: skip
+        print(f"{'delay (ms)':<26}{'p50':>8}{'p90':>8}{'p99':>8}{'max':>8}")
+        quarter = max(1, samples // 4)
+        rows = [("after A's ack", after_ack), ("after A's call", after_call),
+                ("after ack, first quarter", after_ack[:quarter]),
+                ("after ack, last quarter", after_ack[-quarter:])]  # fmt: skip
+        for label, values in rows:
+            print(f"{label:<26}{statistics.median(values):8.2f}{_pct(values, 90):8.2f}"
+                  f"{_pct(values, 99):8.2f}{max(values):8.2f}")  # fmt: skip
+        p99 = _pct(after_ack, 99)
+        verdict = "met" if p99 <= TARGET_P99_MS else "MISSED"
+        print(f"target p99 after ack <= {TARGET_P99_MS:g} ms: {verdict} ({p99:.2f} ms)")
+        return 0
+    finally:
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        time.sleep(0.2)
+        client.close()
+        server.stop()
+
+
+def server_info(client: redis.Redis) -> str:
+    try:
+        return str(client.info("server").get("redis_version", "?"))
+    except redis.RedisError:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.staleness",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("--samples", type=int, default=2000, help="writes by A (2000)")
+    parser.add_argument("--smoke", action="store_true", help="200 samples (CI)")
+    parser.add_argument("--gap-ms", type=float, default=2.0, help="pause between A's writes")
+    parser.add_argument("--b-rate", type=float, default=200.0,
+                        help="B's own writes per second (200; 0: none)")  # fmt: skip
+    parser.add_argument(
+        "--mode",
+        choices=("tokens", "agents"),
+        default="tokens",
+        help="what A writes: agent_done of one agent (run size constant; "
+        "default) or agent_started of a new agent (the run grows)",
+    )
+    parser.add_argument("--redis-server", default=None, help="redis-server binary")
+    args = parser.parse_args(argv)
+    samples = 200 if args.smoke else args.samples
+    return run(samples, args.gap_ms, args.b_rate, args.mode, args.redis_server)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

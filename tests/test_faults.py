@@ -1,0 +1,633 @@
+"""Exactly-once writes under network faults, through a fault-injecting TCP proxy.
+
+:class:`FaultProxy` sits between a redis-py client and a real ``redis-server`` and breaks the
+client's connection around ``EVALSHA`` commands (every luft-redis state change is one):
+
+* ``reply`` faults: the command reaches Redis and is applied; when the first bytes of its reply
+  come back, the proxy closes both sides instead of forwarding them. The client sees a
+  ``ConnectionError`` for a write that *was* applied, and the backend's
+  :class:`~luft_redis.retry.RetryPolicy` sends it again: the Lua scripts must recognise the
+  repeated (writer id, operation) and return the stored reply without applying it twice.
+* ``request`` faults: the connection is closed as the command arrives, before a byte of it is
+  forwarded; the command never reaches Redis and the retry must apply it (once).
+
+Error replies (``-NOSCRIPT``, ``-LUFT_...``) are always forwarded: the command was not applied.
+
+The redis-py clients here are built with ``retry=Retry(NoBackoff(), 0)`` so that every retry
+is the library's own (``RetryPolicy``), not redis-py's.
+
+Runs against the session's private redis-server (marked ``server``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Literal
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from luft_redis import (
+    AgentDone,
+    AgentResultCache,
+    AgentSessionCheckpoint,
+    AgentStatus,
+    Finding,
+    Log,
+    LogLevel,
+    NotResumableError,
+    RedisCheckpointBackend,
+    RunDone,
+    RunMismatchError,
+    RunNotFoundError,
+    RunStatus,
+    Severity,
+    TokenUsage,
+    ValidationError,
+)
+from luft_redis import errors as luft_errors
+from luft_redis import types as t
+from luft_redis.listener import ChangeListener
+from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
+from luft_redis.server import LOOPBACK, LocalRedisServer
+
+pytestmark = pytest.mark.server
+
+FaultMode = Literal["off", "reply", "request"]
+
+#: Retries for the fault tests: many attempts, a long deadline, short waits (runtime).
+GENEROUS = RetryPolicy(max_attempts=30, deadline=30.0, initial_delay=0.002, max_delay=0.05)
+
+_CHUNK = 65536
+_TOKEN = b"EVALSHA"
+
+
+class _Link:
+    """One client connection and its upstream connection to Redis."""
+
+    __slots__ = ("awaiting", "client", "closed", "drop_reply", "forced", "lock", "upstream")
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.awaiting = False  # an EVALSHA was forwarded, its reply has not begun
+        self.drop_reply = False
+        self.forced = False
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+        for sock in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class FaultProxy:
+    """A thread-based TCP proxy on 127.0.0.1 that drops connections around EVALSHA.
+
+    ``mode`` and ``probability`` choose the random faults (``random.Random(seed)``);
+    :meth:`fail_next` forces the next *n* EVALSHA commands to fail. Counters:
+    ``faults`` (``reply_faults + request_faults``), ``evalsha_seen`` (EVALSHA commands the
+    client sent, faulted or not), ``evalsha_forwarded`` (those that reached Redis),
+    ``spared`` (reply faults not made because the reply was an error), ``noscript`` (replies
+    ``-NOSCRIPT``), ``connections``.
+    """
+
+    def __init__(self, upstream_port: int, *, seed: int = 0) -> None:
+        self.upstream_port = upstream_port
+        self.mode: FaultMode = "off"
+        self.probability = 0.0
+        self._rng = random.Random(seed)
+        self._forced: list[FaultMode] = []
+        self._lock = threading.Lock()
+        self._links: set[_Link] = set()
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.reply_faults = 0
+        self.request_faults = 0
+        self.evalsha_seen = 0
+        self.evalsha_forwarded = 0
+        self.spared = 0
+        self.noscript = 0
+        self.connections = 0
+        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind((LOOPBACK, 0))
+        self._server.listen(64)
+        self._server.settimeout(0.2)
+        self.port: int = self._server.getsockname()[1]
+        self._acceptor = threading.Thread(target=self._accept_loop, name="fault-proxy", daemon=True)
+
+    @property
+    def faults(self) -> int:
+        return self.reply_faults + self.request_faults
+
+    @property
+    def attempts(self) -> int:
+        """EVALSHA commands sent, less those Redis refused with NOSCRIPT (redis-py then loads
+        the script and sends the same command again, within one attempt of the backend)."""
+        return self.evalsha_seen - self.noscript
+
+    def start(self) -> FaultProxy:
+        self._acceptor.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with contextlib.suppress(OSError):
+            self._server.close()
+        self.drop_all()
+        self._acceptor.join(timeout=5)
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(timeout=1)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def configure(self, mode: FaultMode, probability: float = 0.0) -> None:
+        with self._lock:
+            self.mode, self.probability = mode, probability
+
+    def fail_next(self, count: int, mode: FaultMode) -> None:
+        """Fault the next ``count`` EVALSHA commands with ``mode`` (before random faults)."""
+        with self._lock:
+            self._forced.extend([mode] * count)
+
+    def drop_all(self) -> int:
+        """Close every open connection (the effect of a network blip); how many were open."""
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            link.close()
+        return len(links)
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection((LOOPBACK, self.upstream_port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            for sock in (client, upstream):
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = _Link(client, upstream)
+            with self._lock:
+                self.connections += 1
+                self._links.add(link)
+                self._threads = [th for th in self._threads if th.is_alive()]
+                for target in (self._pump_requests, self._pump_replies):
+                    thread = threading.Thread(target=target, args=(link,), daemon=True)
+                    self._threads.append(thread)
+                    thread.start()
+
+    def _decide(self) -> tuple[FaultMode, bool]:
+        """(the fault for the EVALSHA just sent, whether it was forced)."""
+        with self._lock:
+            self.evalsha_seen += 1
+            if self._forced:
+                return self._forced.pop(0), True
+            if self.mode != "off" and self._rng.random() < self.probability:
+                return self.mode, False
+            return "off", False
+
+    def _finish(self, link: _Link) -> None:
+        link.close()
+        with self._lock:
+            self._links.discard(link)
+
+    def _pump_requests(self, link: _Link) -> None:
+        tail = b""
+        try:
+            while True:
+                data = link.client.recv(_CHUNK)
+                if not data:
+                    return
+                # the token opens a command; keep a few bytes in case a chunk splits it
+                if _TOKEN in (tail + data).upper():
+                    fault, forced = self._decide()
+                    if fault == "request":
+                        with self._lock:
+                            self.request_faults += 1
+                        return  # closed in finally: Redis never sees the command
+                    with self._lock:
+                        self.evalsha_forwarded += 1
+                    link.drop_reply, link.forced = fault == "reply", forced
+                    link.awaiting = True
+                    tail = b""
+                else:
+                    tail = data[-(len(_TOKEN) - 1) :]
+                link.upstream.sendall(data)
+        except OSError:
+            return
+        finally:
+            self._finish(link)
+
+    def _pump_replies(self, link: _Link) -> None:
+        try:
+            while True:
+                data = link.upstream.recv(_CHUNK)
+                if not data:
+                    return
+                if link.awaiting:
+                    link.awaiting = False
+                    if data.startswith(b"-NOSCRIPT"):
+                        with self._lock:
+                            self.noscript += 1
+                if link.drop_reply:
+                    link.drop_reply = False
+                    if data[:1] == b"-":
+                        with self._lock:  # an error reply: nothing was applied, pass it on
+                            self.spared += 1
+                            if link.forced:  # e.g. NOSCRIPT: fault the next attempt instead
+                                self._forced.insert(0, "reply")
+                    else:
+                        with self._lock:
+                            self.reply_faults += 1
+                        return  # closed in finally: the client never sees the reply
+                link.client.sendall(data)
+        except OSError:
+            return
+        finally:
+            self._finish(link)
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture
+def direct(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client on the (flushed) session server."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def proxy(redis_server: LocalRedisServer, redis_url: str) -> Iterator[FaultProxy]:
+    with FaultProxy(redis_server.port, seed=20240917) as p:
+        yield p
+
+
+def _proxied_client(proxy: FaultProxy) -> redis.Redis:
+    """A client to the proxy; redis-py's own retries are off so every retry is luft's."""
+    return redis.Redis(
+        host=LOOPBACK, port=proxy.port, retry=Retry(NoBackoff(), 0),
+        socket_timeout=10, socket_connect_timeout=5,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def proxied(proxy: FaultProxy) -> Iterator[redis.Redis]:
+    client = _proxied_client(proxy)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _fresh(direct: redis.Redis, run_id: uuid.UUID) -> RedisCheckpointBackend:
+    reader = RedisCheckpointBackend(direct, watch=False)
+    assert reader.open_run(run_id) is not None
+    return reader
+
+
+def _finding(n: int) -> Finding:
+    return Finding(kind="bug", severity=Severity.HIGH, title=f"finding {n}", detail=f"op {n}")
+
+
+def _agent(n: int) -> uuid.UUID:
+    return uuid.UUID(int=(0xA5 << 120) | n)
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def test_proxy_passes_traffic_and_counts(proxy: FaultProxy, proxied: redis.Redis) -> None:
+    """Without faults the proxy is transparent; a forced reply fault drops one connection."""
+    assert proxied.ping()
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "proxy", "/tmp/proxy")
+    assert proxy.evalsha_forwarded >= 1 and proxy.faults == 0
+    proxy.fail_next(1, "reply")
+    backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="once"))
+    assert proxy.reply_faults == 1
+    assert [e.msg for e in backend.get_event_log() if isinstance(e, Log)] == ["once"]
+
+
+@pytest.mark.slow
+def test_thousand_dropped_replies_apply_exactly_once(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """~3,000 writes, a third of the replies dropped after Redis applied them (>= 1,000
+    faults): the log has each event once and in order, the sums are exact."""
+    min_ops, max_ops, min_faults, budget = 3000, 4000, 1000, 50.0
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "dropped replies", "/tmp/faults")
+    proxy.configure("reply", 1 / 3)
+
+    events: list[t.AgentEvent] = []
+    findings: list[Finding] = []
+    results: dict[uuid.UUID, AgentResultCache] = {}
+    done_tokens: dict[uuid.UUID, int] = {}
+    sessions: dict[uuid.UUID, AgentSessionCheckpoint] = {}
+    total = 0
+    ops = 0
+    started = time.monotonic()
+    while ops < min_ops or (proxy.faults < min_faults and ops < max_ops):
+        if time.monotonic() - started > budget:
+            break
+        kind = ops % 6
+        if kind in (0, 2, 4):
+            event: t.AgentEvent = Log(run_id=run_id, level=LogLevel.INFO, msg=f"log {ops}")
+            backend.append_event(event)
+            events.append(event)
+        elif kind in (1, 3):
+            tokens = TokenUsage(input=1000 + ops, output=ops % 97, cache_read=5)
+            event = AgentDone(
+                run_id=run_id, agent_id=_agent(ops), status=AgentStatus.OK, tokens=tokens,
+                elapsed_ms=ops, findings=(_finding(ops),),
+            )  # fmt: skip
+            backend.append_event(event)
+            events.append(event)
+            findings.append(_finding(ops))
+            done_tokens[_agent(ops)] = tokens.total()
+            total += tokens.total()
+        elif ops % 12 == 5:
+            cache = AgentResultCache(
+                agent_id=_agent(ops), phase_id=1, status="ok", output={"n": ops},
+                findings=(_finding(ops),), tokens=ops, completed_at=1_700_000_000 + ops,
+            )  # fmt: skip
+            backend.upsert_agent_result(cache)
+            results[cache.agent_id] = cache
+            findings.append(_finding(ops))
+        else:
+            session = AgentSessionCheckpoint(
+                agent_id=_agent(ops), session_id=f"s{ops}", status="running",
+                updated_at=1_700_000_000 + ops, resumable=True,
+            )  # fmt: skip
+            backend.upsert_agent_session(session)
+            sessions[session.agent_id] = session
+        ops += 1
+    elapsed = time.monotonic() - started
+    proxy.configure("off")
+    print(
+        f"\n{ops} writes, {proxy.reply_faults} dropped replies, {proxy.spared} spared, "
+        f"{proxy.evalsha_seen} EVALSHA, {proxy.connections} connections, {elapsed:.1f}s"
+    )
+    assert proxy.reply_faults >= min_faults, (ops, proxy.reply_faults, elapsed)
+
+    reader = _fresh(direct, run_id)
+    log = reader.get_event_log()
+    assert len(log) == len(events)
+    assert log == events
+    cp = reader.get_checkpoint()
+    assert cp is not None
+    assert cp.total_tokens == total
+    assert list(cp.findings) == findings
+    assert dict(cp.agent_sessions) == sessions
+    assert set(cp.agent_results) == set(results) | set(done_tokens)
+    for agent_id, expected in results.items():
+        assert cp.agent_results[agent_id] == expected
+    for agent_id, done in done_tokens.items():
+        assert cp.agent_results[agent_id].tokens == done
+    assert reader.version == ops + 1  # init_run + one version per write, none twice
+    # the writer's cache went through the same faults and equals a fresh load
+    assert backend.get_checkpoint() == cp
+    # one writer wrote: one field in the writers hash
+    keys = reader.keys
+    assert keys is not None
+    assert direct.hlen(keys.writers) == 1
+
+
+def test_batch_retried_after_dropped_reply_applies_once(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """append_events (one script for the batch) whose reply is lost 1-3 times in a row."""
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "batches", "/tmp/batches")
+    expected: list[t.AgentEvent] = []
+    total = 0
+    for b in range(60):
+        batch: list[t.AgentEvent] = []
+        for k in range(5):
+            n = b * 10 + k
+            if k % 2:
+                tokens = TokenUsage(input=n + 1, output=2 * n)
+                total += tokens.total()
+                batch.append(AgentDone(
+                    run_id=run_id, agent_id=_agent(n), status=AgentStatus.OK, tokens=tokens,
+                    elapsed_ms=1, findings=(_finding(n),),
+                ))  # fmt: skip
+            else:
+                batch.append(Log(run_id=run_id, level=LogLevel.WARN, msg=f"batch {b} #{k}"))
+        before = backend.version
+        proxy.fail_next(1 + b % 3, "reply")
+        backend.append_events(batch)
+        assert backend.version == before + 1
+        expected += batch
+    assert proxy.reply_faults == sum(1 + b % 3 for b in range(60))
+    reader = _fresh(direct, run_id)
+    assert reader.get_event_log() == expected
+    cp = reader.get_checkpoint()
+    assert cp is not None and cp.total_tokens == total and reader.version == 61
+    assert backend.get_checkpoint() == cp
+
+
+def test_dropped_requests_apply_exactly_once(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """The connection is cut as the command arrives (never applied), or after the reply
+    (applied), at random: every write still lands exactly once."""
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "dropped requests", "/tmp/requests")
+    proxy.fail_next(1, "request")
+    backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="first"))
+    assert proxy.request_faults == 1 and backend.version == 2
+    events: list[t.AgentEvent] = [Log(run_id=run_id, level=LogLevel.INFO, msg="first")]
+    total = 0
+    rng = random.Random(7)
+    for n in range(600):
+        if n % 2:
+            proxy.configure("request", 1 / 3)
+        else:
+            proxy.configure("reply", 1 / 3)
+        if rng.random() < 0.5:
+            tokens = TokenUsage(input=n, output=n + 3)
+            total += tokens.total()
+            event: t.AgentEvent = AgentDone(
+                run_id=run_id, agent_id=_agent(n), status=AgentStatus.ERROR, tokens=tokens,
+                elapsed_ms=n,
+            )  # fmt: skip
+        else:
+            event = Log(run_id=run_id, level=LogLevel.DEBUG, msg=f"req {n}")
+        backend.append_event(event)
+        events.append(event)
+    proxy.configure("off")
+    print(f"\n601 writes, {proxy.request_faults} dropped requests, "
+          f"{proxy.reply_faults} dropped replies")  # fmt: skip
+    assert proxy.request_faults >= 60 and proxy.reply_faults >= 60
+    reader = _fresh(direct, run_id)
+    assert reader.get_event_log() == events
+    cp = reader.get_checkpoint()
+    assert cp is not None and cp.total_tokens == total and reader.version == 602
+    assert backend.get_checkpoint() == cp
+
+
+def test_non_transient_errors_are_not_retried(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """Domain and validation errors reach the caller on the first attempt."""
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "errors", "/tmp/errors")
+
+    # client-side checks: no command at all
+    seen = proxy.attempts
+    with pytest.raises(RunMismatchError):
+        backend.append_event(Log(run_id=uuid.uuid4(), level=LogLevel.INFO, msg="other run"))
+    with pytest.raises(ValidationError):
+        backend.append_events(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))  # type: ignore[arg-type]
+    assert proxy.attempts == seen
+
+    # domain error from the script: exactly one EVALSHA
+    backend.append_event(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
+                                 total_tokens=TokenUsage()))  # fmt: skip
+    seen = proxy.attempts
+    with pytest.raises(NotResumableError):
+        backend.reset_status_to_running()
+    assert proxy.attempts == seen + 1
+
+    # the run deleted behind the backend's back: LUFT_NO_RUN, one EVALSHA
+    keys = backend.keys
+    assert keys is not None
+    direct.delete(keys.run)
+    seen = proxy.attempts
+    with pytest.raises(RunNotFoundError):
+        backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="gone"))
+    assert proxy.attempts == seen + 1
+    assert proxy.faults == 0
+
+    # a transient one is: three dropped requests, then it goes through
+    other = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    other_id = uuid.uuid4()
+    other.init_run(other_id, "transient", "/tmp/transient")
+    seen = proxy.attempts
+    proxy.fail_next(3, "request")
+    other.append_event(Log(run_id=other_id, level=LogLevel.INFO, msg="after 3 faults"))
+    assert proxy.attempts == seen + 4 and proxy.request_faults == 3
+
+    assert not is_transient(NotResumableError(run_id, "completed"))
+    assert not is_transient(redis.exceptions.ResponseError("LUFT_NO_RUN x"))
+    assert is_transient(redis.exceptions.ResponseError("LOADING Redis is loading"))
+    assert is_transient(redis.exceptions.ConnectionError("reset"))
+
+
+def test_retries_exhausted_then_next_write_recovers(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """A write whose every reply was lost raises ConnectionError, yet was applied once; the
+    next write sees the version gap, reloads, and the cache matches Redis again."""
+    policy = RetryPolicy(max_attempts=3, deadline=10.0, initial_delay=0.001, max_delay=0.01)
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=policy)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "exhausted", "/tmp/exhausted")
+    lost = AgentDone(run_id=run_id, agent_id=_agent(1), status=AgentStatus.OK,
+                     tokens=TokenUsage(input=10, output=5), elapsed_ms=1)  # fmt: skip
+    proxy.fail_next(3, "reply")
+    with pytest.raises(luft_errors.ConnectionError):
+        backend.append_event(lost)
+    assert proxy.reply_faults == 3
+    assert backend.version == 1  # the cache did not see the reply
+
+    # the same failure before the command reaches Redis: not applied at all
+    proxy.fail_next(3, "request")
+    with pytest.raises(luft_errors.ConnectionError):
+        backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="never"))
+
+    after = Log(run_id=run_id, level=LogLevel.INFO, msg="after")
+    backend.append_event(after)
+    reader = _fresh(direct, run_id)
+    assert reader.get_event_log() == [lost, after]
+    cp = reader.get_checkpoint()
+    assert cp is not None and cp.total_tokens == 15 and reader.version == 3
+    assert backend.get_checkpoint() == cp
+
+
+def test_listener_recovers_from_dropped_connections(
+    proxy: FaultProxy, direct: redis.Redis
+) -> None:
+    """An observer whose every connection (its change listener's too) is cut 20 times while
+    another process writes: its cache converges to the run."""
+    run_id = uuid.uuid4()
+    writer = RedisCheckpointBackend(direct, watch=False)
+    writer.init_run(run_id, "observed", "/tmp/observed")
+    client = _proxied_client(proxy)
+    try:
+        observer = RedisCheckpointBackend(client, watch=True, retry=GENEROUS)
+        assert observer.open_run(run_id) is not None
+        listener = ChangeListener.for_client(client)
+        dropped = 0
+        for round_ in range(20):
+            for k in range(5):
+                writer.append_event(Log(run_id=run_id, level=LogLevel.INFO,
+                                        msg=f"r{round_} k{k}"))  # fmt: skip
+            reconnect_by = time.monotonic() + 5
+            while not listener.connected and time.monotonic() < reconnect_by:
+                time.sleep(0.01)  # the listener is back: cut it (and the rest) again
+            dropped += proxy.drop_all()
+            time.sleep(0.01)
+        writer.append_event(AgentDone(run_id=run_id, agent_id=_agent(9), status=AgentStatus.OK,
+                                      tokens=TokenUsage(input=3), elapsed_ms=1))  # fmt: skip
+        deadline = time.monotonic() + 10
+        while observer.version < writer.version and time.monotonic() < deadline:
+            observer.wait_for_change(timeout=0.5)
+        assert dropped >= 20
+        assert observer.version == writer.version == 102
+        assert observer.get_checkpoint() == writer.get_checkpoint()
+        # and it is fresh again: a new change arrives by notice
+        writer.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="last"))
+        assert observer.wait_for_change(after_version=102, timeout=10)
+        assert observer.get_checkpoint() == writer.get_checkpoint()
+        observer.close()
+    finally:
+        client.close()
+
+
+def test_default_policy_values() -> None:
+    """The documented defaults (docs/reliability.md)."""
+    expected = RetryPolicy(max_attempts=10, deadline=5.0, initial_delay=0.02, max_delay=1.0)
+    assert expected == DEFAULT_RETRY
