@@ -28,6 +28,7 @@ from .errors import (
     CorruptDataError,
     LuftRedisError,
     NotDurableError,
+    PayloadTooLargeError,
     RunMismatchError,
     RunNotBoundError,
     RunNotFoundError,
@@ -63,6 +64,9 @@ DEFAULT_PAGE_SIZE = 1000
 SUBSCRIBE_TIMEOUT = 2.0
 """Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
 (the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
+
+DEFAULT_MAX_PAYLOAD_SIZE = 4 * 1024 * 1024
+"""Largest stored form of one event, one result's output or findings, or workflow_meta."""
 
 GAP_WAIT = 0.1
 """Seconds a write waits for the listener to deliver other processes' changes that came
@@ -203,6 +207,10 @@ class RedisCheckpointBackend:
     ``retry`` is the :class:`~luft_redis.retry.RetryPolicy` for transient Redis failures
     (``None``: one attempt). Writes apply exactly once, however often they are retried.
 
+    ``max_payload_size`` bounds the stored form of one event, one result's output or findings,
+    and ``workflow_meta`` (default 4 MiB); a larger value raises
+    :class:`~luft_redis.errors.PayloadTooLargeError` and nothing is stored.
+
     ``durability=Durability(replicas=1, timeout_ms=1000)`` makes every write wait (``WAIT``, in
     the same round trip) until that many replicas have it, and raise
     :class:`~luft_redis.errors.NotDurableError` when fewer did in time (the write itself is
@@ -217,6 +225,7 @@ class RedisCheckpointBackend:
         watch: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
         durability: Durability | None = None,
+        max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
     ) -> None:
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if kwargs is None and hasattr(client, "get_connection_kwargs"):
@@ -233,6 +242,9 @@ class RedisCheckpointBackend:
             raise ConfigurationError("durability= is not supported on Redis Cluster clients")
         self._durability = durability
         self._acked: int | None = None
+        if max_payload_size < 1:
+            raise ConfigurationError("max_payload_size must be positive")
+        self._max_payload_size = max_payload_size
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
@@ -258,6 +270,7 @@ class RedisCheckpointBackend:
         watch: bool = True,
         retry: RetryPolicy | None = DEFAULT_RETRY,
         durability: Durability | None = None,
+        max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         **client_kwargs: Any,
     ) -> RedisCheckpointBackend:
         """A backend with its own client for ``url``, closed by :meth:`close`.
@@ -275,7 +288,8 @@ class RedisCheckpointBackend:
             client = redis.cluster.RedisCluster.from_url(url, **client_kwargs)
         else:
             client = redis.Redis.from_url(url, **client_kwargs)
-        backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability)
+        backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
+                      max_payload_size=max_payload_size)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -358,6 +372,12 @@ class RedisCheckpointBackend:
         self._state = state
         self._synced = synced
         self._emit()
+
+    def _limit(self, blob: bytes, field: str) -> bytes:
+        """``blob`` if within ``max_payload_size``, else :class:`PayloadTooLargeError`."""
+        if len(blob) > self._max_payload_size:
+            raise PayloadTooLargeError(field, len(blob), self._max_payload_size)
+        return blob
 
     def _need_run(self, operation: str) -> RunState:
         state = self._state
@@ -575,7 +595,7 @@ class RedisCheckpointBackend:
         task = _check_str(task, "task")
         run_dir = _check_str(run_dir, "run_dir")
         meta = t.freeze_json(meta, "workflow_meta") if with_meta else None
-        blob = None if meta is None else codec.encode_json(meta)
+        blob = None if meta is None else self._limit(codec.encode_json(meta), "workflow_meta")
         keys = run_keys(self._prefix, rid)
         with self._lock:
             synced = self._watch(keys)
@@ -688,7 +708,7 @@ class RedisCheckpointBackend:
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
             rule = (event.status.value, str(total))
-        return [event.TYPE, codec.encode_event(event), str(len(rule)), *rule]
+        return [event.TYPE, self._limit(codec.encode_event(event), field), str(len(rule)), *rule]
 
     def _check_echo(self, state: RunState, reply: Any) -> None:
         """Compare the script's view of the run fields with the cache's; reload if they differ."""
@@ -706,8 +726,10 @@ class RedisCheckpointBackend:
         args = (
             str(cache.agent_id), str(cache.phase_id), cache.status, str(cache.tokens),
             str(cache.completed_at),
-            _opt(None if cache.output is None else codec.encode_json(cache.output)),
-            _opt(codec.encode_findings(cache.findings) if cache.findings else None),
+            _opt(None if cache.output is None
+                 else self._limit(codec.encode_json(cache.output), "cache.output")),
+            _opt(self._limit(codec.encode_findings(cache.findings), "cache.findings")
+                 if cache.findings else None),
             _opt(cache.cache_key_hash), _opt(cache.description), _opt(cache.role),
         )  # fmt: skip
         with self._lock:
@@ -770,7 +792,8 @@ class RedisCheckpointBackend:
         args: list[Any] = [
             cp.task, cp.status.value, str(cp.current_phase), str(cp.total_tokens),
             str(cp.created_at),
-            _opt(None if cp.workflow_meta is None else codec.encode_json(cp.workflow_meta)),
+            _opt(None if cp.workflow_meta is None
+                 else self._limit(codec.encode_json(cp.workflow_meta), "workflow_meta")),
             str(len(cp.completed_phases)),
         ]  # fmt: skip
         for p in cp.completed_phases:
@@ -780,8 +803,11 @@ class RedisCheckpointBackend:
         for r in cp.agent_results.values():
             args += (
                 str(r.agent_id), str(r.phase_id), r.status, str(r.tokens), str(r.completed_at),
-                _opt(None if r.output is None else codec.encode_json(r.output)),
-                _opt(codec.encode_findings(r.findings) if r.findings else None),
+                _opt(None if r.output is None else self._limit(
+                    codec.encode_json(r.output), f"agent_results.{r.agent_id}.output")),
+                _opt(self._limit(codec.encode_findings(r.findings),
+                                 f"agent_results.{r.agent_id}.findings")
+                     if r.findings else None),
                 _opt(r.cache_key_hash), _opt(r.description), _opt(r.role),
             )  # fmt: skip
         args.append(str(len(cp.agent_sessions)))

@@ -20,6 +20,7 @@ __all__ = [
     "LuftRedisError",
     "NotDurableError",
     "NotResumableError",
+    "PayloadTooLargeError",
     "RunExistsError",
     "RunMismatchError",
     "RunNotBoundError",
@@ -47,6 +48,15 @@ class ValidationError(LuftRedisError, ValueError):
 
 class RunMismatchError(ValidationError):
     """A value names another run than the one the backend is bound to; nothing was stored."""
+
+
+class PayloadTooLargeError(ValidationError):
+    """A value's stored form is larger than the backend's ``max_payload_size``; nothing stored."""
+
+    def __init__(self, field: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(field, f"stored form is {size} bytes, over the limit of {limit} bytes")
 
 
 class ConfigurationError(LuftRedisError, ValueError):

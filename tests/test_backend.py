@@ -906,3 +906,28 @@ def test_server_time_is_used_for_timestamps(
     cp = bound.get_checkpoint()
     assert cp is not None and cp.updated_at > cp.created_at
     assert abs(cp.updated_at - server_now(redis_client)) <= 2
+
+
+def test_payload_size_limit(redis_client: Client, run_id: uuid.UUID) -> None:
+    small = RedisCheckpointBackend(redis_client, max_payload_size=2048)
+    small.init_run(run_id, "t", "/d")
+    big_text = "x" * 4096
+    with pytest.raises(luft_redis.PayloadTooLargeError) as info:
+        small.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg=big_text))
+    assert info.value.field == "event" and info.value.size > 2048 and info.value.limit == 2048
+    batch = [Log(run_id=run_id, level=LogLevel.INFO, msg="ok"),
+             Log(run_id=run_id, level=LogLevel.INFO, msg=big_text)]  # fmt: skip
+    with pytest.raises(luft_redis.PayloadTooLargeError, match=r"events\[1\]"):
+        small.append_events(batch)
+    a = uuid.uuid4()
+    with pytest.raises(luft_redis.PayloadTooLargeError, match=r"cache\.output"):
+        small.upsert_agent_result(result(a, output={"big": big_text}))
+    with pytest.raises(luft_redis.PayloadTooLargeError, match="workflow_meta"):
+        RedisCheckpointBackend(redis_client, max_payload_size=2048).init_run_with_meta(
+            uuid.uuid4(), "t", "/d", {"big": big_text})
+    assert small.get_event_log() == [] and dict(fresh(small).agent_results) == {}
+    assert small.version == 1
+    small.append_events(batch[:1])  # within the limit
+    assert len(small.get_event_log()) == 1
+    with pytest.raises(luft_redis.ConfigurationError):
+        RedisCheckpointBackend(redis_client, max_payload_size=0)
