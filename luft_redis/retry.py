@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -73,11 +75,19 @@ class RetryPolicy:
             raise ValueError("delays must not be negative")
 
     def call(self, fn: Callable[[], _T]) -> _T:
-        """``fn()``, retried on transient failures; the last failure is re-raised."""
-        if self.max_attempts == 1:
+        """``fn()``, retried on transient failures; the last failure is re-raised.
+
+        The first attempt runs without tenacity (whose bookkeeping costs about as much as a
+        round trip on loopback); only a transient failure starts the retry loop.
+        """
+        try:
             return fn()
+        except Exception as exc:
+            if self.max_attempts == 1 or not is_transient(exc):
+                raise
+            logger.info("Redis call failed (%s), attempt 1; retrying", exc)
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts)
+            stop=tenacity.stop_after_attempt(self.max_attempts - 1)
             | tenacity.stop_after_delay(self.deadline),
             wait=tenacity.wait_random_exponential(
                 multiplier=self.initial_delay, max=self.max_delay
@@ -86,12 +96,13 @@ class RetryPolicy:
             before_sleep=_log_retry,
             reraise=True,
         )
+        time.sleep(random.uniform(0, self.initial_delay))
         return retrying(fn)
 
 
 def _log_retry(state: tenacity.RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome else None
-    logger.info("Redis call failed (%s), attempt %d; retrying", exc, state.attempt_number)
+    logger.info("Redis call failed (%s), attempt %d; retrying", exc, state.attempt_number + 1)
 
 
 DEFAULT_RETRY = RetryPolicy()

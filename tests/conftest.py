@@ -52,9 +52,9 @@ helpers through fixtures.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import fakeredis
 import pytest
@@ -62,6 +62,7 @@ import redis
 from redis.cluster import RedisCluster
 
 import luft_redis
+from luft_redis import RedisCheckpointBackend
 from luft_redis.server import (
     LocalRedisCluster,
     LocalRedisServer,
@@ -198,3 +199,46 @@ def redis_client(redis_target: str, request: pytest.FixtureRequest) -> Iterator[
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def open_client(redis_client: Client) -> Iterator[Callable[[], Client]]:
+    """A factory of further, independent clients to the current target (closed after the test):
+    what another process would use."""
+    made: list[Client] = []
+
+    def open_one() -> Client:
+        client: Client
+        if isinstance(redis_client, fakeredis.FakeRedis):
+            server = redis_client.connection_pool.connection_kwargs["server"]
+            client = fakeredis.FakeRedis(server=server)
+        elif isinstance(redis_client, RedisCluster):
+            node = redis_client.get_default_node()  # type: ignore[no-untyped-call]
+            client = RedisCluster(host=node.host, port=node.port)
+        else:
+            kwargs = redis_client.connection_pool.connection_kwargs
+            client = redis.Redis(host=kwargs["host"], port=kwargs["port"])
+        made.append(client)
+        return client
+
+    yield open_one
+    for client in made:
+        client.close()
+
+
+@pytest.fixture
+def make_backend(
+    open_client: Callable[[], Client],
+) -> Iterator[Callable[..., RedisCheckpointBackend]]:
+    """A factory of backends, each on its own client to the current target (closed after the
+    test); keyword arguments go to ``RedisCheckpointBackend``."""
+    made: list[RedisCheckpointBackend] = []
+
+    def make(**kwargs: Any) -> RedisCheckpointBackend:
+        backend = RedisCheckpointBackend(open_client(), **kwargs)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()

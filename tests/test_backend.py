@@ -11,7 +11,7 @@ import datetime as dt
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import fakeredis
@@ -55,33 +55,6 @@ Client: TypeAlias = "redis.Redis | RedisCluster"
 Factory: TypeAlias = Callable[[], RedisCheckpointBackend]
 
 # -------------------------------------------------------------------------------- fixtures
-
-
-def _another_client(client: Any) -> Any:
-    """A second, independent client to the same server as ``client``."""
-    if isinstance(client, fakeredis.FakeRedis):
-        server = client.connection_pool.connection_kwargs["server"]
-        return fakeredis.FakeRedis(server=server)
-    if isinstance(client, RedisCluster):
-        node = client.get_default_node()  # type: ignore[no-untyped-call]
-        return RedisCluster(host=node.host, port=node.port)
-    kwargs = client.connection_pool.connection_kwargs
-    return redis.Redis(host=kwargs["host"], port=kwargs["port"])
-
-
-@pytest.fixture
-def make_backend(redis_client: Client) -> Iterator[Factory]:
-    """Backends on their own clients to the current target (closed after the test)."""
-    made: list[Any] = []
-
-    def make() -> RedisCheckpointBackend:
-        client = _another_client(redis_client)
-        made.append(client)
-        return RedisCheckpointBackend(client)
-
-    yield make
-    for client in made:
-        client.close()
 
 
 @pytest.fixture

@@ -8,10 +8,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeAlias
+from collections.abc import Callable
+from typing import TypeAlias
 
-import fakeredis
 import pytest
 import redis
 from redis.cluster import RedisCluster
@@ -38,35 +37,6 @@ Client: TypeAlias = "redis.Redis | RedisCluster"
 Factory: TypeAlias = Callable[..., RedisCheckpointBackend]
 
 BOUND = 5.0  # seconds: far above the expected milliseconds, low enough to fail fast
-
-
-def _another_client(client: Any) -> Any:
-    if isinstance(client, fakeredis.FakeRedis):
-        return fakeredis.FakeRedis(server=client.connection_pool.connection_kwargs["server"])
-    if isinstance(client, RedisCluster):
-        node = client.get_default_node()  # type: ignore[no-untyped-call]
-        return RedisCluster(host=node.host, port=node.port)
-    kwargs = client.connection_pool.connection_kwargs
-    return redis.Redis(host=kwargs["host"], port=kwargs["port"])
-
-
-@pytest.fixture
-def make_backend(redis_client: Client) -> Iterator[Factory]:
-    made: list[RedisCheckpointBackend] = []
-    clients: list[Any] = []
-
-    def make(**kwargs: Any) -> RedisCheckpointBackend:
-        client = _another_client(redis_client)
-        clients.append(client)
-        backend = RedisCheckpointBackend(client, **kwargs)
-        made.append(backend)
-        return backend
-
-    yield make
-    for backend in made:
-        backend.close()
-    for client in clients:
-        client.close()
 
 
 def fresh(backend: RedisCheckpointBackend) -> RunCheckpoint:
@@ -222,7 +192,9 @@ def test_a_backend_without_watch_catches_up_on_its_next_write(make_backend: Fact
     assert lazy.get_checkpoint() == fresh(writer)
 
 
-def test_many_backends_on_one_client_share_one_listener(redis_client: Client) -> None:
+def test_many_backends_on_one_client_share_one_listener(
+    redis_client: Client, open_client: Callable[[], Client]
+) -> None:
     from luft_redis.listener import ChangeListener
 
     backends = [RedisCheckpointBackend(redis_client) for _ in range(3)]
@@ -234,7 +206,7 @@ def test_many_backends_on_one_client_share_one_listener(redis_client: Client) ->
     threads = [t for t in threading.enumerate() if t.name.startswith("luft-redis-listener")]
     mine = [t for t in threads if t.name.endswith(f"{id(redis_client):x}")]
     assert len(mine) == 1
-    other = RedisCheckpointBackend(_another_client(redis_client))
+    other = RedisCheckpointBackend(open_client())
     other.open_run(runs[1])
     before = backends[1].version
     other.append_event(Log(run_id=runs[1], level=LogLevel.INFO, msg="x"))
@@ -243,7 +215,6 @@ def test_many_backends_on_one_client_share_one_listener(redis_client: Client) ->
     for backend in backends:
         backend.close()
     other.close()
-    other.client.close()
 
 
 def test_a_retried_write_applies_once(

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.server
 
 #: The commands of the least-privilege user, exactly as in docs/security.md.
 ACL_COMMANDS = (
-    "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset "
+    "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset +hsetnx "
     "+hdel +hexists +hlen +del +exists +lrange +lrem +rpush +xadd +spublish +ssubscribe "
     "+sunsubscribe"
 )

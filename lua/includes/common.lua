@@ -173,11 +173,14 @@ end
 
 -- Replace agent `aid`'s findings in the run's finding list (contract §5, findings): in place
 -- when the agent already reported some, at the end when it reports its first. Segments
--- "<aid>#2", "<aid>#3", ... left by save_checkpoint for the same agent are dropped.
+-- "<aid>#2", "<aid>#3", ... left by save_checkpoint for the same agent are dropped (an agent
+-- with such segments always has its own segment too, so a new segment has none).
 local function set_agent_findings(aid, blob)
-  if redis.call('HEXISTS', K_FINDINGS, aid) == 0 then
-    if blob == EMPTY_LIST then return end
+  if blob == EMPTY_LIST then
+    if redis.call('HEXISTS', K_FINDINGS, aid) == 0 then return end
+  elseif redis.call('HSETNX', K_FINDINGS, aid, blob) == 1 then
     redis.call('RPUSH', K_FINDINGS_ORDER, aid)
+    return
   end
   redis.call('HSET', K_FINDINGS, aid, blob)
   local k = 2
