@@ -335,9 +335,7 @@ local findings = string.sub(ARGV[7], 2)
 redis.call('HSET', KEYS[3], p .. 'status', ARGV[4], p .. 'tokens', ARGV[5],
   p .. 'phase_id', '0', p .. 'completed_at', now, p .. 'output', string.sub(ARGV[6], 2),
   p .. 'findings', findings)
-if redis.call('HEXISTS', KEYS[5], aid) == 0 then redis.call('RPUSH', KEYS[6], aid) end
-redis.call('HSET', KEYS[5], aid, findings)
-redis.call('HDEL', KEYS[5], aid .. '#2')
+if redis.call('HSETNX', KEYS[5], aid, findings) == 1 then redis.call('RPUSH', KEYS[6], aid) end
 local version = string.format('%d', (tonumber(run[2]) or 0) + 1)
 redis.call('HSET', KEYS[1], 'updated_at', now, 'version', version, 'total_tokens', total)
 local reply = {version, now, run[1], run[3] or '0', total, id}
@@ -981,8 +979,8 @@ def section_writers(
                 ratio,
                 ">= 0.40x" if last else "",
                 (_verdict(ratio is not None and ratio >= 0.40) if last else "info"),
-                f"{median(reloads[n]) * 100:.0f}% of appends found another writer's change "
-                f"and reloaded the run",
+                f"{median(reloads[n]) * 100:.0f}% of appends came after another writer's "
+                f"change (applied from its notice, or by a reload)",
             )
         )
     return rows
