@@ -279,6 +279,8 @@ class _Loader:
     def __init__(self, run_id: uuid.UUID, keys: RunKeys) -> None:
         self.run_id = run_id
         self.keys = keys
+        self._ids: dict[str, uuid.UUID] = {}
+        self._findings_seen: dict[bytes, tuple[t.Finding, ...]] = {}
 
     def _text(self, key: str, field: str, raw: Any) -> str:
         if type(raw) is bytes:
@@ -330,13 +332,24 @@ class _Loader:
         return out
 
     def _agent_id(self, key: str, text: str) -> uuid.UUID:
+        agent_id = self._ids.get(text)
+        if agent_id is not None:
+            return agent_id
         try:
             agent_id = uuid.UUID(text)
         except ValueError:
             raise CorruptDataError(key, text, "is not an agent id") from None
         if str(agent_id) != text:
             raise CorruptDataError(key, text, "is not a canonical agent id")
+        self._ids[text] = agent_id
         return agent_id
+
+    def _findings(self, blob: bytes, key: str, field: str) -> tuple[t.Finding, ...]:
+        """Decoded findings; an agent's segment repeats its result's blob: decoded once."""
+        found = self._findings_seen.get(blob)
+        if found is None:
+            found = self._findings_seen[blob] = codec.decode_findings(blob, key=key, field=field)
+        return found
 
     def _opt(self, key: str, field: str, attrs: dict[str, bytes], name: str) -> str | None:
         raw = attrs.get(name)
@@ -434,7 +447,7 @@ class _Loader:
                 status=status,
                 output=None if output is None else codec.decode_json(
                     output, key=key, field=f + "output"),
-                findings=() if findings is None else codec.decode_findings(
+                findings=() if findings is None else self._findings(
                     findings, key=key, field=f + "findings"),
                 tokens=self._uint(key, f + "tokens", attrs["tokens"]),
                 completed_at=self._uint(key, f + "completed_at", attrs["completed_at"]),
@@ -496,7 +509,7 @@ class _Loader:
             seg = self._text(order_key, "<element>", raw)
             if seg not in blobs:
                 raise CorruptDataError(key, seg, "is listed in the order but missing")
-            out.append((seg, codec.decode_findings(blobs.pop(seg), key=key, field=seg)))
+            out.append((seg, self._findings(blobs.pop(seg), key=key, field=seg)))
         if blobs:
             raise CorruptDataError(key, next(iter(blobs)), "is not listed in the order")
         return out
