@@ -29,7 +29,7 @@ local function main()
   local status, version = run[1], run[2]
   local current_phase = stored_uint(K_RUN, 'current_phase', run[3])
   local total = stored_uint(K_RUN, 'total_tokens', run[4])
-  local phase_count = stored_uint(K_RUN, 'phases', run[5] or '0')
+  local phase_count = stored_uint(K_RUN, 'phases', run[5])
   local now = now_seconds()
 
   -- 1. checks and reads, over a simulated state, collecting the writes

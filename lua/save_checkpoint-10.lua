@@ -92,7 +92,11 @@ local function main()
   local old_started = redis.call('HGETALL', K_STARTED)
   local old_phase = {}
   for i = 1, #old_started, 2 do
-    old_phase[old_started[i]] = string.match(old_started[i + 1], '^%d+ (%d+)$') or '0'
+    local phase = string.match(old_started[i + 1], '^%d+ (%d+)$')
+    if not phase then
+      fail('CORRUPT', K_STARTED .. ' ' .. old_started[i] .. ' is not "<seq> <phase>"')
+    end
+    old_phase[old_started[i]] = phase
   end
   local started = {}
   first, count = group(1)

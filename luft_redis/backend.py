@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import redis
@@ -253,6 +253,7 @@ class RedisCheckpointBackend:
         self._op_seq = 0
         self._listener = ChangeListener.for_client(client) if watch else None
         self._channel: bytes | None = None
+        self._state_channel: bytes | None = None  # the channel of the run _state holds
         self._synced = 0  # the listener confirmation our state was loaded after
         self._run_id: uuid.UUID | None = None
         self._keys: RunKeys | None = None
@@ -370,6 +371,7 @@ class RedisCheckpointBackend:
     def _bind(self, run_id: uuid.UUID, keys: RunKeys, state: RunState, synced: int) -> None:
         self._run_id, self._keys, self._key_list = run_id, keys, list(keys)
         self._state = state
+        self._state_channel = keys.changes.encode()
         self._synced = synced
         self._emit()
 
@@ -439,10 +441,13 @@ class RedisCheckpointBackend:
         if version == state.version + 1:
             return version, now, True
         if version > state.version + 1 and self.cache_is_fresh:
+            run_id = self._run_id
             self._changed.wait_for(  # releases the lock, so the listener can apply
                 lambda: self._state is None or self._state.version >= version - 1, GAP_WAIT
             )
-            state = self._need_run("write")
+            if self._run_id != run_id or self._state is None:
+                return version, now, False  # rebound or closed meanwhile: nothing to apply
+            state = self._state
             if version == state.version + 1:
                 return version, now, True
         if version > state.version:
@@ -474,25 +479,26 @@ class RedisCheckpointBackend:
 
     def _on_notice(self, channel: bytes, payload: bytes) -> None:
         state = self._state
-        if state is None or channel != self._channel:
-            return
-        head = payload[: payload.find(b":") + 21]
-        try:  # our own writes come back too: skip them without taking the lock
-            length, _, rest = head.partition(b":")
-            if int(rest[: int(length)]) <= state.version:
-                return
-        except ValueError:
-            pass
+        if state is not None and channel == self._state_channel:
+            head = payload[: payload.find(b":") + 21]
+            try:  # our own writes come back too: skip them without taking the lock
+                length, _, rest = head.partition(b":")
+                if int(rest[: int(length)]) <= state.version:
+                    return
+            except ValueError:
+                pass
+        # otherwise (a new version, or the backend being bound right now): under the lock,
+        # which open_run/init_run hold until the run's state is in place
         with self._lock:
             state = self._state
-            if state is None or channel != self._channel:
+            if state is None or channel != self._channel or channel != self._state_channel:
                 return
             try:
                 parts = parse_notice(payload)
                 version, now, op = int(parts[0]), int(parts[1]), parts[2]
             except (ValueError, IndexError):
                 logger.warning("run %s: unreadable change notice, reloading", self._run_id)
-                self._reload()
+                self._resync()
                 self._emit()
                 return
             if version <= state.version:
@@ -505,10 +511,20 @@ class RedisCheckpointBackend:
                                    self._run_id, exc_info=True)  # fmt: skip
                     applied = False
                 if not applied:
-                    self._reload()
+                    self._resync()
             else:
-                self._reload()
+                self._resync()
             self._emit()
+
+    def _resync(self) -> None:
+        """Reload after a missed notice; when that fails, report the cache as not fresh until
+        the next (re)subscription reloads it."""
+        try:
+            self._reload()
+        except LuftRedisError:
+            logger.warning("run %s: reload after a missed notice failed; cache not fresh",
+                           self._run_id, exc_info=True)  # fmt: skip
+            self._synced = -1
 
     def _apply_notice(
         self, state: RunState, op: bytes, parts: list[bytes], now: int, version: int
@@ -541,7 +557,12 @@ class RedisCheckpointBackend:
                 return
             if confirmation > self._synced:
                 # notices may have been missed before this subscription: load the run again
-                self._reload()
+                try:
+                    self._reload()
+                except LuftRedisError:
+                    logger.warning("run %s: reload after subscribing failed; cache not fresh",
+                                   self._run_id, exc_info=True)  # fmt: skip
+                    return
                 self._synced = confirmation
                 self._emit()
 
@@ -658,15 +679,15 @@ class RedisCheckpointBackend:
         One round trip for the whole batch; either every event is stored or none is.
         """
         self._need_run("append_events")
-        if isinstance(events, t.AgentEvent):
-            raise ValidationError("events", "expected a sequence of events, got one event")
+        if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
+            raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
         batch = list(events)
         if not batch:
             return
-        args: list[Any] = [str(len(batch))]
-        for i, event in enumerate(batch):
-            args += self._event_args(event, f"events[{i}]" if len(batch) > 1 else "event")
-        with self._lock:
+        with self._lock:  # the run-id checks hold for the run the write goes to
+            args: list[Any] = [str(len(batch))]
+            for i, event in enumerate(batch):
+                args += self._event_args(event, f"events[{i}]" if len(batch) > 1 else "event")
             reply = self._write(self._scripts.append_events, args)
             version, now, apply = self._after_write(reply)
             state = self._need_run("append_events")
@@ -823,6 +844,10 @@ class RedisCheckpointBackend:
         for seg, group in segments:
             args += (seg, codec.encode_findings(group))
         with self._lock:
+            if cp.run_id != self._run_id:  # rebound by another thread meanwhile
+                raise RunMismatchError(
+                    "run_id", f"checkpoint of run {cp.run_id} cannot replace run {self._run_id}"
+                )
             reply = self._write(self._scripts.save_checkpoint, args)
             version, now, apply = self._after_write(reply)
             if apply:

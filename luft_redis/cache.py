@@ -184,16 +184,18 @@ class RunState:
         self._commit(now, version)
 
     def _set_agent_findings(self, agent_id: uuid.UUID, findings: tuple[t.Finding, ...]) -> None:
+        """Mirror of set_agent_findings in lua/includes/common.lua."""
         seg = str(agent_id)
         segments = self._segments
-        old = segments.get(seg)
-        if old is None:
-            if not findings:
-                return
-            segments[seg] = findings
-            self._findings += findings  # a new agent's findings go at the end
+        if seg not in segments:
+            if findings:  # a new agent's findings go at the end
+                segments[seg] = findings
+                self._findings += findings
             return
-        segments[seg] = findings
+        if findings:
+            segments[seg] = findings
+        else:
+            del segments[seg]
         if seg in self._extras:  # further groups of this agent written by a save: dropped
             self._extras.discard(seg)
             for sid in [sid for sid in segments if sid.startswith(f"{seg}#")]:
@@ -385,7 +387,7 @@ class _Loader:
         state = RunState(
             self.run_id,
             self._text(k, "task", need("task")),
-            self._text(k, "run_dir", run.get("run_dir", b"")),
+            self._text(k, "run_dir", need("run_dir")),
             meta,
             self._uint(k, "created_at", need("created_at")),
             self._uint(k, "version", need("version")),

@@ -161,6 +161,12 @@ class ChangeListener:
         backoff = POLL_SECONDS
         idle_since: float | None = None
         while True:
+            # drain (un)subscribe requests before the snapshot of channels, which then
+            # includes every watch() made so far; later ones stay queued for _serve
+            while not self._requests.empty():
+                action, _ = self._requests.get_nowait()
+                if action == "drop":
+                    break
             channels = self._channels()
             if not channels:
                 now = time.monotonic()
@@ -180,8 +186,6 @@ class ChangeListener:
             pubsub: Any = None
             try:
                 pubsub = self._client.pubsub(ignore_subscribe_messages=False)
-                while not self._requests.empty():  # everything is (re)subscribed below
-                    self._requests.get_nowait()
                 pubsub.ssubscribe(*channels)
                 self._connected = True
                 backoff = POLL_SECONDS

@@ -629,11 +629,12 @@ def test_findings_follow_agents_in_place(bound: RedisCheckpointBackend, run_id: 
     # a later version for a replaces a's findings where they were
     bound.upsert_agent_result(result(a, findings=(finding("a3"),)))
     assert bound.get_findings() == (finding("a3"), finding("c1"), finding("b1"))
-    # emptied, then reported again: same place
+    # emptied, then reported again (decided): the agent left the list, so it comes back at
+    # the end, as it would after saving what get_checkpoint() returned in between
     bound.upsert_agent_result(result(c))
     assert bound.get_findings() == (finding("a3"), finding("b1"))
     bound.upsert_agent_result(result(c, findings=(finding("c2"),)))
-    assert bound.get_findings() == (finding("a3"), finding("c2"), finding("b1"))
+    assert bound.get_findings() == (finding("a3"), finding("b1"), finding("c2"))
     assert fresh(bound).findings == bound.get_findings()
     assert bound.get_checkpoint().findings == bound.get_findings()  # type: ignore[union-attr]
 
@@ -904,3 +905,19 @@ def test_payload_size_limit(redis_client: Client, run_id: uuid.UUID) -> None:
     assert len(small.get_event_log()) == 1
     with pytest.raises(luft_redis.ConfigurationError):
         RedisCheckpointBackend(redis_client, max_payload_size=0)
+
+
+def test_saving_the_checkpoint_keeps_later_finding_positions(
+    bound: RedisCheckpointBackend,
+) -> None:
+    """Whether or not get_checkpoint() is saved in between, later updates land alike."""
+    a, b = uuid.uuid4(), uuid.uuid4()
+    bound.upsert_agent_result(result(a, findings=(finding("a1"),)))
+    bound.upsert_agent_result(result(b, findings=(finding("b1"),)))
+    bound.upsert_agent_result(result(a))
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    bound.save_checkpoint(cp)
+    bound.upsert_agent_result(result(a, findings=(finding("a2"),)))
+    assert bound.get_findings() == (finding("b1"), finding("a2"))
+    assert fresh(bound).findings == bound.get_findings()

@@ -9,8 +9,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
+import fakeredis
 import pytest
 import redis
 from redis.cluster import RedisCluster
@@ -236,3 +237,65 @@ def test_a_retried_write_applies_once(
         writer._call(writer._scripts.append_events, older)
     assert fresh(writer) == cp
     assert eventually(lambda: reader.get_checkpoint() == cp)
+
+
+def test_a_change_right_after_loading_reaches_a_backend_sharing_the_channel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """open_run on a channel another backend of the same client already watches: a change
+    made between the load and the binding must not be skipped (fakeredis: needs a hook)."""
+    import luft_redis.cache as cache_mod
+
+    server = fakeredis.FakeServer()
+    c1, c2 = fakeredis.FakeRedis(server=server), fakeredis.FakeRedis(server=server)
+    writer = RedisCheckpointBackend(c2)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    other, reader = RedisCheckpointBackend(c1), RedisCheckpointBackend(c1)
+    other.open_run(run_id)
+    load = cache_mod.RunState.from_load.__func__  # type: ignore[attr-defined]
+
+    def load_then_change(cls: Any, *args: Any) -> Any:
+        state = load(cls, *args)
+        writer.upsert_agent_session(AgentSessionCheckpoint(
+            agent_id=uuid.uuid4(), session_id="s", status="x", updated_at=1))  # fmt: skip
+        time.sleep(0.2)  # the listener has the notice before the state is bound
+        return state
+
+    monkeypatch.setattr(cache_mod.RunState, "from_load", classmethod(load_then_change))
+    reader.open_run(run_id)
+    monkeypatch.undo()
+    assert eventually(lambda: reader.version == writer.version == 2)
+    assert reader.get_checkpoint() == writer.get_checkpoint() and reader.cache_is_fresh
+    for backend in (writer, other, reader):
+        backend.close()
+
+
+def test_rebinding_during_a_write_does_not_mix_runs() -> None:
+    """A write that waits for other processes' notices releases the lock; a rebind by another
+    thread meanwhile must not receive the first run's change (fakeredis)."""
+    server = fakeredis.FakeServer()
+    c1, c2 = fakeredis.FakeRedis(server=server), fakeredis.FakeRedis(server=server)
+    writer = RedisCheckpointBackend(c2, watch=False)
+    r1, r2 = uuid.uuid4(), uuid.uuid4()
+    writer.init_run(r2, "two", "/d")
+    writer.upsert_agent_session(AgentSessionCheckpoint(
+        agent_id=uuid.uuid4(), session_id="s", status="x", updated_at=1))  # fmt: skip
+    writer.init_run(r1, "one", "/d")
+    reader = RedisCheckpointBackend(c1)
+    reader.open_run(r1)
+    reader._on_notice = lambda *args: None  # type: ignore[method-assign]  # a slow listener
+    writer.upsert_agent_session(AgentSessionCheckpoint(
+        agent_id=uuid.uuid4(), session_id="s", status="x", updated_at=1))  # fmt: skip
+    agent = uuid.uuid4()
+    result = AgentResultCache(agent_id=agent, phase_id=0, status="ok", output=None,
+                              findings=(), tokens=5, completed_at=1)  # fmt: skip
+    first = threading.Thread(target=reader.upsert_agent_result, args=(result,))
+    first.start()
+    time.sleep(0.03)
+    reader.open_run(r2)
+    first.join()
+    cp = reader.get_checkpoint()
+    assert cp is not None and cp.run_id == r2 and agent not in cp.agent_results
+    assert cp == fresh(reader)
+    reader.close()

@@ -172,17 +172,21 @@ local function touch(version, now, fields)
 end
 
 -- Replace agent `aid`'s findings in the run's finding list (contract §5, findings): in place
--- when the agent already reported some, at the end when it reports its first. Segments
--- "<aid>#2", "<aid>#3", ... left by save_checkpoint for the same agent are dropped (an agent
--- with such segments always has its own segment too, so a new segment has none).
+-- when the agent already has some there, at the end when it has none. Reporting no findings
+-- removes the agent's segment (decided: the stored list is then exactly what get_checkpoint()
+-- shows, so saving that changes nothing). Segments "<aid>#2", "<aid>#3", ... left by
+-- save_checkpoint for the same agent are dropped too (an agent with such segments always has
+-- its own segment, so a new segment has none).
 local function set_agent_findings(aid, blob)
   if blob == EMPTY_LIST then
-    if redis.call('HEXISTS', K_FINDINGS, aid) == 0 then return end
+    if redis.call('HDEL', K_FINDINGS, aid) == 0 then return end
+    redis.call('LREM', K_FINDINGS_ORDER, 1, aid)
   elseif redis.call('HSETNX', K_FINDINGS, aid, blob) == 1 then
     redis.call('RPUSH', K_FINDINGS_ORDER, aid)
     return
+  else
+    redis.call('HSET', K_FINDINGS, aid, blob)
   end
-  redis.call('HSET', K_FINDINGS, aid, blob)
   local k = 2
   while redis.call('HDEL', K_FINDINGS, aid .. '#' .. k) == 1 do
     redis.call('LREM', K_FINDINGS_ORDER, 1, aid .. '#' .. k)
