@@ -254,6 +254,8 @@ class RedisCheckpointBackend:
         self._listener = ChangeListener.for_client(client) if watch else None
         self._channel: bytes | None = None
         self._state_channel: bytes | None = None  # the channel of the run _state holds
+        self._buffer: list[bytes] | None = None  # notices that arrive while binding
+        self._bind_lock = threading.Lock()  # one init_run/open_run at a time
         self._synced = 0  # the listener confirmation our state was loaded after
         self._run_id: uuid.UUID | None = None
         self._keys: RunKeys | None = None
@@ -337,9 +339,7 @@ class RedisCheckpointBackend:
     def close(self) -> None:
         """Unbind the run, stop watching it; close the client if :meth:`from_url` made it."""
         with self._lock:
-            self._unwatch()
-            self._run_id = self._keys = self._state = None
-            self._key_list = []
+            self._abort_binding()
             if self._owns_client:
                 self._client.close()
 
@@ -352,15 +352,47 @@ class RedisCheckpointBackend:
     def __repr__(self) -> str:
         return f"<RedisCheckpointBackend prefix={self._prefix!r} run={self._run_id}>"
 
-    def _watch(self, keys: RunKeys) -> int:
-        """Subscribe to ``keys``'s change notices; the confirmation count (0 if unconfirmed)."""
+    def _start_binding(self, keys: RunKeys) -> bytes | None:
+        """Unbind, subscribe to ``keys``'s change channel and buffer its notices until
+        :meth:`_finish_binding` (called with the lock held); the channel, or None."""
         self._unwatch()
+        self._run_id = self._keys = self._state = self._state_channel = None
+        self._key_list = []
         if self._listener is None:
-            return 0
+            return None
         channel = keys.changes.encode()
         self._channel = channel
+        self._buffer = []
         self._listener.watch(channel, self)
+        return channel
+
+    def _wait_subscribed(self, channel: bytes | None) -> int:
+        """Wait (without the lock) for the subscription; its confirmation count, or 0."""
+        if channel is None or self._listener is None:
+            return 0
         return self._listener.wait_confirmed(channel, SUBSCRIBE_TIMEOUT)
+
+    def _finish_binding(self, run_id: uuid.UUID, keys: RunKeys, state: RunState,
+                        synced: int) -> None:  # fmt: skip
+        """Bind the loaded state, then apply the notices that arrived meanwhile (with the lock
+        held)."""
+        buffered, self._buffer = self._buffer or [], None
+        self._bind(run_id, keys, state, synced)
+        for payload in buffered:
+            self._handle_notice(payload)
+        listener, channel = self._listener, self._channel
+        if listener is not None and channel is not None:
+            confirmation = listener.confirmation(channel)
+            if confirmation > synced:  # subscribed only after the load: changes may be missing
+                self._resync()
+                self._synced = confirmation
+                self._emit()
+
+    def _abort_binding(self) -> None:
+        self._buffer = None
+        self._unwatch()
+        self._run_id = self._keys = self._state = self._state_channel = None
+        self._key_list = []
 
     def _unwatch(self) -> None:
         if self._listener is not None and self._channel is not None:
@@ -487,34 +519,42 @@ class RedisCheckpointBackend:
                     return
             except ValueError:
                 pass
-        # otherwise (a new version, or the backend being bound right now): under the lock,
-        # which open_run/init_run hold until the run's state is in place
         with self._lock:
-            state = self._state
-            if state is None or channel != self._channel or channel != self._state_channel:
+            if channel != self._channel:
                 return
-            try:
-                parts = parse_notice(payload)
-                version, now, op = int(parts[0]), int(parts[1]), parts[2]
-            except (ValueError, IndexError):
-                logger.warning("run %s: unreadable change notice, reloading", self._run_id)
-                self._resync()
-                self._emit()
+            if self._buffer is not None:  # the run is being loaded: applied once it is bound
+                self._buffer.append(payload)
                 return
-            if version <= state.version:
+            if self._state is None or channel != self._state_channel:
                 return
-            if version == state.version + 1:
-                try:
-                    applied = self._apply_notice(state, op, parts[3:], now, version)
-                except (LuftRedisError, ValueError, IndexError):
-                    logger.warning("run %s: change notice not applicable, reloading",
-                                   self._run_id, exc_info=True)  # fmt: skip
-                    applied = False
-                if not applied:
-                    self._resync()
-            else:
-                self._resync()
+            self._handle_notice(payload)
+
+    def _handle_notice(self, payload: bytes) -> None:
+        """Apply one notice of the bound run (with the lock held)."""
+        state = self._state
+        assert state is not None
+        try:
+            parts = parse_notice(payload)
+            version, now, op = int(parts[0]), int(parts[1]), parts[2]
+        except (ValueError, IndexError):
+            logger.warning("run %s: unreadable change notice, reloading", self._run_id)
+            self._resync()
             self._emit()
+            return
+        if version <= state.version:
+            return
+        if version == state.version + 1:
+            try:
+                applied = self._apply_notice(state, op, parts[3:], now, version)
+            except (LuftRedisError, ValueError, IndexError):
+                logger.warning("run %s: change notice not applicable, reloading",
+                               self._run_id, exc_info=True)  # fmt: skip
+                applied = False
+            if not applied:
+                self._resync()
+        else:
+            self._resync()
+        self._emit()
 
     def _resync(self) -> None:
         """Reload after a missed notice; when that fails, report the cache as not fresh until
@@ -553,8 +593,8 @@ class RedisCheckpointBackend:
 
     def _on_subscribed(self, channel: bytes, confirmation: int) -> None:
         with self._lock:
-            if channel != self._channel or self._state is None:
-                return
+            if channel != self._channel or self._buffer is not None or self._state is None:
+                return  # (while binding, _finish_binding compares the confirmation itself)
             if confirmation > self._synced:
                 # notices may have been missed before this subscription: load the run again
                 try:
@@ -618,41 +658,48 @@ class RedisCheckpointBackend:
         meta = t.freeze_json(meta, "workflow_meta") if with_meta else None
         blob = None if meta is None else self._limit(codec.encode_json(meta), "workflow_meta")
         keys = run_keys(self._prefix, rid)
-        with self._lock:
-            synced = self._watch(keys)
-            try:
-                reply = self._write(
-                    self._scripts.init_run,
-                    (str(rid), task, run_dir, _opt(blob), SCHEMA_VERSION),
-                    keys=list(keys),
-                )
-            except BaseException:
-                self._unwatch()
-                self._run_id = self._keys = self._state = None
-                raise
-            state = RunState(rid, task, run_dir, meta, int(reply[1]), int(reply[0]))
-            self._bind(rid, keys, state, synced)
+        with self._bind_lock:
+            with self._lock:
+                channel = self._start_binding(keys)
+            synced = self._wait_subscribed(channel)
+            with self._lock:
+                try:
+                    reply = self._write(
+                        self._scripts.init_run,
+                        (str(rid), task, run_dir, _opt(blob), SCHEMA_VERSION),
+                        keys=list(keys),
+                    )
+                except BaseException:
+                    self._abort_binding()
+                    raise
+                state = RunState(rid, task, run_dir, meta, int(reply[1]), int(reply[0]))
+                self._finish_binding(rid, keys, state, synced)
         self._check_durable()
 
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist."""
         rid = _check_uuid(run_id, "run_id")
         keys = run_keys(self._prefix, rid)
-        with self._lock:
-            synced = self._watch(keys)
+        with self._bind_lock:
+            with self._lock:
+                channel = self._start_binding(keys)
             try:
+                # without the backend's lock: the listener, shared by every backend on the
+                # client, must not wait for this load (notices meanwhile are buffered)
+                synced = self._wait_subscribed(channel)
                 reply = self._call(self._scripts.load, (), keys=list(keys))
-                if reply == 0 or reply is None:
-                    self._unwatch()
-                    self._run_id = self._keys = self._state = None
-                    return None
-                state = RunState.from_load(rid, keys, reply)
+                state = None if reply == 0 or reply is None else RunState.from_load(
+                    rid, keys, reply)  # fmt: skip
             except BaseException:
-                self._unwatch()
-                self._run_id = self._keys = self._state = None
+                with self._lock:
+                    self._abort_binding()
                 raise
-            self._bind(rid, keys, state, synced)
-            return state.snapshot
+            with self._lock:
+                if state is None:
+                    self._abort_binding()
+                    return None
+                self._finish_binding(rid, keys, state, synced)
+                return state.snapshot
 
     def list_runs(self) -> list[uuid.UUID]:
         """The ids of every run stored under this prefix (SCAN of the keyspace), sorted."""

@@ -299,3 +299,42 @@ def test_rebinding_during_a_write_does_not_mix_runs() -> None:
     assert cp is not None and cp.run_id == r2 and agent not in cp.agent_results
     assert cp == fresh(reader)
     reader.close()
+
+
+def test_a_slow_open_run_does_not_hold_up_other_backends_on_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The listener is shared by every backend on a client: while one backend loads a big run,
+    the others keep receiving their notices (fakeredis; the load is slowed by a hook)."""
+    import luft_redis.cache as cache_mod
+
+    server = fakeredis.FakeServer()
+    shared, other_client = fakeredis.FakeRedis(server=server), fakeredis.FakeRedis(server=server)
+    writer = RedisCheckpointBackend(other_client)
+    r1, r2 = uuid.uuid4(), uuid.uuid4()
+    writer.init_run(r2, "big", "/d")
+    writer.init_run(r1, "small", "/d")
+    watcher, loader = RedisCheckpointBackend(shared), RedisCheckpointBackend(shared)
+    watcher.open_run(r1)
+    load = cache_mod.RunState.from_load.__func__  # type: ignore[attr-defined]
+    loading = threading.Event()
+
+    def slow_load(cls: Any, *args: Any) -> Any:
+        loading.set()
+        time.sleep(1.0)
+        return load(cls, *args)
+
+    monkeypatch.setattr(cache_mod.RunState, "from_load", classmethod(slow_load))
+    opener = threading.Thread(target=loader.open_run, args=(r2,))
+    opener.start()
+    assert loading.wait(BOUND)
+    start = time.monotonic()
+    writer.append_event(Log(run_id=r1, level=LogLevel.INFO, msg="while the other loads"))
+    assert watcher.wait_for_change(1, timeout=BOUND)
+    took = time.monotonic() - start
+    opener.join()
+    monkeypatch.undo()
+    assert took < 0.5, f"the watcher waited {took:.2f}s for the other backend's load"
+    assert loader.get_checkpoint() is not None and loader.get_checkpoint().task == "big"  # type: ignore[union-attr]
+    for backend in (writer, watcher, loader):
+        backend.close()
