@@ -37,6 +37,7 @@ local function main()
   local run_changed = {}
   local started, started_len = {}, nil
   local results, phases = {}, {}
+  local findings_touched = false
 
   local function started_entry(aid)
     local entry = started[aid]
@@ -130,6 +131,7 @@ local function main()
         fields[#fields + 1] = findings
         new_findings = findings
         entry.findings = true
+        findings_touched = true
       end
       total = u64_add(total, tokens, 'total_tokens')
       run_changed.total_tokens = true
@@ -193,6 +195,7 @@ local function main()
     end
   end
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
+  if findings_touched then check_findings_keys() end
 
   -- 2. writes
   local reply = {'0', now, status, current_phase, total}

@@ -39,6 +39,7 @@ local function main()
     end
   end
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
+  check_findings_keys()
   local now = now_seconds()
 
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end

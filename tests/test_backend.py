@@ -921,3 +921,26 @@ def test_saving_the_checkpoint_keeps_later_finding_positions(
     bound.upsert_agent_result(result(a, findings=(finding("a2"),)))
     assert bound.get_findings() == (finding("b1"), finding("a2"))
     assert fresh(bound).findings == bound.get_findings()
+
+
+def test_a_key_of_the_wrong_type_stops_a_write_before_it_writes(
+    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    keys = run_keys("luft", run_id)
+    bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="before"))
+    before = fresh(bound)
+    for key in (keys.findings, keys.findings_order):
+        redis_client.delete(key)
+        redis_client.set(key, "not a hash or list")
+        with pytest.raises(CorruptDataError) as info:
+            bound.append_event(done(run_id, uuid.uuid4(), findings=(finding("f"),)))
+        assert info.value.key == key
+        with pytest.raises(CorruptDataError):
+            bound.upsert_agent_result(result(uuid.uuid4(), findings=(finding("g"),)))
+        with pytest.raises(CorruptDataError) as info:
+            fresh(bound)
+        assert info.value.key == key and "type" in info.value.field
+        redis_client.delete(key)
+        assert len(bound.get_event_log()) == 1 and fresh(bound) == before
+    bound.append_event(done(run_id, uuid.uuid4(), findings=(finding("f"),)))
+    assert bound.get_findings() == (finding("f"),)

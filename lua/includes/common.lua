@@ -171,6 +171,23 @@ local function touch(version, now, fields)
   return new_version
 end
 
+-- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
+-- called in the check phase for keys a script writes without reading them first, so a key of
+-- the wrong type never stops a script half way.
+local function check_type(key, kind)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= kind then
+    fail('CORRUPT', key .. ' type is ' .. tostring(found) .. ', not a ' .. kind)
+  end
+end
+
+-- The finding list's keys are written after other writes: check them first.
+local function check_findings_keys()
+  check_type(K_FINDINGS, 'hash')
+  check_type(K_FINDINGS_ORDER, 'list')
+end
+
 -- Replace agent `aid`'s findings in the run's finding list (contract §5, findings): in place
 -- when the agent already has some there, at the end when it has none. Reporting no findings
 -- removes the agent's segment (decided: the stored list is then exactly what get_checkpoint()
