@@ -43,7 +43,7 @@ pytestmark = pytest.mark.server
 #: The commands of the least-privilege user, exactly as in docs/security.md.
 ACL_COMMANDS = (
     "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset "
-    "+hsetnx +hdel +hexists +hlen +del +exists +type +llen +lrange +lrem +rpush +xadd "
+    "+hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
     "+spublish +ssubscribe +sunsubscribe"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
