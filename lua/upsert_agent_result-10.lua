@@ -29,15 +29,7 @@ local function main()
     p .. 'completed_at', arg_uint(ARGS[5], 'completed_at'),
   }
   local drop = {}
-  for i, name in ipairs(OPTIONAL) do
-    local value = opt(ARGS[5 + i], name)
-    if value then
-      fields[#fields + 1] = p .. name
-      fields[#fields + 1] = value
-    else
-      drop[#drop + 1] = p .. name
-    end
-  end
+  optional_fields(fields, drop, p, OPTIONAL, 6)
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
   check_findings_keys()
   local now = now_seconds()

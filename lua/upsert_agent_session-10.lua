@@ -23,15 +23,7 @@ local function main()
     p .. 'updated_at', arg_uint(ARGS[6], 'updated_at'), p .. 'resumable', ARGS[7],
   }
   local drop = {}
-  for i, name in ipairs({'backend_id', 'protocol_session_id'}) do
-    local value = opt(ARGS[1 + i], name)
-    if value then
-      fields[#fields + 1] = p .. name
-      fields[#fields + 1] = value
-    else
-      drop[#drop + 1] = p .. name
-    end
-  end
+  optional_fields(fields, drop, p, {'backend_id', 'protocol_session_id'}, 2)
   local now = now_seconds()
 
   if #drop > 0 then redis.call('HDEL', K_SESSIONS, unpack(drop)) end

@@ -70,6 +70,21 @@ local function arg_uint(value, name)
   return value
 end
 
+-- For each name, the optional argument ARGS[first + i - 1]: when present, append
+-- `prefix .. name` and its value to `fields`; when null, append `prefix .. name` to `drop`
+-- (the field to delete, so an upsert replaces the whole entity).
+local function optional_fields(fields, drop, prefix, names, first)
+  for i, name in ipairs(names) do
+    local value = opt(ARGS[first + i - 1], name)
+    if value then
+      fields[#fields + 1] = prefix .. name
+      fields[#fields + 1] = value
+    else
+      drop[#drop + 1] = prefix .. name
+    end
+  end
+end
+
 -- Exact addition of two u64 decimal strings; fails with LUFT_OVERFLOW past 2^64-1.
 local function u64_add(a, b, what)
   if #a < 15 and #b < 15 then
