@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+# A private generator for the jitter: the global `random` state belongs to the application (and
+# to test tools such as hypothesis, which watch it).
+_rng = random.Random()
+
 _TRANSIENT_PREFIXES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY ")
 
 
@@ -89,15 +93,18 @@ class RetryPolicy:
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.max_attempts - 1)
             | tenacity.stop_after_delay(self.deadline),
-            wait=tenacity.wait_random_exponential(
-                multiplier=self.initial_delay, max=self.max_delay
-            ),
+            wait=self._wait,
             retry=tenacity.retry_if_exception(is_transient),
             before_sleep=_log_retry,
             reraise=True,
         )
-        time.sleep(random.uniform(0, self.initial_delay))
+        time.sleep(_rng.uniform(0, self.initial_delay))
         return retrying(fn)
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        """Full jitter: uniform in [0, min(max_delay, initial_delay * 2^attempt)]."""
+        cap = min(self.max_delay, self.initial_delay * 2 ** min(state.attempt_number, 30))
+        return _rng.uniform(0, cap)
 
 
 def _log_retry(state: tenacity.RetryCallState) -> None:
