@@ -511,7 +511,7 @@ class RedisCheckpointBackend:
 
     def _on_notice(self, channel: bytes, payload: bytes) -> None:
         state = self._state
-        if state is not None and channel == self._state_channel:
+        if state is not None and channel == self._state_channel and not payload.endswith(b"1:d"):
             head = payload[: payload.find(b":") + 21]
             try:  # our own writes come back too: skip them without taking the lock
                 length, _, rest = head.partition(b":")
@@ -539,6 +539,11 @@ class RedisCheckpointBackend:
         except (ValueError, IndexError):
             logger.warning("run %s: unreadable change notice, reloading", self._run_id)
             self._resync()
+            self._emit()
+            return
+        if op == b"d":  # the run was deleted: nothing left to load
+            logger.warning("run %s was deleted; the cache is no longer fresh", self._run_id)
+            self._synced = -1
             self._emit()
             return
         if version <= state.version:
@@ -700,6 +705,24 @@ class RedisCheckpointBackend:
                     return None
                 self._finish_binding(rid, keys, state, synced)
                 return state.snapshot
+
+    def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
+        """Delete a run (default: the bound one) with its event log; True if it existed.
+
+        Every key of the run goes in one atomic step. Backends watching it are told: their
+        caches stop being fresh, and their writes raise :class:`RunNotFoundError` (a run is
+        never brought back by a late write; ``init_run`` makes a new one). This backend is
+        unbound if it was bound to that run.
+        """
+        rid = self._run_id if run_id is None else _check_uuid(run_id, "run_id")
+        if rid is None:
+            raise RunNotBoundError("delete_run")
+        keys = run_keys(self._prefix, rid)
+        with self._lock:
+            existed = self._call(self._scripts.delete_run, (), keys=list(keys))
+            if rid == self._run_id:
+                self._abort_binding()
+        return bool(int(existed))
 
     def list_runs(self) -> list[uuid.UUID]:
         """The ids of every run stored under this prefix (SCAN of the keyspace), sorted."""

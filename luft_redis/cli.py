@@ -6,6 +6,7 @@ Subcommands::
     luft-redis runs   [--redis URL] [--prefix P]     every stored run, one line each
     luft-redis show   RUN_ID [--events N] ...        a run's checkpoint and its last events
     luft-redis cancel RUN_ID ...                     cancel a running run
+    luft-redis delete RUN_ID ...                     delete a run and its event log
     luft-redis demo   ...                            the demo (luft_redis.demo), if installed
 
 ``--redis`` defaults to env ``LUFT_REDIS_URL``, else ``redis://127.0.0.1:6379/0``;
@@ -346,6 +347,18 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------- delete
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    run_id: uuid.UUID = args.run_id
+    with _backend(args) as backend:
+        if not backend.delete_run(run_id):
+            raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+        print(f"run {run_id}: deleted, with its event log")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- demo
 
 
@@ -429,6 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("run_id", metavar="RUN_ID", type=_run_id)
     _add_connection(cancel, prefix=True)
     cancel.set_defaults(handler=_cmd_cancel)
+
+    delete = sub.add_parser("delete", help="delete a run and its event log")
+    delete.add_argument("run_id", metavar="RUN_ID", type=_run_id)
+    _add_connection(delete, prefix=True)
+    delete.set_defaults(handler=_cmd_delete)
 
     sub.add_parser("demo", help="run the demo (arguments go to luft_redis.demo)", add_help=False)
     return parser

@@ -38,6 +38,7 @@ SCRIPT_NAMES = (
     "reset_status_to_running",
     "save_checkpoint",
     "load",
+    "delete_run",
 )
 """Every script the backend uses, by operation name."""
 

@@ -16,6 +16,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+import luft_redis.errors as luft_redis_errors
 from luft_redis import (
     AgentDone,
     AgentResultCache,
@@ -338,3 +339,28 @@ def test_a_slow_open_run_does_not_hold_up_other_backends_on_the_client(
     assert loader.get_checkpoint() is not None and loader.get_checkpoint().task == "big"  # type: ignore[union-attr]
     for backend in (writer, watcher, loader):
         backend.close()
+
+
+def test_delete_run(
+    redis_client: Client, pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend]
+) -> None:
+    from luft_redis import RunNotFoundError
+
+    operator, worker = pair
+    run_id = operator.run_id
+    assert run_id is not None
+    operator.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
+    other = uuid.uuid4()
+    RedisCheckpointBackend(redis_client, watch=False).init_run(other, "kept", "/d")
+    assert operator.delete_run() is True
+    assert operator.get_checkpoint() is None and operator.run_id is None
+    assert operator.list_runs() == [other]
+    left = [k for k in redis_client.scan_iter(match=f"*{run_id}*", count=1000)]
+    assert left == []
+    assert eventually(lambda: not worker.cache_is_fresh)
+    with pytest.raises(RunNotFoundError):
+        worker.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="late"))
+    assert list(redis_client.scan_iter(match=f"*{run_id}*", count=1000)) == []
+    assert operator.delete_run(run_id) is False
+    with pytest.raises(luft_redis_errors.RunNotBoundError):
+        operator.delete_run()

@@ -468,3 +468,16 @@ def test_python_dash_m_runs_the_cli() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "doctor" in result.stdout
+
+
+@pytest.mark.server
+def test_cli_delete(
+    redis_url: str, stored_run: uuid.UUID, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["delete", str(stored_run), "--redis", redis_url]) == 0
+    assert capsys.readouterr().out.strip() == f"run {stored_run}: deleted, with its event log"
+    with RedisCheckpointBackend.from_url(redis_url) as backend:
+        assert backend.open_run(stored_run) is None
+        assert stored_run not in backend.list_runs()
+    assert cli.main(["delete", str(stored_run), "--redis", redis_url]) == 1
+    assert "not found" in capsys.readouterr().err
