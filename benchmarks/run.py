@@ -53,7 +53,7 @@ from luft_redis import (
 )
 from luft_redis.keys import run_keys
 from luft_redis.scripts import script_source
-from luft_redis.server import LocalRedisServer, find_redis_server
+from luft_redis.tools.server import LocalRedisServer, find_redis_server
 
 PREFIX = "bench"
 BATCH = "append_events"  # the batch API, looked up by name: older versions lack it

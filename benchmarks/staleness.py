@@ -49,7 +49,7 @@ from luft_redis import (
     RunCheckpoint,
     TokenUsage,
 )
-from luft_redis.server import LocalRedisServer, find_redis_server
+from luft_redis.tools.server import LocalRedisServer, find_redis_server
 
 NS_PER_MS = 1_000_000
 TARGET_P99_MS = 20.0

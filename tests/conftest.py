@@ -63,7 +63,7 @@ from redis.cluster import RedisCluster
 
 import luft_redis
 from luft_redis import RedisCheckpointBackend
-from luft_redis.server import (
+from luft_redis.tools.server import (
     LocalRedisCluster,
     LocalRedisServer,
     find_redis_cli,

@@ -42,7 +42,7 @@ from luft_redis import (
 from luft_redis import types as t
 from luft_redis.retry import RetryPolicy
 from luft_redis.scripts import script_source
-from luft_redis.server import LOOPBACK, LocalRedisServer
+from luft_redis.tools.server import LOOPBACK, LocalRedisServer
 
 _WORKER_RUN_NAME = "__luft_redis_crash_writer__"
 

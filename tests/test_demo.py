@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from luft_redis import demo
-from luft_redis.server import find_redis_server
+from luft_redis.tools import demo
+from luft_redis.tools.server import find_redis_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,7 +72,7 @@ def test_demo_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_unreachable_redis(capsys: pytest.CaptureFixture[str]) -> None:
-    from luft_redis.server import find_free_port
+    from luft_redis.tools.server import find_free_port
 
     code = demo.main(["--fast", "--redis", f"redis://127.0.0.1:{find_free_port()}/0"])
     assert code == 1

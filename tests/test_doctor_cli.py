@@ -1,4 +1,4 @@
-"""``luft_redis.doctor`` and the ``luft-redis`` command line tool (``luft_redis.cli``).
+"""``luft_redis.tools.doctor`` and the ``luft-redis`` command (``luft_redis.tools.cli``).
 
 The doctor runs against private redis-servers configured safely and unsafely, against a
 cluster, against fakeredis (which knows neither INFO nor CONFIG) and against a closed port.
@@ -32,11 +32,11 @@ from luft_redis import (
     RunStatus,
     Severity,
     TokenUsage,
-    cli,
 )
-from luft_redis.doctor import LEVELS, Check, ServerReport, check_server
 from luft_redis.errors import ConnectionError as LuftConnectionError
-from luft_redis.server import LocalRedisCluster, LocalRedisServer, find_free_port
+from luft_redis.tools import cli
+from luft_redis.tools.doctor import LEVELS, Check, ServerReport, check_server
+from luft_redis.tools.server import LocalRedisCluster, LocalRedisServer, find_free_port
 
 
 def _levels(report: ServerReport) -> dict[str, str]:
@@ -434,9 +434,9 @@ def test_cli_demo_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
         seen.append(argv)
         return 7
 
-    module = types.ModuleType("luft_redis.demo")
+    module = types.ModuleType("luft_redis.tools.demo")
     module.main = fake_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "luft_redis.demo", module)
+    monkeypatch.setitem(sys.modules, "luft_redis.tools.demo", module)
     assert cli.main(["demo", "--workers", "3", "--help", "x"]) == 7
     assert seen == [["--workers", "3", "--help", "x"]]
 
@@ -444,7 +444,7 @@ def test_cli_demo_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_cli_demo_not_available(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "luft_redis.demo", None)  # import fails
+    monkeypatch.setitem(sys.modules, "luft_redis.tools.demo", None)  # import fails
     assert cli.main(["demo", "--anything"]) == 2
     assert "demo not available" in capsys.readouterr().err
 

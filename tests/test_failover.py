@@ -23,7 +23,7 @@ import redis
 from luft_redis import Durability, Log, LogLevel, NotDurableError, RedisCheckpointBackend
 from luft_redis.errors import LuftRedisError
 from luft_redis.retry import RetryPolicy
-from luft_redis.server import LocalRedisServer, find_free_port, find_redis_server
+from luft_redis.tools.server import LocalRedisServer, find_free_port, find_redis_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

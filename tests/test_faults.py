@@ -57,7 +57,7 @@ from luft_redis import errors as luft_errors
 from luft_redis import types as t
 from luft_redis.listener import ChangeListener
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
-from luft_redis.server import LOOPBACK, LocalRedisServer
+from luft_redis.tools.server import LOOPBACK, LocalRedisServer
 
 pytestmark = pytest.mark.server
 

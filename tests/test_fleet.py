@@ -54,7 +54,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis.listener import ChangeListener
-from luft_redis.server import LOOPBACK, LocalRedisServer, find_free_port
+from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 
 _CHILD_RUN_NAME = "_luft_fleet_child"
 NAMESPACE = uuid.UUID("6c7a1d3e-0000-4000-8000-000000000001")

@@ -32,11 +32,11 @@ from luft_redis import (
     RunStatus,
     Severity,
     TokenUsage,
-    cli,
 )
-from luft_redis.doctor import check_server
 from luft_redis.scripts import SCRIPT_NAMES, script_source
-from luft_redis.server import LocalRedisServer, find_free_port
+from luft_redis.tools import cli
+from luft_redis.tools.doctor import check_server
+from luft_redis.tools.server import LocalRedisServer, find_free_port
 
 pytestmark = pytest.mark.server
 

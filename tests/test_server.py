@@ -1,4 +1,4 @@
-"""Tests of luft_redis.server (local redis-server / cluster machinery) and the fixtures."""
+"""Tests of luft_redis.tools.server (local redis-server / cluster machinery) and the fixtures."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import redis
 from redis.cluster import RedisCluster
 
 import luft_redis
-import luft_redis.server as server_mod
-from luft_redis.server import (
+import luft_redis.tools.server as server_mod
+from luft_redis.tools.server import (
     LocalRedisCluster,
     LocalRedisServer,
     find_free_port,

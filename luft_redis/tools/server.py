@@ -11,7 +11,7 @@ at the latest (an :mod:`atexit` safety net).
 
 Example::
 
-    from luft_redis.server import LocalRedisServer
+    from luft_redis.tools.server import LocalRedisServer
 
     with LocalRedisServer(appendonly=True) as server:
         client = redis.Redis.from_url(server.url)

@@ -7,7 +7,7 @@ Subcommands::
     luft-redis show   RUN_ID [--events N] ...        a run's checkpoint and its last events
     luft-redis cancel RUN_ID ...                     cancel a running run
     luft-redis delete RUN_ID ...                     delete a run and its event log
-    luft-redis demo   ...                            the demo (luft_redis.demo), if installed
+    luft-redis demo   ...                            the demo (luft_redis.tools.demo), if installed
 
 ``--redis`` defaults to env ``LUFT_REDIS_URL``, else ``redis://127.0.0.1:6379/0``;
 ``--cluster`` talks to a Redis Cluster, ``--tls-ca-cert`` trusts a CA for ``rediss://``.
@@ -38,14 +38,14 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import codec
-from . import types as t
-from .backend import RedisCheckpointBackend
+from .. import codec
+from .. import types as t
+from ..backend import RedisCheckpointBackend
+from ..errors import ConnectionError, CorruptDataError, LuftRedisError
+from ..keys import DEFAULT_PREFIX, run_keys
+from ..retry import NO_RETRY
+from ..scripts import translate_error
 from .doctor import ServerReport, check_server
-from .errors import ConnectionError, CorruptDataError, LuftRedisError
-from .keys import DEFAULT_PREFIX, run_keys
-from .retry import NO_RETRY
-from .scripts import translate_error
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "main"]
 
@@ -363,11 +363,11 @@ def _cmd_delete(args: argparse.Namespace) -> int:
 
 
 def _run_demo(argv: list[str]) -> int:
-    """Forward ``argv`` to ``luft_redis.demo.main`` (imported only now)."""
+    """Forward ``argv`` to ``luft_redis.tools.demo.main`` (imported only now)."""
     try:
-        demo = importlib.import_module("luft_redis.demo")
+        demo = importlib.import_module("luft_redis.tools.demo")
     except ModuleNotFoundError as exc:
-        detail = "" if exc.name == "luft_redis.demo" else f": missing module {exc.name}"
+        detail = "" if exc.name == "luft_redis.tools.demo" else f": missing module {exc.name}"
         print(f"demo not available{detail}", file=sys.stderr)
         return EXIT_UNREACHABLE
     demo_main: Callable[[list[str] | None], int | None] = demo.main
@@ -448,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection(delete, prefix=True)
     delete.set_defaults(handler=_cmd_delete)
 
-    sub.add_parser("demo", help="run the demo (arguments go to luft_redis.demo)", add_help=False)
+    sub.add_parser(
+        "demo", help="run the demo (arguments go to luft_redis.tools.demo)", add_help=False
+    )
     return parser
 
 

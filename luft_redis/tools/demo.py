@@ -48,11 +48,10 @@ from typing import Any, TextIO
 
 import redis
 
-from .backend import RedisCheckpointBackend
-from .keys import run_keys
-from .listener import POLL_SECONDS as LISTENER_POLL_SECONDS
-from .server import LocalRedisServer, find_free_port, find_redis_server
-from .types import (
+from ..backend import RedisCheckpointBackend
+from ..keys import run_keys
+from ..listener import POLL_SECONDS as LISTENER_POLL_SECONDS
+from ..types import (
     AgentDone,
     AgentEvent,
     AgentProgress,
@@ -74,6 +73,7 @@ from .types import (
     Severity,
     TokenUsage,
 )
+from .server import LocalRedisServer, find_free_port, find_redis_server
 
 __all__ = ["FAKEREDIS_ENV", "PREFIX", "DemoError", "main"]
 

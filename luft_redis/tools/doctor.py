@@ -40,7 +40,7 @@ import redis
 import redis.cluster
 import redis.exceptions
 
-from . import errors
+from .. import errors
 
 __all__ = ["LEVELS", "MIN_REDIS_VERSION", "Check", "Level", "ServerReport", "check_server"]
 
