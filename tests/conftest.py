@@ -13,6 +13,11 @@ storage test can run against:
   (fixture ``redis_cluster``), FLUSHALL on every master before each test;
   marked ``cluster``.
 
+Failover tests use ``redis_cluster_replicas`` instead: 3 primaries with one replica each,
+started once per session on first use. It is not a target, and it is not reset between
+tests: a test may fail over, so look the roles up (``primary_for_slot``, ``replicas_of``)
+instead of assuming them. Every test that uses it is marked ``cluster``.
+
 Servers start lazily: a run that only uses ``fakeredis`` never starts one.
 
 Using the targets in a test file (nothing to import from here; declare the
@@ -78,6 +83,9 @@ TARGETS: Final = ("fakeredis", "redis", "cluster")
 
 _TARGET_MARKS: Final = {"redis": "server", "cluster": "cluster"}
 
+#: Fixtures that need a marker on every test that uses them.
+_FIXTURE_MARKS: Final = {"redis_cluster_replicas": "cluster"}
+
 TARGET_PARAMS: Final = [
     pytest.param("fakeredis", id="fakeredis"),
     pytest.param("redis", id="redis", marks=pytest.mark.server),
@@ -113,15 +121,19 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Add the ``server``/``cluster`` marker to every item whose target needs it."""
+    """Add the ``server``/``cluster`` marker to every item whose target or fixture needs it."""
     for item in items:
+        markers: list[str] = []
         callspec = getattr(item, "callspec", None)
-        if callspec is None:
-            continue
-        target = callspec.params.get("redis_target")
-        marker = _TARGET_MARKS.get(target) if isinstance(target, str) else None
-        if marker is not None and item.get_closest_marker(marker) is None:
-            item.add_marker(getattr(pytest.mark, marker))
+        if callspec is not None:
+            target = callspec.params.get("redis_target")
+            if isinstance(target, str) and target in _TARGET_MARKS:
+                markers.append(_TARGET_MARKS[target])
+        fixturenames: list[str] = getattr(item, "fixturenames", [])
+        markers.extend(_FIXTURE_MARKS[name] for name in fixturenames if name in _FIXTURE_MARKS)
+        for marker in markers:
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 # ---------------------------------------------------------------- servers
@@ -154,6 +166,22 @@ def redis_cluster(redis_server_binary: str) -> Iterator[LocalRedisCluster]:
     if find_redis_cli(redis_server_binary) is None:
         _missing("redis-cli")
     cluster = LocalRedisCluster(3, binary=redis_server_binary)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_replicas(redis_server_binary: str) -> Iterator[LocalRedisCluster]:
+    """A private Redis Cluster of 3 primaries with 1 replica each, for the whole session
+    (started on first use, every replica's link up). Tests may fail over and leave it so:
+    look the roles up with ``primary_for_slot``/``replicas_of``, and call ``wait_ready()``
+    after a failover. Its tests are marked ``cluster`` (``pytest_collection_modifyitems``)."""
+    if find_redis_cli(redis_server_binary) is None:
+        _missing("redis-cli")
+    cluster = LocalRedisCluster(3, replicas=1, binary=redis_server_binary)
     cluster.start()
     try:
         yield cluster

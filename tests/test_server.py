@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 import luft_redis
 import luft_redis.tools.server as server_mod
@@ -163,6 +165,66 @@ def test_cluster_covers_all_slots_and_runs_scripts(redis_cluster: LocalRedisClus
         assert script(keys=keys, args=[b"a", b"b"]) == [b"a", b"b"]
         redis_cluster.flushall()
         assert client.get(keys[0]) is None
+    finally:
+        client.close()
+
+
+def _wait_until_primary(
+    cluster: LocalRedisCluster, slot: int, node: LocalRedisServer, timeout: float = 30.0
+) -> None:
+    """Wait (bounded) until *node* serves *slot* as a primary."""
+    deadline = time.monotonic() + timeout
+    while cluster.primary_for_slot(slot) is not node:
+        assert time.monotonic() < deadline, f"{node!r} not primary of slot {slot} in {timeout}s"
+        time.sleep(0.05)
+
+
+def _fail_over_to(cluster: LocalRedisCluster, replica: LocalRedisServer, slot: int) -> None:
+    """CLUSTER FAILOVER on *replica*; wait until it serves *slot* and its old primary follows it."""
+    with redis.Redis(host=replica.host, port=replica.port) as conn:
+        conn.execute_command("CLUSTER", "FAILOVER")
+    _wait_until_primary(cluster, slot, replica)
+    cluster.wait_ready(timeout=30)
+
+
+def test_cluster_replicas_are_up_and_failover_promotes_one(
+    redis_cluster_replicas: LocalRedisCluster,
+) -> None:
+    cluster = redis_cluster_replicas
+    assert len(cluster.nodes) == 6
+    assert all(node.host == "127.0.0.1" for node in cluster.nodes)
+    primaries = cluster.primaries()
+    assert len(primaries) == 3
+    assert {cluster.primary_for_slot(slot) for slot in (0, 8191, 16383)} == set(primaries)
+    for primary in primaries:
+        replicas = cluster.replicas_of(primary)
+        assert len(replicas) == 1 and replicas[0] not in primaries
+        with redis.Redis(host=replicas[0].host, port=replicas[0].port) as conn:
+            info = conn.info("replication")
+        assert info["role"] == "slave"
+        assert info["master_link_status"] == "up"
+        assert info["master_port"] == primary.port
+
+    key = b"{failover}:k"
+    slot = key_slot(key)
+    client = cluster.client()
+    try:
+        client.set(key, b"before")
+        old = cluster.primary_for_slot(slot)
+        (replica,) = cluster.replicas_of(old)
+        with redis.Redis(host=old.host, port=old.port) as conn:
+            assert conn.execute_command("WAIT", 1, 5000) == 1  # the write reached the replica
+
+        _fail_over_to(cluster, replica, slot)
+        assert cluster.replicas_of(replica) == [old]
+        assert cluster.replicas_of(old) == []
+        with redis.Redis(host=replica.host, port=replica.port) as conn:
+            assert conn.get(key) == b"before"
+            conn.set(key, b"after")
+            assert conn.get(key) == b"after"
+
+        _fail_over_to(cluster, old, slot)  # back, so the next test finds the usual layout
+        assert cluster.replicas_of(old) == [replica]
     finally:
         client.close()
 

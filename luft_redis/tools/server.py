@@ -2,8 +2,8 @@
 
 :class:`LocalRedisServer` runs one ``redis-server`` subprocess bound to
 ``127.0.0.1`` on a free port, in a directory it owns (or one you give it).
-:class:`LocalRedisCluster` runs several of them in cluster mode and joins them
-with ``redis-cli --cluster create``.
+:class:`LocalRedisCluster` runs several of them in cluster mode (optionally with
+replicas) and joins them with ``redis-cli --cluster create``.
 
 Nothing here touches a Redis you already run: every server gets its own port
 and directory, and every process started here is stopped at interpreter exit
@@ -32,10 +32,12 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -434,17 +436,80 @@ class _PortInUse(Exception):
         self.port = port
 
 
+@dataclass(frozen=True)
+class _NodeView:
+    """One line of a CLUSTER NODES reply: a node as the answering node sees it."""
+
+    node_id: str
+    myself: bool
+    is_primary: bool
+    primary_id: str | None
+    config_epoch: int
+    slots: tuple[tuple[int, int], ...]
+
+    def serves(self, slot: int) -> bool:
+        return any(first <= slot <= last for first, last in self.slots)
+
+
+def _parse_nodes(text: str) -> list[_NodeView]:
+    """Every node line of a CLUSTER NODES reply."""
+    views: list[_NodeView] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        flags = fields[2].split(",")
+        slots: list[tuple[int, int]] = []
+        for item in fields[8:]:
+            if item.startswith("["):  # a slot being migrated or imported
+                continue
+            first, _, last = item.partition("-")
+            slots.append((int(first), int(last or first)))
+        views.append(
+            _NodeView(
+                node_id=fields[0],
+                myself="myself" in flags,
+                is_primary="master" in flags,
+                primary_id=None if fields[3] == "-" else fields[3],
+                config_epoch=int(fields[6]),
+                slots=tuple(sorted(slots)),
+            )
+        )
+    return views
+
+
+_Topology: TypeAlias = frozenset[tuple[str, bool, str | None, tuple[tuple[int, int], ...]]]
+
+
+def _topology(views: Sequence[_NodeView]) -> _Topology:
+    """Who is a primary of which slots and who replicates whom: equal on nodes that agree."""
+    return frozenset((v.node_id, v.is_primary, v.primary_id, v.slots) for v in views)
+
+
+@dataclass(frozen=True)
+class _NodeState:
+    ok: bool  # cluster_state ok, every slot assigned, every node known
+    linked_to: int | None  # a replica whose link is up: its primary's port
+    topology: _Topology
+
+
 class LocalRedisCluster:
-    """A local Redis Cluster of *masters* primaries (no replicas) on 127.0.0.1.
+    """A local Redis Cluster of *masters* primaries, each with *replicas* replicas, on 127.0.0.1.
 
     Each node is a :class:`LocalRedisServer` with ``--cluster-enabled yes``,
     in its own sub-directory of one temporary directory. After the nodes are up,
-    ``redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes`` joins
+    ``redis-cli --cluster create ... --cluster-replicas <replicas> --cluster-yes`` joins
     them, and :meth:`start` waits until every node reports ``cluster_state:ok``
-    with all 16384 slots assigned. A 3-master cluster is up in about 4 s.
+    with all 16384 slots assigned and every replica reports ``master_link_status:up``.
+    A 3-master cluster is up in about 2-4 s, with one replica each in about 5 s.
+
+    Which node is a primary is not fixed: a failover (``CLUSTER FAILOVER`` on a replica,
+    or a primary that dies) changes it. :meth:`primary_for_slot` and :meth:`replicas_of`
+    ask the running nodes, so they follow such changes.
 
     Args:
         masters: number of primary nodes (at least 3, Redis' minimum).
+        replicas: number of replicas of each primary (``--cluster-replicas``).
         binary: path of ``redis-server``; ``redis-cli`` is looked up beside it.
         dir: parent directory for the node directories; by default a temporary
             directory that :meth:`stop` removes.
@@ -456,6 +521,7 @@ class LocalRedisCluster:
         self,
         masters: int = 3,
         *,
+        replicas: int = 0,
         binary: str | None = None,
         dir: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
@@ -463,26 +529,36 @@ class LocalRedisCluster:
     ) -> None:
         if masters < 3:
             raise ValueError("a Redis Cluster needs at least 3 masters")
+        if replicas < 0:
+            raise ValueError("replicas must be 0 or more")
         self.masters = masters
+        self.replicas = replicas
         self._binary = binary
         self._given_dir = Path(dir) if dir is not None else None
         self._root: Path | None = None
         self._owns_root = False
         self.extra_args: tuple[str, ...] = tuple(extra_args)
         self.startup_timeout = startup_timeout
-        self.nodes: list[LocalRedisServer] = []
+        self._nodes: list[LocalRedisServer] = []
+        # Node ids by port: a node keeps its id (nodes.conf) across kill() and start().
+        self._node_ids: dict[int, str] = {}
+
+    @property
+    def nodes(self) -> list[LocalRedisServer]:
+        """Every node, primaries and replicas, in the order they were started (a copy)."""
+        return list(self._nodes)
 
     @property
     def startup_nodes(self) -> list[tuple[str, int]]:
         """``(host, port)`` of every node."""
-        return [(node.host, node.port) for node in self.nodes]
+        return [(node.host, node.port) for node in self._nodes]
 
     @property
     def url(self) -> str:
         """URL of the first node (``redis://127.0.0.1:<port>/0``)."""
-        if not self.nodes:
+        if not self._nodes:
             raise RuntimeError("LocalRedisCluster is not started")
-        return self.nodes[0].url
+        return self._nodes[0].url
 
     @property
     def dir(self) -> Path:
@@ -509,6 +585,9 @@ class LocalRedisCluster:
             # An explicit bus port: the default (port + 10000) may be out of
             # range (> 65535) or taken.
             "--cluster-port", str(bus_port),
+            # A replica's first sync starts at once, not after the default 5 s wait for
+            # more replicas to share it.
+            "--repl-diskless-sync-delay", "0",
         ]  # fmt: skip
 
     def _start_node(self, index: int, binary: str) -> LocalRedisServer:
@@ -535,8 +614,11 @@ class LocalRedisCluster:
         raise RuntimeError(f"cluster node {index} failed to start: {last_error}")
 
     def start(self) -> LocalRedisCluster:
-        """Start the nodes, create the cluster and wait until it is ``ok``."""
-        if self.nodes:
+        """Start the nodes, create the cluster and wait until it is ``ok``.
+
+        With replicas, also wait until every replica's link to its primary is up.
+        """
+        if self._nodes:
             return self
         binary = self._binary or find_redis_server()
         if binary is None:
@@ -551,10 +633,10 @@ class LocalRedisCluster:
             self._root = Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
             self._owns_root = True
         try:
-            for index in range(self.masters):
-                self.nodes.append(self._start_node(index, binary))
+            for index in range(self.masters * (1 + self.replicas)):
+                self._nodes.append(self._start_node(index, binary))
             self._create(cli)
-            self._wait_ok()
+            self._wait_ok(self.startup_timeout)
         except BaseException:
             self.stop()
             raise
@@ -566,7 +648,7 @@ class LocalRedisCluster:
             cli,
             "--cluster", "create",
             *(f"{host}:{port}" for host, port in self.startup_nodes),
-            "--cluster-replicas", "0",
+            "--cluster-replicas", str(self.replicas),
             "--cluster-yes",
         ]  # fmt: skip
         try:
@@ -585,35 +667,137 @@ class LocalRedisCluster:
                 f"redis-cli --cluster create failed (exit {result.returncode}):\n{output[-3000:]}"
             )
 
-    def _wait_ok(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
+    def _node_ready(self, node: LocalRedisServer, last: dict[int, str]) -> _NodeState | None:
+        """What *node* says about the cluster (None when it does not answer); records it in
+        *last* for the error message."""
+        try:
+            with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
+                info: Any = conn.execute_command("CLUSTER", "INFO")
+                nodes: Any = conn.execute_command("CLUSTER", "NODES")
+                replication: Any = conn.info("replication")
+        except redis.RedisError as exc:
+            last[node.port] = repr(exc)
+            return None
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        role = replication.get("role")
+        link = replication.get("master_link_status")
+        last[node.port] = f"{text.strip()} role:{role} master_link_status:{link}"
+        ok = (
+            fields.get("cluster_state", "").strip() == "ok"
+            and fields.get("cluster_slots_assigned", "").strip() == str(_CLUSTER_SLOTS)
+            and fields.get("cluster_known_nodes", "").strip() == str(len(self._nodes))
+        )
+        linked_to = int(replication["master_port"]) if role == "slave" and link == "up" else None
+        nodes_text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
+        return _NodeState(ok, linked_to, _topology(_parse_nodes(nodes_text)))
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until every node is ``ok``, knows every other node and agrees with the others
+        on who serves which slots and who replicates whom, and each of the *masters*
+        primaries has its *replicas* replicas with their link up.
+
+        :meth:`start` returns only once this holds; call it again after a failover, to wait
+        until the demoted primary follows its replacement. Every node must be running.
+        Raises :class:`RuntimeError` (with what each node said) after *timeout* seconds
+        (default *startup_timeout*).
+        """
+        self._wait_ok(self.startup_timeout if timeout is None else timeout)
+
+    def _wait_ok(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         last: dict[int, str] = {}
         while True:
-            ready = True
-            for node in self.nodes:
-                try:
-                    with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
-                        info: Any = conn.execute_command("CLUSTER", "INFO")
-                except redis.RedisError as exc:
-                    last[node.port] = repr(exc)
-                    ready = False
-                    continue
-                text = info.decode() if isinstance(info, bytes) else str(info)
-                last[node.port] = text
-                fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-                if (
-                    fields.get("cluster_state", "").strip() != "ok"
-                    or fields.get("cluster_slots_assigned", "").strip() != str(_CLUSTER_SLOTS)
-                    or fields.get("cluster_known_nodes", "").strip() != str(self.masters)
-                ):
-                    ready = False
+            states = [self._node_ready(node, last) for node in self._nodes]
+            ready = all(state is not None and state.ok for state in states)
+            # Every node sees the same primaries, slots and replicas (a primary that does not
+            # know a replica yet ignores its CLUSTER FAILOVER).
+            ready = ready and len({state.topology for state in states if state}) == 1
+            # The primary's port, once per replica whose link is up.
+            linked = [state.linked_to for state in states if state and state.linked_to]
+            if ready and self.replicas:
+                per_primary = Counter(linked)
+                ready = len(per_primary) == self.masters and all(
+                    count == self.replicas for count in per_primary.values()
+                )
             if ready:
+                for node in self._nodes:
+                    self._node_id(node)  # remembered, for replicas_of() a node that is down
                 return
             if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"redis cluster not ok after {self.startup_timeout:.1f}s: {last}"
-                )
+                raise RuntimeError(f"redis cluster not ok after {timeout:.1f}s: {last}")
             time.sleep(0.05)
+
+    # ------------------------------------------------------------ topology
+
+    @staticmethod
+    def _view(node: LocalRedisServer) -> _NodeView | None:
+        """What *node* says about itself, or None when it is not running or does not answer."""
+        if not node.running:
+            return None
+        try:
+            with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
+                reply: Any = conn.execute_command("CLUSTER", "NODES")
+        except redis.RedisError:
+            return None
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        return next((view for view in _parse_nodes(text) if view.myself), None)
+
+    def _node_id(self, node: LocalRedisServer) -> str:
+        node_id = self._node_ids.get(node.port)
+        if node_id is None:
+            view = self._view(node)
+            if view is None:
+                raise RuntimeError(f"cluster node {node.host}:{node.port} does not answer")
+            node_id = self._node_ids[node.port] = view.node_id
+        return node_id
+
+    def primary_for_slot(self, slot: int) -> LocalRedisServer:
+        """The node that serves *slot* as a primary now.
+
+        Every running node is asked about itself; if two claim the slot (in the middle of a
+        failover) the one with the higher config epoch wins. Raises :class:`RuntimeError`
+        when no running primary serves the slot (its primary is down and not replaced yet).
+        """
+        if not 0 <= slot < _CLUSTER_SLOTS:
+            raise ValueError(f"slot must be in 0..{_CLUSTER_SLOTS - 1}, not {slot}")
+        best: tuple[int, LocalRedisServer] | None = None
+        for node in self._nodes:
+            view = self._view(node)
+            if view is None or not view.is_primary or not view.serves(slot):
+                continue
+            if best is None or view.config_epoch > best[0]:
+                best = (view.config_epoch, node)
+        if best is None:
+            raise RuntimeError(f"no running primary serves slot {slot}")
+        return best[1]
+
+    def replicas_of(self, server: LocalRedisServer) -> list[LocalRedisServer]:
+        """The running nodes that replicate *server* now (each asked which primary it follows),
+        in start order. Works for a *server* that is down, as long as it ran once in this
+        cluster."""
+        if server not in self._nodes:
+            raise ValueError(f"{server!r} is not a node of this cluster")
+        primary_id = self._node_id(server)
+        found: list[LocalRedisServer] = []
+        for node in self._nodes:
+            if node is server:
+                continue
+            view = self._view(node)
+            if view is not None and not view.is_primary and view.primary_id == primary_id:
+                found.append(node)
+        return found
+
+    def primaries(self) -> list[LocalRedisServer]:
+        """The running nodes that are primaries now, in start order."""
+        found: list[LocalRedisServer] = []
+        for node in self._nodes:
+            view = self._view(node)
+            if view is not None and view.is_primary:
+                found.append(node)
+        return found
+
+    # ------------------------------------------------------------ clients, data, lifecycle
 
     def client(self, **kwargs: Any) -> RedisCluster:
         """A new :class:`redis.cluster.RedisCluster` client for this cluster.
@@ -630,8 +814,8 @@ class LocalRedisCluster:
         )
 
     def flushall(self) -> None:
-        """Run FLUSHALL on every master."""
-        for node in self.nodes:
+        """Run FLUSHALL on every running primary (the replicas follow)."""
+        for node in self.primaries():
             with redis.Redis(host=node.host, port=node.port) as conn:
                 conn.flushall()
 
@@ -640,7 +824,8 @@ class LocalRedisCluster:
 
         Idempotent.
         """
-        nodes, self.nodes = self.nodes, []
+        nodes, self._nodes = self._nodes, []
+        self._node_ids.clear()
         for node in nodes:
             with contextlib.suppress(Exception):
                 node.stop()
@@ -661,4 +846,7 @@ class LocalRedisCluster:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"<LocalRedisCluster masters={self.masters} nodes={self.startup_nodes}>"
+        return (
+            f"<LocalRedisCluster masters={self.masters} replicas={self.replicas} "
+            f"nodes={self.startup_nodes}>"
+        )
