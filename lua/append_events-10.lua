@@ -14,8 +14,9 @@
       run_done       status, total tokens
       other types    none
 
-  Reply:  {version, now, status, current_phase, total_tokens, entry id 1, entry id 2, ...}
-  Notice: op "e", then count and per event: type, entry id, stored event
+  Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
+          run fields, S of started agents, E res/ph of the results and phases written, F/X of
+          finding segments.
   Errors: LUFT_NO_RUN, LUFT_CORRUPT (a stored field is unreadable), LUFT_OVERFLOW
           (total_tokens would pass 2^64-1), LUFT_BAD_ARG, LUFT_STALE; nothing is written on
           error, for any event of the batch.
@@ -26,10 +27,10 @@ local function main()
   local dup = dedup()
   if dup then return dup end
   local run = read_run('current_phase', 'total_tokens', 'phases')
-  local status, version = run[1], run[2]
-  local current_phase = stored_uint(K_RUN, 'current_phase', run[3])
-  local total = stored_uint(K_RUN, 'total_tokens', run[4])
-  local phase_count = stored_uint(K_RUN, 'phases', run[5])
+  local status = run[1]
+  local current_phase = stored_uint(K_RUN, 'current_phase', run[4])
+  local total = stored_uint(K_RUN, 'total_tokens', run[5])
+  local phase_count = stored_uint(K_RUN, 'phases', run[6])
   local now = now_seconds()
 
   -- 1. checks and reads, over a simulated state, collecting the writes
@@ -38,6 +39,13 @@ local function main()
   local started, started_len = {}, nil
   local results, phases = {}, {}
   local findings_touched = false
+  local touched_results, touched_phases = {}, {} -- ids in order of first touch
+  local function touch_id(list, id)
+    if not list[id] then
+      list[id] = true
+      list[#list + 1] = id
+    end
+  end
 
   local function started_entry(aid)
     local entry = started[aid]
@@ -104,7 +112,10 @@ local function main()
       end
       entry.phase = pid
       local value = entry.seq .. ' ' .. pid
-      writes[#writes + 1] = function() redis.call('HSET', K_STARTED, aid, value) end
+      writes[#writes + 1] = function()
+        redis.call('HSET', K_STARTED, aid, value)
+        rec('S', aid, value)
+      end
 
     elseif etype == 'agent_done' then
       local aid, rstatus, tokens = a[1], a[2], arg_uint(a[3], 'tokens')
@@ -135,6 +146,7 @@ local function main()
       end
       total = u64_add(total, tokens, 'total_tokens')
       run_changed.total_tokens = true
+      touch_id(touched_results, aid)
       writes[#writes + 1] = function()
         redis.call('HSET', K_RESULTS, unpack(fields))
         if new_findings then set_agent_findings(aid, new_findings) end
@@ -174,6 +186,7 @@ local function main()
         put('failed', arg_uint(a[3], 'failed'))
       end
       raise_phase(pid)
+      touch_id(touched_phases, pid)
       writes[#writes + 1] = function()
         if #drop > 0 then redis.call('HDEL', K_PHASES, unpack(drop)) end
         redis.call('HSET', K_PHASES, unpack(fields))
@@ -198,16 +211,16 @@ local function main()
   if findings_touched then check_findings_keys() end
 
   -- 2. writes
-  local reply = {'0', now, status, current_phase, total}
-  local notice = {tostring(count)}
   for i = 1, #entries do
-    local id = redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
-    reply[#reply + 1] = id
-    notice[#notice + 1] = entries[i][1]
-    notice[#notice + 1] = id
-    notice[#notice + 1] = entries[i][2]
+    redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
   end
   for i = 1, #writes do writes[i]() end
+  for i = 1, #touched_results do
+    rec_entity('res', K_RESULTS, touched_results[i], RESULT_ATTRS)
+  end
+  for i = 1, #touched_phases do
+    rec_entity('ph', K_PHASES, touched_phases[i], PHASE_ATTRS)
+  end
   local fields = {}
   if run_changed.status then fields[#fields + 1] = 'status'; fields[#fields + 1] = status end
   if run_changed.current_phase then
@@ -217,10 +230,7 @@ local function main()
     fields[#fields + 1] = 'total_tokens'; fields[#fields + 1] = total
   end
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
-  local new_version = touch(version, now, fields)
-  reply[1] = new_version
-  notify(new_version, now, 'e', notice)
-  return remember(reply)
+  return commit(run, now, 'append', fields)
 end
 
 --- @include "includes/main"

@@ -5,8 +5,8 @@
   KEYS[1..10] the run's keys (see includes/common.lua)
   ARGV[1] writer id   ARGV[2] operation sequence
 
-  Reply:  {version, updated_at, status}
-  Notice: op "c", then the new status (only when the status changed)
+  Reply:  the delta, op "cancel": R status cancelled; when the run was not running, a delta
+          that changes nothing (version before = after) and no notice
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_STALE
 ]]
 --- @include "includes/common"
@@ -14,15 +14,9 @@
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local run = read_run('updated_at')
-  local status, version = run[1], run[2]
-  if status ~= 'running' then
-    return remember({version, stored_uint(K_RUN, 'updated_at', run[3]), status})
-  end
-  local now = now_seconds()
-  local new_version = touch(version, now, {'status', 'cancelled'})
-  notify(new_version, now, 'c', {'cancelled'})
-  return remember({new_version, now, 'cancelled'})
+  local run = read_run()
+  if run[1] ~= 'running' then return unchanged(run, 'cancel') end
+  return commit(run, now_seconds(), 'cancel', {'status', 'cancelled'})
 end
 
 --- @include "includes/main"

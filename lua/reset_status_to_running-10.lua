@@ -5,8 +5,7 @@
   KEYS[1..10] the run's keys (see includes/common.lua)
   ARGV[1] writer id   ARGV[2] operation sequence
 
-  Reply:  {version, now, "running"}
-  Notice: op "c", then "running"
+  Reply and notice: the delta, op "reset": R status running
   Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;
           LUFT_CORRUPT; LUFT_STALE
 ]]
@@ -16,12 +15,8 @@ local function main()
   local dup = dedup()
   if dup then return dup end
   local run = read_run()
-  local status, version = run[1], run[2]
-  if status == 'completed' then fail('NOT_RESUMABLE', status) end
-  local now = now_seconds()
-  local new_version = touch(version, now, {'status', 'running'})
-  notify(new_version, now, 'c', {'running'})
-  return remember({new_version, now, 'running'})
+  if run[1] == 'completed' then fail('NOT_RESUMABLE', run[1]) end
+  return commit(run, now_seconds(), 'reset', {'status', 'running'})
 end
 
 --- @include "includes/main"

@@ -15,8 +15,7 @@
     started   width 1: agent_id (in order)
     findings  width 2: segment id, msgpack list of findings (in order)
 
-  Reply:  {version, now}
-  Notice: op "x" (subscribers reload the run)
+  Reply and notice: the delta, op "save": a Z record with the whole new state
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE; nothing is written on error.
 ]]
 --- @include "includes/common"
@@ -26,7 +25,7 @@ local RESULT_OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local version = read_run()[2]
+  local run = read_run()
   if not VALID_STATUS[ARGS[2]] then fail('BAD_ARG', 'status is not a checkpoint status') end
   local run_fields = {
     'task', ARGS[1], 'status', ARGS[2], 'current_phase', arg_uint(ARGS[3], 'current_phase'),
@@ -135,9 +134,7 @@ local function main()
     redis.call('RPUSH', K_FINDINGS_ORDER, unpack(order, i, j))
     i = j + 1
   end
-  local new_version = touch(version, now, run_fields)
-  notify(new_version, now, 'x')
-  return remember({new_version, now})
+  return commit(run, now, 'save', run_fields, true)
 end
 
 --- @include "includes/main"

@@ -9,8 +9,7 @@
   ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
   ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)
 
-  Reply:  {version, now}
-  Notice: op "r", then ARGS[1..10]
+  Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/common"
@@ -20,7 +19,7 @@ local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local version = read_run()[2]
+  local run = read_run()
   local aid = ARGS[1]
   local p = aid .. ':'
   local fields = {
@@ -37,9 +36,8 @@ local function main()
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end
   redis.call('HSET', K_RESULTS, unpack(fields))
   set_agent_findings(aid, findings)
-  local new_version = touch(version, now)
-  notify(new_version, now, 'r', ARGS)
-  return remember({new_version, now})
+  rec_entity('res', K_RESULTS, aid, RESULT_ATTRS)
+  return commit(run, now, 'result')
 end
 
 --- @include "includes/main"

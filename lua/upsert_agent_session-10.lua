@@ -6,8 +6,7 @@
   ARGS[1] agent_id   ARGS[2] backend_id (opt)   ARGS[3] protocol_session_id (opt)
   ARGS[4] session_id   ARGS[5] status   ARGS[6] updated_at   ARGS[7] resumable ("true"/"false")
 
-  Reply:  {version, now}
-  Notice: op "s", then ARGS[1..7]
+  Reply and notice: the delta, op "session": E ses of the agent
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/common"
@@ -15,7 +14,7 @@
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local version = read_run()[2]
+  local run = read_run()
   local p = ARGS[1] .. ':'
   if ARGS[7] ~= 'true' and ARGS[7] ~= 'false' then fail('BAD_ARG', 'resumable is not a bool') end
   local fields = {
@@ -28,9 +27,8 @@ local function main()
 
   if #drop > 0 then redis.call('HDEL', K_SESSIONS, unpack(drop)) end
   redis.call('HSET', K_SESSIONS, unpack(fields))
-  local new_version = touch(version, now)
-  notify(new_version, now, 's', ARGS)
-  return remember({new_version, now})
+  rec_entity('ses', K_SESSIONS, ARGS[1], SESSION_ATTRS)
+  return commit(run, now, 'session')
 end
 
 --- @include "includes/main"

@@ -1,51 +1,50 @@
-"""``RedisCheckpointBackend``: luft's ``CheckpointBackend`` contract on Redis.
+"""``RedisCheckpointBackend``: luft's ``CheckpointBackend`` contract on Redis, for sync code.
 
-One backend serves one run at a time (``init_run``/``open_run`` bind it). Every state change is
-one Lua script run atomically in Redis; reads of the checkpoint are answered from the in-process
-:class:`~luft_redis.cache.RunState`. Many backends may share one client and its pool.
+A thin front end: arguments are built by :mod:`luft_redis.wire`, every change is one Lua script
+whose reply is a :class:`~luft_redis.delta.Delta`, and the in-process
+:class:`~luft_redis.cache.RunCache` applies deltas (its own writes' and, through the
+:mod:`~luft_redis.listener`, every other process's). This module only does the I/O around them.
+The asyncio twin is :class:`luft_redis.asyncio.AsyncRedisCheckpointBackend`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import redis
-import redis.cluster
-import redis.sentinel
 
-from . import codec
 from . import types as t
-from .cache import RunState, finding_segments
+from .cache import Offer, RunCache, RunState
+from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
+from .connect import Durability, check_sync_client, is_cluster, make_client
+from .delta import Delta, UnknownFormat, parse_delta
 from .errors import (
+    BackendError,
     ConfigurationError,
-    CorruptDataError,
     LuftRedisError,
     NotDurableError,
-    PayloadTooLargeError,
-    RunMismatchError,
     RunNotBoundError,
-    RunNotFoundError,
     ValidationError,
 )
-from .keys import (
-    DEFAULT_PREFIX,
-    SCHEMA_VERSION,
-    RunKeys,
-    check_prefix,
-    run_id_from_key,
-    run_keys,
-    run_pattern,
-)
-from .listener import ChangeListener, parse_notice
+from .keys import DEFAULT_PREFIX, RunKeys, check_prefix, run_id_from_key, run_keys, run_pattern
+from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
 from .scripts import Scripts, translate_error
+from .wire import (
+    DEFAULT_MAX_PAYLOAD_SIZE,
+    Encoder,
+    LogEntry,
+    check_uuid,
+    decode_entry,
+    entry_id,
+    page_after,
+    xread_entries,
+)
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -53,26 +52,25 @@ __all__ = [
     "Durability",
     "LogEntry",
     "RedisCheckpointBackend",
-    "sentinel_client",
 ]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PAGE_SIZE = 1000
-"""Stream entries fetched per XRANGE call by :meth:`RedisCheckpointBackend.iter_event_log`."""
+"""Stream entries fetched per XRANGE call by ``iter_event_log``."""
 
 SUBSCRIBE_TIMEOUT = 2.0
 """Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
 (the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
 
-DEFAULT_MAX_PAYLOAD_SIZE = 4 * 1024 * 1024
-"""Largest stored form of one event, one result's output or findings, or workflow_meta."""
-
 GAP_WAIT = 0.1
-"""Seconds a write waits for the listener to deliver other processes' changes that came
-before it, before it reloads the run instead."""
+"""Seconds a write whose reply is ahead of the cache waits for the notices of the versions in
+between (published before the reply) before it reloads the run instead."""
 
-_T = TypeVar("_T")
+REFRESH_RETRY_DELAY = 0.2
+"""Seconds the refresher waits before it tries a failed reload again."""
+
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
 @runtime_checkable
@@ -108,101 +106,34 @@ class CheckpointBackend(Protocol):
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None: ...
 
 
-def _opt(value: str | bytes | None) -> str | bytes:
-    """Optional script argument: ``"n"`` for None, ``"s<value>"`` otherwise."""
-    if value is None:
-        return "n"
-    if isinstance(value, bytes):
-        return b"s" + value
-    return "s" + value
+class _Binding:
+    """The run a backend is bound to: its keys, cache and watch (replaced whole on rebind)."""
 
+    __slots__ = ("cache", "channel", "key_list", "keys", "run_id", "watch")
 
-def _check_uuid(value: Any, field: str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return uuid.UUID(value)
-        except ValueError:
-            pass
-    raise ValidationError(field, f"{value!r} is not a UUID")
-
-
-def _check_str(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise ValidationError(field, f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _check_type(value: Any, cls: type[_T], field: str) -> _T:
-    if not isinstance(value, cls):
-        raise ValidationError(field, f"expected {cls.__name__}, got {type(value).__name__}")
-    return value
-
-
-def _is_cluster(client: Any) -> bool:
-    return isinstance(client, redis.cluster.RedisCluster)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Durability:
-    """Wait for ``replicas`` replicas to acknowledge each write, at most ``timeout_ms`` ms."""
-
-    replicas: int = 1
-    timeout_ms: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.replicas < 1 or self.timeout_ms < 0:
-            raise ConfigurationError("durability needs replicas >= 1 and timeout_ms >= 0")
-
-
-def sentinel_client(url: str, **client_kwargs: Any) -> Any:
-    """A client for the primary named in ``redis+sentinel://[:pw@]h:p[,h:p...]/<service>[/<db>]``.
-
-    The client asks the Sentinels for the current primary on every (re)connection, so it follows
-    a failover; ``rediss+sentinel://`` uses TLS to the Redis servers.
-    """
-    parsed = urllib.parse.urlsplit(url)
-    netloc = parsed.netloc.rpartition("@")[2]
-    password = urllib.parse.unquote(parsed.netloc.rpartition("@")[0].partition(":")[2]) or None
-    hosts: list[tuple[str, int]] = []
-    for part in netloc.split(","):
-        host, _, port = part.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigurationError(f"sentinel address {part!r} is not host:port")
-        hosts.append((host.strip("[]"), int(port)))
-    path = [p for p in parsed.path.split("/") if p]
-    if not path:
-        raise ConfigurationError("a sentinel URL needs the service name: .../<service>[/<db>]")
-    service, db = path[0], int(path[1]) if len(path) > 1 else 0
-    if password is not None:
-        client_kwargs.setdefault("password", password)
-    if parsed.scheme.startswith("rediss"):
-        client_kwargs.setdefault("ssl", True)
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        hosts, socket_timeout=client_kwargs.get("socket_timeout")
-    )
-    return sentinel.master_for(service, db=db, **client_kwargs)  # type: ignore[no-untyped-call]
-
-
-class LogEntry(NamedTuple):
-    """An event of the log with its stream entry id (to resume reading after it)."""
-
-    id: str
-    event: t.AgentEvent
+    def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache,
+                 watch: Watch | None) -> None:  # fmt: skip
+        self.run_id = run_id
+        self.keys = keys
+        self.key_list = list(keys)
+        self.cache = cache
+        self.channel = keys.changes.encode()
+        self.watch = watch
 
 
 class RedisCheckpointBackend:
-    """luft's checkpoint backend on Redis.
+    """luft's checkpoint backend on Redis (sync front end).
 
     ``client`` is a redis-py ``Redis``, ``RedisCluster`` or fakeredis client created with
-    ``decode_responses=False`` (the default); many backends may share one client.
-    ``prefix`` namespaces the keys (``<prefix>:{<run-id>}:...``, see ``docs/redis-layout.md``).
+    ``decode_responses=False`` (the default); many backends may share one client. An asyncio
+    client is refused (:class:`~luft_redis.errors.ClientTypeError`): use
+    :class:`luft_redis.AsyncRedisCheckpointBackend`. ``prefix`` namespaces the keys
+    (``<prefix>:{<run-id>}:...``, see ``docs/redis-layout.md``).
 
     ``watch=True`` (the default) keeps the cache coherent with every other process writing to
-    the run: one listener thread per client applies their change notices (see
-    :mod:`luft_redis.listener`). With ``watch=False`` the cache sees only this backend's writes
-    (and catches up on the next write of its own).
+    the run (see :attr:`cache_is_fresh`); ``max_staleness`` (seconds, default 1) bounds how old
+    a change may be that a cache reporting fresh has not applied. With ``watch=False`` the cache
+    sees this backend's writes (and catches up on each of them) and never reports fresh.
 
     ``retry`` is the :class:`~luft_redis.retry.RetryPolicy` for transient Redis failures
     (``None``: one attempt). Writes apply exactly once, however often they are retried.
@@ -215,6 +146,10 @@ class RedisCheckpointBackend:
     the same round trip) until that many replicas have it, and raise
     :class:`~luft_redis.errors.NotDurableError` when fewer did in time (the write itself is
     applied on the primary; the error says it could be lost if the primary fails now).
+
+    Forking: a backend made before ``os.fork()`` works in the child, with a new writer
+    identity, its own connections and listener, and a cache that reloads before it reports
+    fresh.
     """
 
     def __init__(
@@ -226,42 +161,51 @@ class RedisCheckpointBackend:
         retry: RetryPolicy | None = DEFAULT_RETRY,
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
     ) -> None:
-        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-        if kwargs is None and hasattr(client, "get_connection_kwargs"):
-            kwargs = client.get_connection_kwargs()
-        if kwargs and kwargs.get("decode_responses"):
-            raise ConfigurationError(
-                "the Redis client must use decode_responses=False: luft-redis stores binary blobs"
-            )
+        check_sync_client(client)
         self._client = client
         self._prefix = check_prefix(prefix)
         self._scripts = Scripts(client)
         self._retry = retry if retry is not None else NO_RETRY
-        if durability is not None and isinstance(client, redis.cluster.RedisCluster):
+        if durability is not None and is_cluster(client):
             raise ConfigurationError("durability= is not supported on Redis Cluster clients")
         self._durability = durability
-        self._acked: int | None = None
         if max_payload_size < 1:
             raise ConfigurationError("max_payload_size must be positive")
-        self._max_payload_size = max_payload_size
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        if not max_staleness > 0:
+            raise ConfigurationError("max_staleness must be positive")
+        self._encoder = Encoder(max_payload_size)
+        self._max_staleness = float(max_staleness)
+        self._watching = watch
         self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
         self._next_callback = 0
+        self._emitted: tuple[str, int] | None = None
+        self._binding: _Binding | None = None
+        self._owns_client = False
+        self._fork = fork_generation()
+        self._new_identity()
+
+    def _new_identity(self) -> None:
+        """A writer identity, locks and listener of this process (also after a fork)."""
         self._writer_id = uuid.uuid4().hex
         self._op_seq = 0
-        self._listener = ChangeListener.for_client(client) if watch else None
-        self._channel: bytes | None = None
-        self._state_channel: bytes | None = None  # the channel of the run _state holds
-        self._buffer: list[bytes] | None = None  # notices that arrive while binding
+        self._io_lock = threading.Lock()  # one write at a time: operation numbers in order
         self._bind_lock = threading.Lock()  # one init_run/open_run at a time
-        self._synced = 0  # the listener confirmation our state was loaded after
-        self._run_id: uuid.UUID | None = None
-        self._keys: RunKeys | None = None
-        self._key_list: list[str] = []
-        self._state: RunState | None = None
-        self._owns_client = False
+        self._emit_lock = threading.Lock()
+        self._listener = ChangeListener.for_client(self._client) if self._watching else None
+        self._refresher = Refresher.for_client(self._client) if self._watching else None
+
+    def _check_fork(self) -> None:
+        """In a forked child: new identity and connections; the cache reloads before fresh."""
+        if self._fork == fork_generation():
+            return
+        self._fork = fork_generation()
+        self._new_identity()
+        binding = self._binding
+        if binding is not None:
+            binding.cache.reset_locks()
+            binding.watch = self._start_watch(binding.cache, binding.channel)
 
     @classmethod
     def from_url(
@@ -274,6 +218,7 @@ class RedisCheckpointBackend:
         retry: RetryPolicy | None = DEFAULT_RETRY,
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
         **client_kwargs: Any,
     ) -> RedisCheckpointBackend:
         """A backend with its own client for ``url``, closed by :meth:`close`.
@@ -283,16 +228,9 @@ class RedisCheckpointBackend:
         port...]/<service>[/<db>]`` asks those Sentinels for the primary of ``<service>`` and
         follows failovers. ``client_kwargs`` go to the client.
         """
-        client_kwargs["decode_responses"] = False
-        client: Any
-        if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
-            client = sentinel_client(url, **client_kwargs)
-        elif cluster:
-            client = redis.cluster.RedisCluster.from_url(url, **client_kwargs)
-        else:
-            client = redis.Redis.from_url(url, **client_kwargs)
+        client = make_client(url, cluster=cluster, **client_kwargs)
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
-                      max_payload_size=max_payload_size)  # fmt: skip
+                      max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -310,38 +248,46 @@ class RedisCheckpointBackend:
     @property
     def run_id(self) -> uuid.UUID | None:
         """The bound run, or None."""
-        return self._run_id
+        binding = self._binding
+        return binding.run_id if binding else None
 
     @property
     def keys(self) -> RunKeys | None:
         """The Redis keys of the bound run, or None."""
-        return self._keys
+        binding = self._binding
+        return binding.keys if binding else None
 
     @property
     def version(self) -> int:
-        """The run's change counter as last seen by this backend (0 when unbound)."""
-        state = self._state
-        return state.version if state else 0
+        """The run's change counter as this process last saw it (0 when unbound)."""
+        binding = self._binding
+        return binding.cache.tip[1] if binding else 0
+
+    @property
+    def max_staleness(self) -> float:
+        return self._max_staleness
 
     @property
     def cache_is_fresh(self) -> bool:
-        """True when the cache is known to reflect every change made by any process.
+        """True only when the cache can vouch for itself: no change committed more than
+        ``max_staleness`` seconds ago is missing from it.
 
-        That needs a bound run, ``watch=True`` and a connected listener whose subscription to
-        the run was confirmed before the cache was last (re)loaded. While it is False, reads
-        still answer from the cache, which then holds this process's writes only.
+        That needs ``watch=True``, a bound run, the run's channel subscribed on the node that
+        owns its slot now, a health-check PING on that connection answered within
+        ``max_staleness``, and every version seen so far applied (queued changes count). While
+        it is False, reads still answer from the cache; :meth:`sync` reloads.
         """
-        listener, channel = self._listener, self._channel
-        if listener is None or channel is None or self._state is None:
+        binding, listener = self._binding, self._listener
+        if binding is None or listener is None or self._fork != fork_generation():
             return False
-        return listener.is_fresh(channel) and listener.confirmation(channel) == self._synced
+        return binding.cache.synced and listener.healthy(binding.channel, self._max_staleness)
 
     def close(self) -> None:
-        """Unbind the run, stop watching it; close the client if :meth:`from_url` made it."""
-        with self._lock:
-            self._abort_binding()
-            if self._owns_client:
-                self._client.close()
+        """Unbind the run and stop watching it (at once); close the client if
+        :meth:`from_url` made it."""
+        self._unbind()
+        if self._owns_client:
+            self._client.close()
 
     def __enter__(self) -> RedisCheckpointBackend:
         return self
@@ -350,304 +296,231 @@ class RedisCheckpointBackend:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<RedisCheckpointBackend prefix={self._prefix!r} run={self._run_id}>"
+        return f"<RedisCheckpointBackend prefix={self._prefix!r} run={self.run_id}>"
 
-    def _start_binding(self, keys: RunKeys) -> bytes | None:
-        """Unbind, subscribe to ``keys``'s change channel and buffer its notices until
-        :meth:`_finish_binding` (called with the lock held); the channel, or None."""
-        self._unwatch()
-        self._run_id = self._keys = self._state = self._state_channel = None
-        self._key_list = []
-        if self._listener is None:
+    def _need_run(self, operation: str) -> _Binding:
+        self._check_fork()
+        binding = self._binding
+        if binding is None:
+            raise RunNotBoundError(operation)
+        return binding
+
+    # -- binding ---------------------------------------------------------------------------
+
+    def _start_watch(self, cache: RunCache, channel: bytes) -> Watch | None:
+        listener = self._listener
+        if listener is None:
             return None
-        channel = keys.changes.encode()
-        self._channel = channel
-        self._buffer = []
-        self._listener.watch(channel, self)
-        return channel
+        watch = Watch(cache, channel, self._on_work)
+        watch.wants_changes = bool(self._callbacks)
+        listener.watch(watch, self._max_staleness)
+        return watch
 
-    def _wait_subscribed(self, channel: bytes | None) -> int:
-        """Wait (without the lock) for the subscription; its confirmation count, or 0."""
-        if channel is None or self._listener is None:
-            return 0
-        return self._listener.wait_confirmed(channel, SUBSCRIBE_TIMEOUT)
+    def _stop_watch(self, watch: Watch | None) -> None:
+        if watch is not None and self._listener is not None:
+            self._listener.unwatch(watch)
 
-    def _finish_binding(self, run_id: uuid.UUID, keys: RunKeys, state: RunState,
-                        synced: int) -> None:  # fmt: skip
-        """Bind the loaded state, then apply the notices that arrived meanwhile (with the lock
-        held)."""
-        buffered, self._buffer = self._buffer or [], None
-        self._bind(run_id, keys, state, synced)
-        for payload in buffered:
-            self._handle_notice(payload)
-        listener, channel = self._listener, self._channel
-        if listener is not None and channel is not None:
-            confirmation = listener.confirmation(channel)
-            if confirmation > synced:  # subscribed only after the load: changes may be missing
-                self._resync()
-                self._synced = confirmation
-                self._emit()
+    def _prepare(self, run_id: uuid.UUID) -> _Binding:
+        """A new binding for ``run_id``, watched and (briefly) waited for."""
+        keys = run_keys(self._prefix, run_id)
+        cache = RunCache(run_id, keys)
+        binding = _Binding(run_id, keys, cache, None)
+        binding.watch = self._start_watch(cache, binding.channel)
+        if binding.watch is not None and self._listener is not None:
+            self._listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
+        return binding
 
-    def _abort_binding(self) -> None:
-        self._buffer = None
-        self._unwatch()
-        self._run_id = self._keys = self._state = self._state_channel = None
-        self._key_list = []
-
-    def _unwatch(self) -> None:
-        if self._listener is not None and self._channel is not None:
-            self._listener.unwatch(self._channel, self)
-        self._channel = None
-        self._synced = 0
-
-    def _bind(self, run_id: uuid.UUID, keys: RunKeys, state: RunState, synced: int) -> None:
-        self._run_id, self._keys, self._key_list = run_id, keys, list(keys)
-        self._state = state
-        self._state_channel = keys.changes.encode()
-        self._synced = synced
+    def _adopt(self, binding: _Binding) -> None:
+        old, self._binding = self._binding, binding
+        self._emitted = None
+        if old is not None:
+            self._stop_watch(old.watch)
         self._emit()
 
-    def _limit(self, blob: bytes, field: str) -> bytes:
-        """``blob`` if within ``max_payload_size``, else :class:`PayloadTooLargeError`."""
-        if len(blob) > self._max_payload_size:
-            raise PayloadTooLargeError(field, len(blob), self._max_payload_size)
-        return blob
+    def _unbind(self) -> None:
+        old, self._binding = self._binding, None
+        if old is not None:
+            self._stop_watch(old.watch)
 
-    def _need_run(self, operation: str) -> RunState:
-        state = self._state
+    def _on_work(self, watch: Watch) -> None:
+        """From the listener thread: a reload or callbacks are due (never blocks)."""
+        refresher = self._refresher
+        if refresher is not None:
+            refresher.schedule(weak_work(self, "_refresh"))
+
+    def _refresh(self) -> None:
+        """On the refresher thread: reload when stale, then run the change callbacks."""
+        binding = self._binding
+        if binding is None or self._fork != fork_generation():
+            return
+        if not binding.cache.synced and not binding.cache.gone:
+            try:
+                self._reload(binding)
+            except LuftRedisError as exc:
+                logger.info("run %s: reload failed (%s); trying again", binding.run_id, exc)
+                time.sleep(REFRESH_RETRY_DELAY)
+                if binding.watch is not None:
+                    self._on_work(binding.watch)
+                return
+        self._emit()
+
+    def _reload(self, binding: _Binding) -> RunState | None:
+        """Load the run now and install it in ``binding``'s cache (I/O; no lock held)."""
+        cache = binding.cache
+        generation = cache.generation
+        reply = self._call(self._scripts.load, (), binding.key_list, binding.run_id)
+        state = None if reply == 0 or reply is None else RunState.from_load(
+            binding.run_id, binding.keys, reply)  # fmt: skip
+        cache.install(state, generation)
         if state is None:
-            raise RunNotBoundError(operation)
+            logger.info("run %s no longer exists; the cache keeps its last state",
+                        binding.run_id)  # fmt: skip
         return state
 
-    def _call(self, script: Any, args: Sequence[Any], keys: list[str] | None = None) -> Any:
-        key_list = keys or self._key_list
+    # -- I/O -------------------------------------------------------------------------------
+
+    def _call(self, script: Any, args: Sequence[Any], keys: list[str], run_id: object) -> Any:
         try:
-            return self._retry.call(lambda: script(keys=key_list, args=args))
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-            raise translate_error(exc, run_id=self._run_id) from exc
+            return self._retry.call(lambda: script(keys=keys, args=args))
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc, run_id=run_id) from exc
 
-    def _write(self, script: Any, args: Sequence[Any], keys: list[str] | None = None) -> Any:
-        """Run a writing script once, exactly: the operation id is made before any attempt.
+    def _execute(self, script: Any, args: Sequence[Any], keys: list[str],
+                 run_id: object) -> tuple[Any, int | None]:  # fmt: skip
+        """Run a writing script once, exactly: its operation id is made before any attempt.
 
-        With ``durability`` set, ``WAIT`` goes in the same round trip (a pipeline) and the
-        number of replicas that acknowledged is kept for :meth:`_check_durable`.
+        With ``durability``, ``WAIT`` goes in the same round trip (a pipeline); returns the
+        reply and the number of replicas that acknowledged (None without durability).
         """
-        self._op_seq += 1
-        full = (self._writer_id, str(self._op_seq), *args)
         durability = self._durability
-        if durability is None:
-            return self._call(script, full, keys)
-        key_list = keys or self._key_list
+        with self._io_lock:
+            self._op_seq += 1
+            full = (self._writer_id, str(self._op_seq), *args)
+            if durability is None:
+                return self._call(script, full, keys, run_id), None
 
-        def attempt() -> Any:
-            pipe = self._client.pipeline(transaction=False)
-            script(keys=key_list, args=full, client=pipe)
-            pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
-            reply, acked = pipe.execute()
-            self._acked = int(acked)
-            return reply
+            def attempt() -> tuple[Any, int]:
+                pipe = self._client.pipeline(transaction=False)
+                script(keys=keys, args=full, client=pipe)
+                pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
+                result, count = pipe.execute()
+                return result, int(count)
 
-        try:
-            return self._retry.call(attempt)
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-            raise translate_error(exc, run_id=self._run_id) from exc
+            try:
+                return self._retry.call(attempt)
+            except _REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run_id) from exc
 
-    def _check_durable(self) -> None:
-        """Raise :class:`NotDurableError` when too few replicas acknowledged the last write."""
-        durability, acked = self._durability, self._acked
+    def _check_durable(self, acked: int | None) -> None:
+        durability = self._durability
         if durability is not None and acked is not None and acked < durability.replicas:
-            self._acked = None
             raise NotDurableError(durability.replicas, acked)
 
-    def _after_write(self, reply: Any) -> tuple[int, int, bool]:
-        """(version, now, apply) for a write's reply.
+    def _write(self, script: Any, args: Sequence[Any], binding: _Binding) -> Delta:
+        """Run a writing script exactly once and apply its delta to ``binding``'s cache;
+        NotDurableError (after it was applied) when too few replicas acknowledged it."""
+        reply, acked = self._execute(script, args, binding.key_list, binding.run_id)
+        delta = self._absorb(binding, reply)
+        self._emit()
+        self._check_durable(acked)
+        return delta
 
-        ``apply`` is True when the change is the next version of the cache (apply it); False
-        when the cache already has it (from a notice) or was reloaded to include it. When
-        other processes wrote in between, their notices were published before this reply:
-        the listener gets a moment to apply them before the run is reloaded.
-        """
-        version, now = int(reply[0]), int(reply[1])
-        state = self._state
-        assert state is not None
-        if version == state.version + 1:
-            return version, now, True
-        if version > state.version + 1 and self.cache_is_fresh:
-            run_id = self._run_id
-            self._changed.wait_for(  # releases the lock, so the listener can apply
-                lambda: self._state is None or self._state.version >= version - 1, GAP_WAIT
-            )
-            if self._run_id != run_id or self._state is None:
-                return version, now, False  # rebound or closed meanwhile: nothing to apply
-            state = self._state
-            if version == state.version + 1:
-                return version, now, True
-        if version > state.version:
-            logger.debug("run %s: version %d after %d, reloading", self._run_id, version,
-                         state.version)  # fmt: skip
-            self._reload()
-        return version, now, False
-
-    def _reload(self) -> None:
-        assert self._run_id is not None and self._keys is not None
-        reply = self._call(self._scripts.load, ())
-        if reply == 0 or reply is None:
-            raise RunNotFoundError(self._run_id)
-        self._state = RunState.from_load(self._run_id, self._keys, reply)
+    def _absorb(self, binding: _Binding, reply: Any) -> Delta:
+        """Apply a write's delta: at once when it continues the cache; after the notices of
+        the versions in between when they are on their way; else by a reload."""
+        cache = binding.cache
+        try:
+            delta = parse_delta(bytes(reply))
+        except (UnknownFormat, ValueError, TypeError) as exc:
+            raise BackendError(f"unexpected reply from a luft-redis script: {exc}") from exc
+        outcome = cache.offer(delta)
+        if outcome is Offer.BEHIND and self.cache_is_fresh:
+            want = delta.v_after if not delta.changed or delta.replay else delta.v_before
+            cache.wait(lambda: cache.tip[0] != delta.inc_before or cache.tip[1] >= want, GAP_WAIT)
+            outcome = cache.offer(delta)
+        if outcome in (Offer.BEHIND, Offer.FOREIGN):
+            try:
+                self._reload(binding)
+            except LuftRedisError as exc:  # the write is applied: report staleness instead
+                logger.info("run %s: reload after a write failed (%s)", binding.run_id, exc)
+                cache.mark_stale()
+                if binding.watch is not None:
+                    self._on_work(binding.watch)
+        return delta
 
     def _emit(self) -> None:
-        """Wake waiters and run the change callbacks (with the lock held)."""
-        self._changed.notify_all()
-        state = self._state
-        if state is None or not self._callbacks:
+        """Wake waiters and run the change callbacks once per new version."""
+        binding = self._binding
+        if binding is None or not self._callbacks:
             return
-        for callback in list(self._callbacks.values()):
-            try:
-                callback(state.snapshot)
-            except Exception:
-                logger.exception("change callback %r failed", callback)
-
-    # -- change notices (called by the listener thread) ------------------------------------
-
-    def _on_notice(self, channel: bytes, payload: bytes) -> None:
-        state = self._state
-        if state is not None and channel == self._state_channel and not payload.endswith(b"1:d"):
-            head = payload[: payload.find(b":") + 21]
-            try:  # our own writes come back too: skip them without taking the lock
-                length, _, rest = head.partition(b":")
-                if int(rest[: int(length)]) <= state.version:
-                    return
-            except ValueError:
-                pass
-        with self._lock:
-            if channel != self._channel:
+        with self._emit_lock:
+            if self._binding is not binding:
                 return
-            if self._buffer is not None:  # the run is being loaded: applied once it is bound
-                self._buffer.append(payload)
+            tip = binding.cache.tip
+            if tip == self._emitted:
                 return
-            if self._state is None or channel != self._state_channel:
+            snapshot = binding.cache.snapshot()
+            self._emitted = tip
+            if snapshot is None:
                 return
-            self._handle_notice(payload)
-
-    def _handle_notice(self, payload: bytes) -> None:
-        """Apply one notice of the bound run (with the lock held)."""
-        state = self._state
-        assert state is not None
-        try:
-            parts = parse_notice(payload)
-            version, now, op = int(parts[0]), int(parts[1]), parts[2]
-        except (ValueError, IndexError):
-            logger.warning("run %s: unreadable change notice, reloading", self._run_id)
-            self._resync()
-            self._emit()
-            return
-        if op == b"d":  # the run was deleted: nothing left to load
-            logger.warning("run %s was deleted; the cache is no longer fresh", self._run_id)
-            self._synced = -1
-            self._emit()
-            return
-        if version <= state.version:
-            return
-        if version == state.version + 1:
-            try:
-                applied = self._apply_notice(state, op, parts[3:], now, version)
-            except (LuftRedisError, ValueError, IndexError):
-                logger.warning("run %s: change notice not applicable, reloading",
-                               self._run_id, exc_info=True)  # fmt: skip
-                applied = False
-            if not applied:
-                self._resync()
-        else:
-            self._resync()
-        self._emit()
-
-    def _resync(self) -> None:
-        """Reload after a missed notice; when that fails, report the cache as not fresh until
-        the next (re)subscription reloads it."""
-        try:
-            self._reload()
-        except LuftRedisError:
-            logger.warning("run %s: reload after a missed notice failed; cache not fresh",
-                           self._run_id, exc_info=True)  # fmt: skip
-            self._synced = -1
-
-    def _apply_notice(
-        self, state: RunState, op: bytes, parts: list[bytes], now: int, version: int
-    ) -> bool:
-        keys = self._keys
-        assert keys is not None and self._run_id is not None
-        if op == b"e":
-            count = int(parts[0])
-            events = []
-            for i in range(count):
-                type_raw, entry_id, blob = parts[1 + 3 * i : 4 + 3 * i]
-                events.append(codec.decode_event(
-                    type_raw.decode(), blob, self._run_id, key=keys.events,
-                    entry_id=entry_id.decode(),
-                ))  # fmt: skip
-            state.apply_events(events, now, version)
-        elif op == b"r":
-            state.apply_result(_result_from_args(parts, keys.results), now, version)
-        elif op == b"s":
-            state.apply_session(_session_from_args(parts), now, version)
-        elif op == b"c":
-            state.apply_status(t.CheckpointStatus(parts[0].decode()), now, version)
-        else:
-            return False
-        return True
-
-    def _on_subscribed(self, channel: bytes, confirmation: int) -> None:
-        with self._lock:
-            if channel != self._channel or self._buffer is not None or self._state is None:
-                return  # (while binding, _finish_binding compares the confirmation itself)
-            if confirmation > self._synced:
-                # notices may have been missed before this subscription: load the run again
+            for callback in list(self._callbacks.values()):
                 try:
-                    self._reload()
-                except LuftRedisError:
-                    logger.warning("run %s: reload after subscribing failed; cache not fresh",
-                                   self._run_id, exc_info=True)  # fmt: skip
-                    return
-                self._synced = confirmation
-                self._emit()
+                    callback(snapshot)
+                except Exception:
+                    logger.exception("change callback %r failed", callback)
 
     # -- change API ------------------------------------------------------------------------
+
+    def sync(self) -> t.RunCheckpoint | None:
+        """The checkpoint, reloaded first unless the cache can vouch for itself
+        (:attr:`cache_is_fresh`); None when the run no longer exists."""
+        binding = self._need_run("sync")
+        if not self.cache_is_fresh:
+            self._reload(binding)
+            self._emit()
+        if binding.cache.gone:
+            return None
+        return binding.cache.snapshot()
 
     def wait_for_change(
         self, after_version: int | None = None, timeout: float | None = None
     ) -> bool:
-        """Block until the run's version passes ``after_version`` (default: the current one).
-
-        True if it did, False when ``timeout`` seconds passed first. Changes by other
-        processes arrive through the listener (``watch=True``).
-        """
-        self._need_run("wait_for_change")
-        with self._changed:
-            base = self.version if after_version is None else after_version
-            return self._changed.wait_for(lambda: self.version > base, timeout)
+        """Block until the run's version passes ``after_version`` (default: the current one)
+        or the run is replaced or deleted; True if it did, False when ``timeout`` passed."""
+        binding = self._need_run("wait_for_change")
+        cache = binding.cache
+        inc, version = cache.tip
+        base = version if after_version is None else after_version
+        return cache.wait(lambda: cache.tip[1] > base or cache.tip[0] != inc or cache.gone,
+                          timeout)  # fmt: skip
 
     def subscribe(self, callback: Callable[[t.RunCheckpoint], None]) -> Callable[[], None]:
-        """Call ``callback(checkpoint)`` after every change of the bound run; returns a
-        function that unsubscribes.
+        """Call ``callback(checkpoint)`` after changes of the bound run; returns a function
+        that unsubscribes.
 
-        Callbacks run in the thread that saw the change (the listener's, or the writer's),
-        with the backend's lock held: keep them short and do not block in them.
+        Callbacks run on the client's refresher thread (other processes' changes) or in the
+        writing thread (this backend's): keep them short and do not block in them.
         """
-        with self._lock:
-            key = self._next_callback
-            self._next_callback += 1
-            self._callbacks[key] = callback
+        key = self._next_callback
+        self._next_callback += 1
+        self._callbacks[key] = callback
+        binding = self._binding
+        if binding is not None and binding.watch is not None:
+            binding.watch.wants_changes = True
+        with self._emit_lock:
+            if self._binding is not None:
+                self._emitted = self._binding.cache.tip
 
         def unsubscribe() -> None:
-            with self._lock:
-                self._callbacks.pop(key, None)
+            self._callbacks.pop(key, None)
 
         return unsubscribe
 
     # -- run lifecycle ---------------------------------------------------------------------
 
     def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
-        """Create a new run and bind to it. :class:`RunExistsError` if it exists."""
+        """Create a new run and bind to it. :class:`RunExistsError` if it exists (then nothing
+        changed, and this backend stays bound as it was)."""
         self._init(run_id, task, run_dir, None, with_meta=False)
 
     def init_run_with_meta(
@@ -657,54 +530,39 @@ class RedisCheckpointBackend:
         self._init(run_id, task, run_dir, workflow_meta, with_meta=True)
 
     def _init(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *, with_meta: bool) -> None:
-        rid = _check_uuid(run_id, "run_id")
-        task = _check_str(task, "task")
-        run_dir = _check_str(run_dir, "run_dir")
-        meta = t.freeze_json(meta, "workflow_meta") if with_meta else None
-        blob = None if meta is None else self._limit(codec.encode_json(meta), "workflow_meta")
-        keys = run_keys(self._prefix, rid)
+        self._check_fork()
+        rid, args = self._encoder.init_run(run_id, task, run_dir, meta, with_meta=with_meta)
         with self._bind_lock:
-            with self._lock:
-                channel = self._start_binding(keys)
-            synced = self._wait_subscribed(channel)
-            with self._lock:
-                try:
-                    reply = self._write(
-                        self._scripts.init_run,
-                        (str(rid), task, run_dir, _opt(blob), SCHEMA_VERSION),
-                        keys=list(keys),
-                    )
-                except BaseException:
-                    self._abort_binding()
-                    raise
-                state = RunState(rid, task, run_dir, meta, int(reply[1]), int(reply[0]))
-                self._finish_binding(rid, keys, state, synced)
-        self._check_durable()
+            binding = self._prepare(rid)
+            generation = binding.cache.generation
+            try:
+                reply, acked = self._execute(self._scripts.init_run, args, binding.key_list, rid)
+                delta = parse_delta(bytes(reply))
+                state = RunState.from_whole(rid, binding.keys, delta)
+            except BaseException:
+                self._stop_watch(binding.watch)
+                raise
+            binding.cache.install(state, generation)
+            self._adopt(binding)
+        self._check_durable(acked)
 
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
-        """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist."""
-        rid = _check_uuid(run_id, "run_id")
-        keys = run_keys(self._prefix, rid)
+        """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
+        (this backend then stays bound as it was)."""
+        self._check_fork()
+        rid = check_uuid(run_id, "run_id")
         with self._bind_lock:
-            with self._lock:
-                channel = self._start_binding(keys)
+            binding = self._prepare(rid)
             try:
-                # without the backend's lock: the listener, shared by every backend on the
-                # client, must not wait for this load (notices meanwhile are buffered)
-                synced = self._wait_subscribed(channel)
-                reply = self._call(self._scripts.load, (), keys=list(keys))
-                state = None if reply == 0 or reply is None else RunState.from_load(
-                    rid, keys, reply)  # fmt: skip
+                state = self._reload(binding)
             except BaseException:
-                with self._lock:
-                    self._abort_binding()
+                self._stop_watch(binding.watch)
                 raise
-            with self._lock:
-                if state is None:
-                    self._abort_binding()
-                    return None
-                self._finish_binding(rid, keys, state, synced)
-                return state.snapshot
+            if state is None:
+                self._stop_watch(binding.watch)
+                return None
+            self._adopt(binding)
+            return binding.cache.snapshot()
 
     def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
         """Delete a run (default: the bound one) with its event log; True if it existed.
@@ -714,14 +572,14 @@ class RedisCheckpointBackend:
         never brought back by a late write; ``init_run`` makes a new one). This backend is
         unbound if it was bound to that run.
         """
-        rid = self._run_id if run_id is None else _check_uuid(run_id, "run_id")
+        self._check_fork()
+        rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
         if rid is None:
             raise RunNotBoundError("delete_run")
         keys = run_keys(self._prefix, rid)
-        with self._lock:
-            existed = self._call(self._scripts.delete_run, (), keys=list(keys))
-            if rid == self._run_id:
-                self._abort_binding()
+        existed = self._call(self._scripts.delete_run, (), list(keys), rid)
+        if rid == self.run_id:
+            self._unbind()
         return bool(int(existed))
 
     def list_runs(self) -> list[uuid.UUID]:
@@ -733,7 +591,7 @@ class RedisCheckpointBackend:
                 run_id = run_id_from_key(self._prefix, key)
                 if run_id is not None:
                     found.add(run_id)
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        except _REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         return sorted(found)
 
@@ -748,199 +606,54 @@ class RedisCheckpointBackend:
 
         One round trip for the whole batch; either every event is stored or none is.
         """
-        self._need_run("append_events")
-        if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
-            raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
-        batch = list(events)
-        if not batch:
+        binding = self._need_run("append_events")
+        args = self._encoder.events(events, binding.run_id)
+        if args == ["0"]:
             return
-        with self._lock:  # the run-id checks hold for the run the write goes to
-            args: list[Any] = [str(len(batch))]
-            for i, event in enumerate(batch):
-                args += self._event_args(event, f"events[{i}]" if len(batch) > 1 else "event")
-            reply = self._write(self._scripts.append_events, args)
-            version, now, apply = self._after_write(reply)
-            state = self._need_run("append_events")
-            if apply:
-                state.apply_events(batch, now, version)
-                self._check_echo(state, reply)
-            self._emit()
-        self._check_durable()
-
-    def _event_args(self, event: Any, field: str) -> list[Any]:
-        event = _check_type(event, t.AgentEvent, field)
-        if event.run_id is not None and event.run_id != self._run_id:
-            raise RunMismatchError(
-                f"{field}.run_id", f"event of run {event.run_id} cannot go into run {self._run_id}"
-            )
-        if event.run_id is None and not isinstance(event, t.SignalReceived):
-            raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
-        rule: tuple[Any, ...] = ()
-        if isinstance(event, t.AgentStarted):
-            rule = (str(event.agent_id), str(event.phase_id))
-        elif isinstance(event, t.AgentDone):
-            total = event.tokens.total()
-            if total > t.U64_MAX:
-                raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
-            rule = (
-                str(event.agent_id), event.status.cache_str, str(total),
-                _opt(None if event.output is None else codec.encode_json(event.output)),
-                _opt(codec.encode_findings(event.findings) if event.findings else None),
-            )  # fmt: skip
-        elif isinstance(event, t.PhaseStarted):
-            rule = (
-                str(event.phase_id), event.label, str(event.planned),
-                _opt(event.description), _opt(event.role),
-            )  # fmt: skip
-        elif isinstance(event, t.PhaseDone):
-            rule = (str(event.phase_id), str(event.ok), str(event.failed))
-        elif isinstance(event, t.RunDone):
-            total = event.total_tokens.total()
-            if total > t.U64_MAX:
-                raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
-            rule = (event.status.value, str(total))
-        return [event.TYPE, self._limit(codec.encode_event(event), field), str(len(rule)), *rule]
-
-    def _check_echo(self, state: RunState, reply: Any) -> None:
-        """Compare the script's view of the run fields with the cache's; reload if they differ."""
-        status, phase, total = (x.decode() if isinstance(x, bytes) else str(x) for x in reply[2:5])
-        if (status, int(phase), int(total)) != (
-            state.status.value, state.current_phase, state.total_tokens
-        ):
-            logger.warning("run %s: cache diverged from Redis, reloading", self._run_id)
-            self._reload()
+        self._write(self._scripts.append_events, args, binding)
 
     def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
         """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
-        self._need_run("upsert_agent_result")
-        cache = _check_type(cache, t.AgentResultCache, "cache")
-        args = (
-            str(cache.agent_id), str(cache.phase_id), cache.status, str(cache.tokens),
-            str(cache.completed_at),
-            _opt(None if cache.output is None
-                 else self._limit(codec.encode_json(cache.output), "cache.output")),
-            _opt(self._limit(codec.encode_findings(cache.findings), "cache.findings")
-                 if cache.findings else None),
-            _opt(cache.cache_key_hash), _opt(cache.description), _opt(cache.role),
-        )  # fmt: skip
-        with self._lock:
-            reply = self._write(self._scripts.upsert_agent_result, args)
-            version, now, apply = self._after_write(reply)
-            if apply:
-                self._need_run("upsert_agent_result").apply_result(cache, now, version)
-            self._emit()
-        self._check_durable()
+        binding = self._need_run("upsert_agent_result")
+        self._write(self._scripts.upsert_agent_result, self._encoder.result(cache), binding)
 
     def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
         """Insert or replace ``agent_sessions[session.agent_id]``."""
-        self._need_run("upsert_agent_session")
-        session = _check_type(session, t.AgentSessionCheckpoint, "session")
-        args = (
-            str(session.agent_id), _opt(session.backend_id), _opt(session.protocol_session_id),
-            session.session_id, session.status, str(session.updated_at),
-            "true" if session.resumable else "false",
-        )  # fmt: skip
-        with self._lock:
-            reply = self._write(self._scripts.upsert_agent_session, args)
-            version, now, apply = self._after_write(reply)
-            if apply:
-                self._need_run("upsert_agent_session").apply_session(session, now, version)
-            self._emit()
-        self._check_durable()
+        binding = self._need_run("upsert_agent_session")
+        self._write(self._scripts.upsert_agent_session, self._encoder.session(session), binding)
 
     def cancel(self) -> None:
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
-        self._status_change("cancel", self._scripts.cancel)
+        binding = self._need_run("cancel")
+        self._write(self._scripts.cancel, (), binding)
 
     def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
-        self._status_change("reset_status_to_running", self._scripts.reset_status_to_running)
-
-    def _status_change(self, operation: str, script: Any) -> None:
-        self._need_run(operation)
-        with self._lock:
-            reply = self._write(script, ())
-            version, now, apply = self._after_write(reply)
-            if apply:
-                status = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
-                self._need_run(operation).apply_status(t.CheckpointStatus(status), now, version)
-            self._emit()
-        self._check_durable()
+        binding = self._need_run("reset_status_to_running")
+        self._write(self._scripts.reset_status_to_running, (), binding)
 
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
-        self._need_run("save_checkpoint")
-        cp = _check_type(checkpoint, t.RunCheckpoint, "checkpoint")
-        if cp.run_id != self._run_id:
-            raise RunMismatchError(
-                "run_id", f"checkpoint of run {cp.run_id} cannot replace run {self._run_id}"
-            )
-        phase_ids = [p.phase_id for p in cp.completed_phases]
-        if len(set(phase_ids)) != len(phase_ids):
-            raise ValidationError("completed_phases", "phase ids must be unique")
-        started = list(dict.fromkeys(cp.started_agent_ids))
-        segments = finding_segments(cp)
-        args: list[Any] = [
-            cp.task, cp.status.value, str(cp.current_phase), str(cp.total_tokens),
-            str(cp.created_at),
-            _opt(None if cp.workflow_meta is None
-                 else self._limit(codec.encode_json(cp.workflow_meta), "workflow_meta")),
-            str(len(cp.completed_phases)),
-        ]  # fmt: skip
-        for p in cp.completed_phases:
-            args += (str(p.phase_id), p.label, str(p.planned), str(p.ok), str(p.failed),
-                     _opt(p.description), _opt(p.role))  # fmt: skip
-        args.append(str(len(cp.agent_results)))
-        for r in cp.agent_results.values():
-            args += (
-                str(r.agent_id), str(r.phase_id), r.status, str(r.tokens), str(r.completed_at),
-                _opt(None if r.output is None else self._limit(
-                    codec.encode_json(r.output), f"agent_results.{r.agent_id}.output")),
-                _opt(self._limit(codec.encode_findings(r.findings),
-                                 f"agent_results.{r.agent_id}.findings")
-                     if r.findings else None),
-                _opt(r.cache_key_hash), _opt(r.description), _opt(r.role),
-            )  # fmt: skip
-        args.append(str(len(cp.agent_sessions)))
-        for sess in cp.agent_sessions.values():
-            args += (
-                str(sess.agent_id), _opt(sess.backend_id), _opt(sess.protocol_session_id),
-                sess.session_id, sess.status, str(sess.updated_at),
-                "true" if sess.resumable else "false",
-            )  # fmt: skip
-        args.append(str(len(started)))
-        args += (str(a) for a in started)
-        args.append(str(len(segments)))
-        for seg, group in segments:
-            args += (seg, codec.encode_findings(group))
-        with self._lock:
-            if cp.run_id != self._run_id:  # rebound by another thread meanwhile
-                raise RunMismatchError(
-                    "run_id", f"checkpoint of run {cp.run_id} cannot replace run {self._run_id}"
-                )
-            reply = self._write(self._scripts.save_checkpoint, args)
-            version, now, apply = self._after_write(reply)
-            if apply:
-                self._need_run("save_checkpoint").apply_save(cp, segments, now, version)
-            self._emit()
-        self._check_durable()
+        binding = self._need_run("save_checkpoint")
+        args = self._encoder.save(checkpoint, binding.run_id)
+        self._write(self._scripts.save_checkpoint, args, binding)
 
     # -- reads -----------------------------------------------------------------------------
 
     def get_checkpoint(self) -> t.RunCheckpoint | None:
         """The current checkpoint from the in-process cache (no I/O); None when unbound."""
-        state = self._state
-        return state.snapshot if state is not None else None
+        binding = self._binding
+        return binding.cache.snapshot() if binding is not None else None
 
     def get_findings(self) -> tuple[t.Finding, ...]:
         """The run's findings (contract §5, findings) from the cache; () when unbound."""
-        state = self._state
-        return state.snapshot.findings if state is not None else ()
+        snapshot = self.get_checkpoint()
+        return snapshot.findings if snapshot is not None else ()
 
     def can_resume(self) -> bool:
         """Status is running, failed or cancelled (from the cache); False when unbound."""
-        state = self._state
-        return state is not None and state.status is not t.CheckpointStatus.COMPLETED
+        snapshot = self.get_checkpoint()
+        return snapshot is not None and snapshot.status is not t.CheckpointStatus.COMPLETED
 
     def get_event_log(self) -> list[t.AgentEvent]:
         """Every event of the run, in append order."""
@@ -953,24 +666,21 @@ class RedisCheckpointBackend:
 
         ``start`` is a stream id to begin at (inclusive), ``"-"`` for the beginning.
         """
-        self._need_run("iter_event_log")
+        binding = self._need_run("iter_event_log")
         if page_size < 1:
             raise ValidationError("page_size", "must be at least 1")
-        run_id, keys = self._run_id, self._keys
-        assert run_id is not None and keys is not None
+        run_id, key = binding.run_id, binding.keys.events
         lower = start
         while True:
             try:
-                page = self._client.xrange(keys.events, min=lower, max="+", count=page_size)
-            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                page = self._client.xrange(key, min=lower, max="+", count=page_size)
+            except _REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
-            for entry_id, fields in page:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-                yield self._decode_entry(run_id, keys.events, eid, fields)
+            for raw_id, fields in page:
+                yield decode_entry(run_id, key, entry_id(raw_id), fields)
             if len(page) < page_size:
                 return
-            last = page[-1][0]
-            lower = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+            lower = page_after(page)
 
     def iter_events(
         self,
@@ -988,12 +698,15 @@ class RedisCheckpointBackend:
         ``XREAD BLOCK`` and stops once ``timeout`` seconds pass without one (``None``: never);
         with ``follow=False`` it stops at the end of the log.
         """
-        self._need_run("iter_events")
-        run_id, keys = self._run_id, self._keys
-        assert run_id is not None and keys is not None
+        binding = self._need_run("iter_events")
+        run_id, key = binding.run_id, binding.keys.events
         last = "0-0" if from_id is None else from_id
-        if last == "$":
-            last = self._last_entry_id(keys.events)
+        try:
+            if last == "$":
+                newest = self._client.xrevrange(key, count=1)
+                last = entry_id(newest[0][0]) if newest else "0-0"
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc, run_id=run_id) from exc
         idle_since = time.monotonic()
         while True:
             block = block_ms if follow else None
@@ -1003,84 +716,14 @@ class RedisCheckpointBackend:
                     return
                 block = max(1, min(block_ms, int(left * 1000)))
             try:
-                reply = self._client.xread({keys.events: last}, count=count, block=block)
-            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                reply = self._client.xread({key: last}, count=count, block=block)
+            except _REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
-            entries = _xread_entries(reply)
-            for entry_id, fields in entries:
-                eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-                last = eid
-                yield LogEntry(eid, self._decode_entry(run_id, keys.events, eid, fields))
+            entries = xread_entries(reply)
+            for raw_id, fields in entries:
+                last = entry_id(raw_id)
+                yield LogEntry(last, decode_entry(run_id, key, last, fields))
             if entries:
                 idle_since = time.monotonic()
             elif not follow:
                 return
-
-    def _last_entry_id(self, key: str) -> str:
-        try:
-            newest = self._client.xrevrange(key, count=1)
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-            raise translate_error(exc, run_id=self._run_id) from exc
-        if not newest:
-            return "0-0"
-        raw = newest[0][0]
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-    @staticmethod
-    def _decode_entry(run_id: uuid.UUID, key: str, eid: str, fields: Any) -> t.AgentEvent:
-        type_raw, blob = fields.get(b"type"), fields.get(b"data")
-        if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
-            raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
-        return codec.decode_event(
-            type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
-        )
-
-
-def _xread_entries(reply: Any) -> list[Any]:
-    """The entries of an XREAD reply for one stream (RESP2 list or RESP3 dict)."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        out: list[Any] = []
-        for value in reply.values():
-            out.extend(value[0] if value and isinstance(value[0], list) else value)
-        return out
-    return [entry for _, entries in reply for entry in entries]
-
-
-def _opt_arg(raw: bytes) -> bytes | None:
-    if raw == b"n":
-        return None
-    if not raw.startswith(b"s"):
-        raise ValueError("malformed optional value in a change notice")
-    return raw[1:]
-
-
-def _opt_text(raw: bytes) -> str | None:
-    value = _opt_arg(raw)
-    return None if value is None else value.decode()
-
-
-def _result_from_args(a: list[bytes], key: str) -> t.AgentResultCache:
-    """The AgentResultCache of an upsert_agent_result notice (the script's arguments)."""
-    agent_id = uuid.UUID(a[0].decode())
-    output, findings = _opt_arg(a[5]), _opt_arg(a[6])
-    field = f"{agent_id}:"
-    return t.AgentResultCache._trusted(
-        agent_id=agent_id, phase_id=int(a[1]), status=a[2].decode(), tokens=int(a[3]),
-        completed_at=int(a[4]),
-        output=None if output is None else codec.decode_json(output, key=key,
-                                                             field=field + "output"),
-        findings=() if findings is None else codec.decode_findings(findings, key=key,
-                                                                   field=field + "findings"),
-        cache_key_hash=_opt_text(a[7]), description=_opt_text(a[8]), role=_opt_text(a[9]),
-    )  # fmt: skip
-
-
-def _session_from_args(a: list[bytes]) -> t.AgentSessionCheckpoint:
-    """The AgentSessionCheckpoint of an upsert_agent_session notice."""
-    return t.AgentSessionCheckpoint._trusted(
-        agent_id=uuid.UUID(a[0].decode()), backend_id=_opt_text(a[1]),
-        protocol_session_id=_opt_text(a[2]), session_id=a[3].decode(), status=a[4].decode(),
-        updated_at=int(a[5]), resumable=a[6] == b"true",
-    )  # fmt: skip

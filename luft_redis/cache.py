@@ -1,20 +1,28 @@
-"""The in-process copy of one run's checkpoint.
+"""The in-process copy of one run's checkpoint, kept by applying what the server says changed.
 
-:class:`RunState` holds the run as last seen at ``version`` and applies each change with the
-same rules the Lua scripts apply in Redis (contract §5), so a backend sees its own writes at
-once and ``get_checkpoint()`` never does network I/O. The scripts stay the authority: every
-write returns the run's new version, and a version that is not the next one means another
-process wrote in between, so the backend reloads the state instead of guessing.
+Two layers, neither of which does any I/O:
 
-Reads are O(1): the state keeps an immutable :class:`~luft_redis.types.RunCheckpoint`
-snapshot, rebuilt on each change from persistent maps (``immutables.Map``), so a change to one
-agent costs O(log n) and callers can never mutate what the cache holds.
+* :class:`RunState` is the run decoded as of one ``(incarnation, version)``. It changes only by
+  applying a script's :class:`~luft_redis.delta.Delta`, record by record, through the same
+  decoders that :meth:`RunState.from_load` uses for a whole load. It knows no state rule: the
+  rules of contract §5 live in the Lua scripts alone.
+* :class:`RunCache` is what a backend holds: the last decoded state plus the chain of deltas
+  received since (from its own writes' replies and other processes' notices), applied lazily
+  when somebody reads. It accepts a delta only when the delta's "before" equals the chain's
+  tip; anything else (a gap, another incarnation, an unknown format) marks the cache stale, and
+  the front end reloads it. See ``docs/coherence.md`` and ``../shared/design/coherence.md``.
+
+Reads are O(1) when nothing is pending: the state keeps an immutable
+:class:`~luft_redis.types.RunCheckpoint` snapshot built from persistent maps
+(``immutables.Map``), so a change to one agent costs O(log n).
 """
 
 from __future__ import annotations
 
-import gc
+import enum
 import itertools
+import logging
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -23,26 +31,29 @@ import immutables
 
 from . import codec
 from . import types as t
+from .delta import Delta
 from .errors import CorruptDataError
 from .keys import SCHEMA_VERSION, RunKeys
 
-__all__ = ["RunState", "finding_segments"]
+__all__ = ["Offer", "RunCache", "RunState", "finding_segments"]
 
 Segment = tuple[str, tuple[t.Finding, ...]]
 
+logger = logging.getLogger(__name__)
+
 
 class RunState:
-    """One run's checkpoint as of ``version``; see the module docstring."""
+    """One run's checkpoint as of ``(incarnation, version)``; see the module docstring."""
 
     __slots__ = (
-        "_extras",
         "_findings",
         "_phases",
         "_segments",
         "_started",
-        "_started_phase",
         "created_at",
         "current_phase",
+        "incarnation",
+        "keys",
         "results",
         "run_dir",
         "run_id",
@@ -56,30 +67,26 @@ class RunState:
         "workflow_meta",
     )
 
-    def __init__(self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any,
-                 now: int, version: int) -> None:  # fmt: skip
+    def __init__(self, run_id: uuid.UUID, keys: RunKeys) -> None:
         self.run_id = run_id
-        self.task = task
-        self.run_dir = run_dir
-        self.workflow_meta = workflow_meta
+        self.keys = keys
+        self.incarnation = ""
+        self.version = 0
+        self.task = ""
+        self.run_dir = ""
+        self.workflow_meta: Any = None
         self.status = t.CheckpointStatus.RUNNING
         self.current_phase = 0
         self.total_tokens = 0
-        self.created_at = now
-        self.updated_at = now
-        self.version = version
+        self.created_at = 0
+        self.updated_at = 0
         self.results: immutables.Map[uuid.UUID, t.AgentResultCache] = immutables.Map()
         self.sessions: immutables.Map[uuid.UUID, t.AgentSessionCheckpoint] = immutables.Map()
         self._phases: dict[int, t.PhaseSummary] = {}
-        self._started: list[uuid.UUID] = []
-        self._started_phase: dict[uuid.UUID, int] = {}
-        # finding segments by id, in list order; "<agent>#<n>" extras exist only after a save
+        self._started: dict[uuid.UUID, None] = {}
         self._segments: dict[str, tuple[t.Finding, ...]] = {}
         self._findings: tuple[t.Finding, ...] = ()
-        self._extras: set[str] = set()
         self.snapshot = self._build()
-
-    # -- snapshot --------------------------------------------------------------------------
 
     def _build(self) -> t.RunCheckpoint:
         return t.RunCheckpoint._trusted(
@@ -98,145 +105,338 @@ class RunState:
             started_agent_ids=tuple(self._started),
         )
 
-    def _commit(self, now: int, version: int) -> None:
-        self.updated_at = now
-        self.version = version
-        self.snapshot = self._build()
-
-    # -- changes, mirroring the Lua scripts ------------------------------------------------
-
-    def apply_events(self, events: Sequence[t.AgentEvent], now: int, version: int) -> None:
-        """Apply a batch of events, in order, as append_events-10.lua does (one version)."""
-        for event in events:
-            self._apply_event(event, now)
-        self._commit(now, version)
-
-    def _apply_event(self, event: t.AgentEvent, now: int) -> None:
-        if isinstance(event, t.AgentStarted):
-            if event.agent_id not in self._started_phase:
-                self._started.append(event.agent_id)
-            self._started_phase[event.agent_id] = event.phase_id
-        elif isinstance(event, t.AgentDone):
-            self._apply_agent_done(event, now)
-        elif isinstance(event, t.PhaseStarted):
-            old = self._phases.get(event.phase_id)
-            self._phases[event.phase_id] = t.PhaseSummary._trusted(
-                phase_id=event.phase_id, label=event.label, planned=event.planned,
-                ok=old.ok if old else 0, failed=old.failed if old else 0,
-                description=event.description, role=event.role,
-            )  # fmt: skip
-            self.current_phase = max(self.current_phase, event.phase_id)
-        elif isinstance(event, t.PhaseDone):
-            old = self._phases.get(event.phase_id)
-            if old is None:
-                old = t.PhaseSummary._trusted(
-                    phase_id=event.phase_id, label="", planned=0, ok=0, failed=0,
-                    description=None, role=None,
-                )  # fmt: skip
-            self._phases[event.phase_id] = old._replace(ok=event.ok, failed=event.failed)
-            self.current_phase = max(self.current_phase, event.phase_id)
-        elif isinstance(event, t.RunDone):
-            final = event.status is not t.RunStatus.PARTIAL
-            if final and self.status not in (t.CheckpointStatus.COMPLETED,
-                                             t.CheckpointStatus.CANCELLED):  # fmt: skip
-                self.status = t.CheckpointStatus(event.status.value)
-            reported = event.total_tokens.total()
-            if reported > 0:
-                self.total_tokens = reported
-
-    def _apply_agent_done(self, event: t.AgentDone, now: int) -> None:
-        old = self.results.get(event.agent_id)
-        if old is None:
-            phase_id, completed_at = self._started_phase.get(event.agent_id, 0), now
-            cache_key_hash = description = role = None
-            output, findings = event.output, event.findings
-        else:
-            phase_id, completed_at = old.phase_id, old.completed_at
-            cache_key_hash, description, role = old.cache_key_hash, old.description, old.role
-            output = old.output if old.output is not None else event.output
-            findings = old.findings if old.findings else event.findings
-        self.results = self.results.set(
-            event.agent_id,
-            t.AgentResultCache._trusted(
-                agent_id=event.agent_id, phase_id=phase_id, status=event.status.cache_str,
-                output=output, findings=findings, tokens=event.tokens.total(),
-                completed_at=completed_at, cache_key_hash=cache_key_hash,
-                description=description, role=role,
-            ),
-        )  # fmt: skip
-        if (old is None or not old.findings) and event.findings:
-            self._set_agent_findings(event.agent_id, event.findings)
-        self.total_tokens += event.tokens.total()
-
-    def apply_result(self, result: t.AgentResultCache, now: int, version: int) -> None:
-        """Apply ``upsert_agent_result`` as upsert_agent_result-10.lua does."""
-        self.results = self.results.set(result.agent_id, result)
-        self._set_agent_findings(result.agent_id, result.findings)
-        self._commit(now, version)
-
-    def apply_session(self, session: t.AgentSessionCheckpoint, now: int, version: int) -> None:
-        self.sessions = self.sessions.set(session.agent_id, session)
-        self._commit(now, version)
-
-    def apply_status(self, status: t.CheckpointStatus, now: int, version: int) -> None:
-        """A status change by cancel/reset."""
-        self.status = status
-        self._commit(now, version)
-
-    def _set_agent_findings(self, agent_id: uuid.UUID, findings: tuple[t.Finding, ...]) -> None:
-        """Mirror of set_agent_findings in lua/includes/common.lua."""
-        seg = str(agent_id)
-        segments = self._segments
-        if seg not in segments:
-            if findings:  # a new agent's findings go at the end
-                segments[seg] = findings
-                self._findings += findings
-            return
-        if findings:
-            segments[seg] = findings
-        else:
-            del segments[seg]
-        if seg in self._extras:  # further groups of this agent written by a save: dropped
-            self._extras.discard(seg)
-            for sid in [sid for sid in segments if sid.startswith(f"{seg}#")]:
-                del segments[sid]
-        self._findings = tuple(itertools.chain.from_iterable(segments.values()))
-
-    def apply_save(self, cp: t.RunCheckpoint, segments: list[Segment], now: int,
-                   version: int) -> None:  # fmt: skip
-        """Apply ``save_checkpoint(cp)`` as save_checkpoint-10.lua does."""
-        self.task, self.status = cp.task, cp.status
-        self.current_phase, self.total_tokens = cp.current_phase, cp.total_tokens
-        self.created_at, self.workflow_meta = cp.created_at, cp.workflow_meta
-        self._phases = {p.phase_id: p for p in cp.completed_phases}
-        self.results = immutables.Map(cp.agent_results)
-        self.sessions = immutables.Map(cp.agent_sessions)
-        self._started = list(dict.fromkeys(cp.started_agent_ids))
-        self._started_phase = {a: self._started_phase.get(a, 0) for a in self._started}
-        self._segments = dict(segments)
-        self._extras = _extras(self._segments)
-        self._findings = tuple(cp.findings)
-        self._commit(now, version)
-
     # -- loading ---------------------------------------------------------------------------
 
     @classmethod
     def from_load(cls, run_id: uuid.UUID, keys: RunKeys, reply: Sequence[Any]) -> RunState:
-        """Decode the reply of load-10.lua, checking every field (CorruptDataError)."""
-        # Decoding makes many small objects and no cycles: the cyclic GC would only rescan
-        # the growing heap again and again (about a third of the time for 10,000 agents).
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            return _Loader(run_id, keys).load(reply)
-        finally:
-            if enabled:
-                gc.enable()
+        """Decode the reply of load-10.lua (or a Z record), checking every field
+        (:class:`CorruptDataError` naming key and field)."""
+        return _Loader(run_id, keys).load(reply)
+
+    @classmethod
+    def from_whole(cls, run_id: uuid.UUID, keys: RunKeys, delta: Delta) -> RunState:
+        """The state carried by a whole-state delta (init_run, save_checkpoint)."""
+        return cls.from_load(run_id, keys, _whole_parts(delta, keys))
+
+    # -- applying deltas -------------------------------------------------------------------
+
+    def apply(self, delta: Delta) -> RunState:
+        """The state after ``delta`` (whose "before" is this state): this object, changed in
+        place, or a new one for a whole-state delta.
+
+        Every record is decoded before anything changes, so a delta that cannot be read
+        (CorruptDataError/ValueError: the caller reloads) leaves the state as it was.
+        """
+        if delta.whole:
+            return RunState.from_whole(self.run_id, self.keys, delta)
+        parts = delta.records()
+        loader = _Loader(self.run_id, self.keys)
+        run_fields: dict[str, Any] = {}
+        results: list[tuple[uuid.UUID, t.AgentResultCache | None]] = []
+        sessions: list[tuple[uuid.UUID, t.AgentSessionCheckpoint | None]] = []
+        phases: list[tuple[int, t.PhaseSummary | None]] = []
+        started: list[uuid.UUID] = []
+        segments: list[tuple[str, tuple[t.Finding, ...] | None]] = []
+        i, n = 0, len(parts)
+        while i < n:
+            tag = parts[i]
+            if tag == b"R":
+                name = parts[i + 1].decode()
+                run_fields[name] = self._run_field(loader, name, parts[i + 2])
+                i += 3
+            elif tag == b"E":
+                section, entity, count = parts[i + 1], parts[i + 2].decode(), int(parts[i + 3])
+                attrs = parts[i + 4 : i + 4 + 2 * count]
+                if len(attrs) != 2 * count:
+                    raise ValueError("truncated entity record")
+                i += 4 + 2 * count
+                fields = {f"{entity}:{attrs[j].decode()}": attrs[j + 1]
+                          for j in range(0, len(attrs), 2)}  # fmt: skip
+                if section == b"res":
+                    aid = loader._agent_id(self.keys.results, entity)
+                    results.append((aid, loader._results(fields)[aid] if fields else None))
+                elif section == b"ses":
+                    aid = loader._agent_id(self.keys.sessions, entity)
+                    sessions.append((aid, loader._sessions(fields)[aid] if fields else None))
+                elif section == b"ph":
+                    pid = loader._uint(self.keys.phases, entity, entity.encode(), t.U32_MAX)
+                    phases.append((pid, loader._phases(fields)[pid] if fields else None))
+                else:
+                    raise ValueError(f"unknown delta section {section[:8]!r}")
+            elif tag == b"S":
+                started += loader._started({parts[i + 1].decode(): parts[i + 2]})
+                i += 3
+            elif tag == b"F":
+                seg = parts[i + 1].decode()
+                found = loader._findings(parts[i + 2], key=self.keys.findings, field=seg)
+                segments.append((seg, found))
+                i += 3
+            elif tag == b"X":
+                segments.append((parts[i + 1].decode(), None))
+                i += 2
+            else:
+                raise ValueError(f"unknown delta record {tag[:8]!r}")
+        # everything decoded: change the state (nothing below can fail)
+        for name, value in run_fields.items():
+            if name in _RUN_ATTRS:
+                setattr(self, name, value)
+        for aid, result in results:
+            self.results = self.results.set(aid, result) if result else self.results.delete(aid)
+        for aid, session in sessions:
+            self.sessions = (self.sessions.set(aid, session) if session
+                             else self.sessions.delete(aid))  # fmt: skip
+        for pid, phase in phases:
+            if phase is None:
+                self._phases.pop(pid, None)
+            else:
+                self._phases[pid] = phase
+        for aid in started:
+            self._started.setdefault(aid)
+        rebuild = False
+        for seg, group in segments:
+            if group is None:
+                rebuild = self._segments.pop(seg, None) is not None or rebuild
+            elif seg in self._segments or rebuild:
+                self._segments[seg] = group
+                rebuild = True
+            else:  # a new segment goes at the end: no rebuild of the whole list
+                self._segments[seg] = group
+                self._findings += group
+        if rebuild:
+            self._findings = tuple(itertools.chain.from_iterable(self._segments.values()))
+        self.snapshot = self._build()
+        return self
+
+    def _run_field(self, loader: _Loader, name: str, raw: bytes) -> Any:
+        k = self.keys.run
+        if name == "status":
+            return loader._status(raw)
+        if name == "current_phase":
+            return loader._uint(k, name, raw, t.U32_MAX)
+        if name in ("version", "updated_at", "total_tokens", "created_at"):
+            return loader._uint(k, name, raw)
+        if name == "workflow_meta":
+            return codec.decode_json(raw, key=k, field=name)
+        return loader._text(k, name, raw)
 
 
-def _extras(segments: dict[str, tuple[t.Finding, ...]]) -> set[str]:
-    """Agents with further finding groups ("<agent>#<n>") besides their own segment."""
-    return {sid.partition("#")[0] for sid in segments if "#" in sid}
+_RUN_ATTRS = frozenset({
+    "version", "updated_at", "status", "current_phase", "total_tokens", "incarnation",
+    "created_at", "task", "workflow_meta",
+})  # fmt: skip
+"""Run hash fields that are part of the cached state (others: schema, run_id, run_dir,
+phases, are not checkpoint fields)."""
+
+
+def _whole_parts(delta: Delta, keys: RunKeys) -> list[Any]:
+    """The 7 counted parts of a Z record, shaped as load-10.lua's reply."""
+    parts = delta.records()
+    if not parts or parts[0] != b"Z":
+        raise CorruptDataError(keys.run, "", f"{delta.op!r} delta lacks the whole state")
+    out: list[Any] = []
+    i = 1
+    for _ in range(7):
+        count = int(parts[i])
+        out.append(parts[i + 1 : i + 1 + count])
+        i += 1 + count
+    if i != len(parts):
+        raise ValueError("whole-state record has trailing parts")
+    return out
+
+
+class Offer(enum.Enum):
+    """What :meth:`RunCache.offer` did with a delta."""
+
+    APPLIED = "applied"
+    """It continues the chain: queued, and counted as applied."""
+    OLD = "old"
+    """The cache already has it (or a later state of the same incarnation)."""
+    BEHIND = "behind"
+    """It comes after versions the cache lacks (same incarnation): wait for them, or reload."""
+    FOREIGN = "foreign"
+    """Another incarnation, a deleted run, or an unreadable delta: reload."""
+
+
+class RunCache:
+    """A bound run's cache: a decoded state plus the chain of deltas received since.
+
+    Thread-safe, and no method does I/O. ``offer`` (called by a listener thread or a writer)
+    takes only a short lock and never decodes; reads decode pending deltas on the reading
+    thread. Staleness is counted in generations: every event that may have made the cache
+    miss a change (a gap, a resubscription, a foreign incarnation) bumps the generation, and a
+    reload that *started* at the current generation makes the cache synced again.
+    """
+
+    def __init__(self, run_id: uuid.UUID, keys: RunKeys) -> None:
+        self.run_id = run_id
+        self.keys = keys
+        self._lock = threading.Lock()  # the chain: held for O(1) work only
+        self.changed = threading.Condition(self._lock)
+        self._apply_lock = threading.Lock()  # decoding and installing
+        self._state: RunState | None = None
+        self._early: list[Delta] = []  # deltas offered before the first state
+        self._pending: list[Delta] = []
+        self._tip: tuple[str, int] = ("", 0)
+        self._generation = 1  # starts stale: nothing loaded
+        self._synced = 0
+        self._gone = False
+        self._changes = 0  # counts every change of tip, for waiters
+
+    # -- reads (no I/O) --------------------------------------------------------------------
+
+    @property
+    def loaded(self) -> bool:
+        return self._state is not None
+
+    @property
+    def tip(self) -> tuple[str, int]:
+        """``(incarnation, version)`` including the queued deltas."""
+        return self._tip
+
+    @property
+    def change_count(self) -> int:
+        """Increases with every change of the tip (for waiters: versions may restart)."""
+        return self._changes
+
+    @property
+    def synced(self) -> bool:
+        """No change is known to be missing (what ``cache_is_fresh`` needs from the cache)."""
+        return self._synced == self._generation and not self._gone and self._state is not None
+
+    @property
+    def gone(self) -> bool:
+        """The run was deleted (a notice or a load said so)."""
+        return self._gone
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def state(self) -> RunState | None:
+        """The decoded state with every queued delta applied (CPU work only)."""
+        state = self._state
+        if not self._pending or state is None:
+            return state
+        with self._apply_lock:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            state = self._state
+            assert state is not None
+            try:
+                for delta in pending:
+                    state = state.apply(delta)
+            except (CorruptDataError, ValueError, IndexError, KeyError):
+                logger.error(
+                    "run %s: a change could not be applied; the cache is stale until reloaded",
+                    self.run_id, exc_info=True)  # fmt: skip
+                good = self._state
+                assert good is not None
+                with self._lock:
+                    self._pending = []
+                    self._tip = (good.incarnation, good.version)
+                    self._generation += 1
+                return good
+            self._state = state
+            return state
+
+    def snapshot(self) -> t.RunCheckpoint | None:
+        state = self.state()
+        return None if state is None else state.snapshot
+
+    # -- changes (no I/O) ------------------------------------------------------------------
+
+    def offer(self, delta: Delta) -> Offer:
+        """Queue ``delta`` when it continues the chain; see :class:`Offer`."""
+        with self._lock:
+            if self._state is None:
+                self._early.append(delta)
+                return Offer.APPLIED
+            return self._offer_locked(delta)
+
+    def _offer_locked(self, delta: Delta) -> Offer:
+        inc, version = self._tip
+        if delta.deleted:
+            if delta.inc_after == inc and delta.v_after < version:
+                return Offer.OLD  # the delete of an earlier incarnation's state? impossible
+            self._gone = True
+            self._generation += 1
+            self._bump()
+            return Offer.FOREIGN
+        if not delta.changed or delta.replay:
+            if delta.inc_after == inc and delta.v_after <= version:
+                return Offer.OLD
+            return Offer.BEHIND if delta.inc_after == inc else Offer.FOREIGN
+        if delta.inc_before == inc and delta.v_before == version:
+            self._pending.append(delta)
+            self._tip = (delta.inc_after, delta.v_after)
+            self._bump()
+            return Offer.APPLIED
+        if delta.inc_after == inc and delta.v_after <= version:
+            return Offer.OLD
+        if delta.whole and delta.inc_after == inc:  # a newer whole state: applies anywhere
+            self._pending = [delta]
+            self._tip = (delta.inc_after, delta.v_after)
+            self._bump()
+            return Offer.APPLIED
+        if delta.inc_before == inc and delta.v_before > version:
+            return Offer.BEHIND
+        return Offer.FOREIGN
+
+    def _bump(self) -> None:
+        self._changes += 1
+        self.changed.notify_all()
+
+    def mark_stale(self) -> None:
+        """A change may have been missed: stale until a reload that starts after this."""
+        with self._lock:
+            self._generation += 1
+            self._changes += 1
+            self.changed.notify_all()
+
+    def install(self, state: RunState | None, generation: int) -> bool:
+        """Install a load taken when the generation was ``generation`` (None: the run does
+        not exist). Returns False when the load is older than what the cache holds."""
+        with self._apply_lock, self._lock:
+            current = self._state
+            if state is None:
+                self._gone = True
+                if generation == self._generation:
+                    self._synced = generation
+                self._bump()
+                return True
+            inc, version = self._tip
+            if current is not None and state.incarnation == inc and state.version < version:
+                # a load older than the chain (notices overtook it): keep the chain
+                if generation == self._generation and not self._gone:
+                    self._synced = generation
+                return False
+            queued = self._early + self._pending
+            self._early = []
+            self._state = state
+            self._pending = []
+            self._tip = (state.incarnation, state.version)
+            self._gone = False
+            for delta in queued:
+                if delta.inc_after == state.incarnation and delta.v_after <= state.version:
+                    continue
+                if self._offer_locked(delta) is not Offer.APPLIED:
+                    self._generation += 1  # something did not fit: reload again
+            if generation == self._generation or (current is None and not queued):
+                self._synced = max(self._synced, generation)
+            self._bump()
+            return True
+
+    def wait(self, predicate: Any, timeout: float | None) -> bool:
+        """Wait (on the chain's condition) until ``predicate()`` holds; False on timeout."""
+        with self._lock:
+            return bool(self.changed.wait_for(predicate, timeout))
+
+    def reset_locks(self) -> None:
+        """In a forked child: locks held by the parent's other threads are gone with them."""
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self._apply_lock = threading.Lock()
+        self._generation += 1
 
 
 def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:
@@ -376,22 +576,18 @@ class _Loader:
         stored_id = self._text(k, "run_id", need("run_id"))
         if stored_id != str(self.run_id):
             raise CorruptDataError(k, "run_id", f"{stored_id!r} does not match the key")
-        status_text = self._text(k, "status", need("status"))
-        try:
-            status = t.CheckpointStatus(status_text)
-        except ValueError:
-            raise CorruptDataError(k, "status", f"{status_text!r} is not a status") from None
+        status = self._status(need("status"))
         meta_raw = run.get("workflow_meta")
         meta = None if meta_raw is None else codec.decode_json(
             meta_raw, key=k, field="workflow_meta")  # fmt: skip
-        state = RunState(
-            self.run_id,
-            self._text(k, "task", need("task")),
-            self._text(k, "run_dir", need("run_dir")),
-            meta,
-            self._uint(k, "created_at", need("created_at")),
-            self._uint(k, "version", need("version")),
-        )
+        state = RunState(self.run_id, keys)
+        state.task = self._text(k, "task", need("task"))
+        state.run_dir = self._text(k, "run_dir", need("run_dir"))
+        state.workflow_meta = meta
+        state.created_at = self._uint(k, "created_at", need("created_at"))
+        state.version = self._uint(k, "version", need("version"))
+        inc = run.get("incarnation")  # absent in runs written by 0.1.0
+        state.incarnation = "" if inc is None else self._text(k, "incarnation", inc)
         state.status = status
         state.current_phase = self._uint(k, "current_phase", need("current_phase"), t.U32_MAX)
         state.total_tokens = self._uint(k, "total_tokens", need("total_tokens"))
@@ -399,9 +595,8 @@ class _Loader:
         state._phases = self._phases(self._hash(keys.phases, phases_raw))
         state.results = self._results(self._hash(keys.results, results_raw))
         state.sessions = self._sessions(self._hash(keys.sessions, sessions_raw))
-        state._started, state._started_phase = self._started(self._hash(keys.started, started_raw))
+        state._started = dict.fromkeys(self._started(self._hash(keys.started, started_raw)))
         state._segments = dict(self._segments(self._hash(keys.findings, seg_raw), order_raw))
-        state._extras = _extras(state._segments)
         state._findings = tuple(itertools.chain.from_iterable(state._segments.values()))
         state.snapshot = state._build()
         return state
@@ -485,9 +680,14 @@ class _Loader:
             )  # fmt: skip
         return immutables.Map(out)
 
-    def _started(
-        self, fields: dict[str, bytes]
-    ) -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
+    def _status(self, raw: Any) -> t.CheckpointStatus:
+        text = self._text(self.keys.run, "status", raw)
+        try:
+            return t.CheckpointStatus(text)
+        except ValueError:
+            raise CorruptDataError(self.keys.run, "status", f"{text!r} is not a status") from None
+
+    def _started(self, fields: dict[str, bytes]) -> list[uuid.UUID]:
         key = self.keys.started
         found: list[tuple[int, uuid.UUID, int]] = []
         for aid_text, raw in fields.items():
@@ -500,7 +700,7 @@ class _Loader:
                 self._uint(key, aid_text, phase_text.encode(), t.U32_MAX),
             ))  # fmt: skip
         found.sort(key=lambda item: item[0])
-        return [a for _, a, _ in found], {a: p for _, a, p in found}
+        return [a for _, a, _ in found]
 
     def _segments(self, blobs: dict[str, bytes], order_raw: Any) -> list[Segment]:
         key, order_key = self.keys.findings, self.keys.findings_order

@@ -14,9 +14,11 @@ import builtins
 
 __all__ = [
     "BackendError",
+    "ClientTypeError",
     "ConfigurationError",
     "ConnectionError",
     "CorruptDataError",
+    "ForkedError",
     "LuftRedisError",
     "NotDurableError",
     "NotResumableError",
@@ -61,6 +63,16 @@ class PayloadTooLargeError(ValidationError):
 
 class ConfigurationError(LuftRedisError, ValueError):
     """The backend was set up with options or a client it cannot work with."""
+
+
+class ClientTypeError(ConfigurationError, TypeError):
+    """A sync client handed to the asyncio backend, or the other way round (the message names
+    the class to use)."""
+
+
+class ForkedError(LuftRedisError, RuntimeError):
+    """An asyncio backend used in a process forked after it was made: create it after the
+    fork (asyncio itself does not support forking a process with a running loop)."""
 
 
 class RunExistsError(LuftRedisError):

@@ -1,15 +1,17 @@
-"""Change notices: one listener thread per Redis client keeps every bound backend's cache current.
+"""The sync front end's change listener and refresher: one of each per client and process.
 
-Every Lua script that changes a run publishes one notice on the run's sharded channel
-``<prefix>:{<run-id>}:changes`` (``SPUBLISH``, so it works on Redis Cluster too): the run's new
-version, the server time and what changed. A :class:`ChangeListener` (one per client object,
-shared by every backend on that client) subscribes with ``SSUBSCRIBE`` to the channels of the
-runs its backends are bound to and hands each notice to them; they apply it to their cache, or
-reload the run when a version is missing.
+:class:`ChangeListener` keeps one subscriber connection per Redis node that owns a watched
+run's channel (one in all on a plain server), each read by its own thread. The thread only
+reads, health-checks and queues: a notice is handed to every :class:`~luft_redis.coherence.Watch`
+of its channel (a header check and a list append), a confirmation marks the watches stale, and
+a PING goes out every ``max_staleness / 4``. It takes no lock that a writer holds across I/O
+and makes no call but its own subscription's (and, on Redis Cluster, the topology refresh that
+finding the channel's node needs).
 
-Whenever a subscription is (re)confirmed, after a reconnect for instance, the backends reload
-their run, so a notice lost while the connection was down cannot leave a cache behind. While the
-listener is not connected, the backends report ``cache_is_fresh == False``.
+Anything that may have lost a notice (a lost connection, a PING unanswered for too long, an
+``sunsubscribe`` the client did not ask for, a MOVED reply) closes the connection, refreshes
+the cluster topology, subscribes again on the node that owns each channel now and marks the
+watches stale; the :class:`Refresher` thread then reloads them.
 """
 
 from __future__ import annotations
@@ -19,56 +21,41 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+import redis
 import redis.cluster
+from redis.crc import key_slot
 
-__all__ = ["ChangeListener", "Watcher", "parse_notice"]
+from .coherence import DEFAULT_MAX_STALENESS, LinkHealth, Watch, on_fork
+
+__all__ = ["ChangeListener", "Refresher"]
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
-"""How long the listener waits for a message before it looks at (un)subscribe requests."""
+"""Longest wait for a message before a link looks at its requests and health checks."""
 
 IDLE_EXIT_SECONDS = 2.0
-"""A listener with no watcher left stops its thread after this long."""
+"""A link or refresher with nothing to do stops its thread after this long."""
 
-MAX_BACKOFF_SECONDS = 2.0
+MAX_BACKOFF_SECONDS = 1.0
 """Longest pause between reconnection attempts."""
 
 
-class Watcher(Protocol):
-    """What a listener calls on a backend (from the listener thread)."""
-
-    def _on_notice(self, channel: bytes, payload: bytes) -> None: ...
-
-    def _on_subscribed(self, channel: bytes, confirmation: int) -> None: ...
-
-
-def parse_notice(payload: bytes) -> list[bytes]:
-    """Split a notice made of netstrings ``<len>:<bytes>`` into its parts."""
-    parts: list[bytes] = []
-    pos, end = 0, len(payload)
-    while pos < end:
-        colon = payload.index(b":", pos)
-        length = int(payload[pos:colon])
-        start = colon + 1
-        if length < 0 or start + length > end:
-            raise ValueError("truncated notice")
-        parts.append(payload[start : start + length])
-        pos = start + length
-    return parts
+class _Reconnect(Exception):
+    """The subscriber connection can no longer be trusted: replace it."""
 
 
 class ChangeListener:
-    """The listener thread of one client; get it with :meth:`for_client`."""
+    """The listener of one client in this process; get it with :meth:`for_client`."""
 
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
     _registry: ClassVar[dict[int, ChangeListener]] = {}
 
     @classmethod
     def for_client(cls, client: Any) -> ChangeListener:
-        """The listener of ``client``, created on first use."""
         with cls._registry_lock:
             listener = cls._registry.get(id(client))
             if listener is None or listener._client is not client:
@@ -76,187 +63,348 @@ class ChangeListener:
                 cls._registry[id(client)] = listener
             return listener
 
+    @classmethod
+    def _forget_all(cls) -> None:  # in a forked child: the threads are gone
+        cls._registry_lock = threading.Lock()
+        cls._registry = {}
+
     def __init__(self, client: Any) -> None:
         self._client = client
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
         self._lock = threading.Lock()
-        self._watchers: dict[bytes, weakref.WeakSet[Any]] = {}
-        self._requests: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
-        self._confirmed: set[bytes] = set()
-        self._confirmations: dict[bytes, int] = {}
-        self._confirmed_cv = threading.Condition(self._lock)
-        self._connected = False
-        self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
+        self._subscribed = threading.Condition(self._lock)
+        self._watches: dict[bytes, list[Watch]] = {}
+        self._route: dict[bytes, str] = {}
+        self._links: dict[str, _Link] = {}
+        self.max_staleness = DEFAULT_MAX_STALENESS
 
-    # -- used by backends ------------------------------------------------------------------
+    # -- used by the front end -------------------------------------------------------------
 
-    def watch(self, channel: bytes, watcher: Watcher) -> None:
-        """Deliver the notices of ``channel`` to ``watcher`` (held weakly)."""
+    def watch(self, watch: Watch, max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
+        """Deliver the notices of ``watch.channel`` to ``watch``."""
+        channel = watch.channel
         with self._lock:
-            watchers = self._watchers.setdefault(channel, weakref.WeakSet())
-            new_channel = not watchers
-            watchers.add(watcher)
-            if new_channel:
-                self._requests.put(("sub", channel))
-            # else: already subscribed, and the watcher's own load comes after that
-            self._ensure_thread()
-        self._wake.set()
+            if max_staleness < self.max_staleness:
+                self.max_staleness = max_staleness
+                for link in self._links.values():
+                    link.health.max_staleness = max_staleness
+            watches = self._watches.setdefault(channel, [])
+            watches.append(watch)
+            link = self._link_for(channel)
+            already = channel in link.health.confirmed
+            if len(watches) == 1:
+                link.request(("sub", channel))
+            link.ensure_thread()
+        if already:  # no confirmation will come for this watch: its load follows this
+            watch.subscribed()
 
-    def unwatch(self, channel: bytes, watcher: Watcher) -> None:
+    def unwatch(self, watch: Watch) -> None:
+        channel = watch.channel
         with self._lock:
-            watchers = self._watchers.get(channel)
-            if watchers is None:
+            watches = self._watches.get(channel)
+            if not watches or watch not in watches:
                 return
-            watchers.discard(watcher)
-            if not watchers:
-                del self._watchers[channel]
-                self._confirmed.discard(channel)
-                self._requests.put(("unsub", channel))
-        self._wake.set()
+            watches.remove(watch)
+            if not watches:
+                del self._watches[channel]
+                name = self._route.pop(channel, None)
+                link = self._links.get(name) if name is not None else None
+                if link is not None:
+                    link.request(("unsub", channel))
 
-    def is_fresh(self, channel: bytes) -> bool:
-        """True while connected and subscribed to ``channel``."""
-        return self._connected and channel in self._confirmed
+    def healthy(self, channel: bytes, max_staleness: float | None = None) -> bool:
+        """Subscribed on the channel's node, and that connection proved it delivers lately."""
+        name = self._route.get(channel)
+        link = self._links.get(name) if name is not None else None
+        return link is not None and link.health.healthy(channel, time.monotonic(), max_staleness)
 
-    def confirmation(self, channel: bytes) -> int:
-        """How many times the subscription to ``channel`` was confirmed (0: not yet)."""
-        with self._lock:
-            return self._confirmations.get(channel, 0) if channel in self._confirmed else 0
-
-    def wait_confirmed(self, channel: bytes, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for the subscription; its confirmation count or 0."""
-        with self._confirmed_cv:
-            self._confirmed_cv.wait_for(lambda: channel in self._confirmed, timeout)
-            return self._confirmations.get(channel, 0) if channel in self._confirmed else 0
+    def wait_subscribed(self, channel: bytes, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._subscribed:
+            while True:
+                name = self._route.get(channel)
+                link = self._links.get(name) if name is not None else None
+                if link is not None and channel in link.health.confirmed:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._subscribed.wait(left)
 
     @property
     def connected(self) -> bool:
-        return self._connected
+        """Every subscriber connection is up (False while any reconnects)."""
+        with self._lock:
+            links = list(self._links.values())
+        return bool(links) and all(link.health.connected for link in links)
 
-    def kill_connection_for_tests(self) -> None:  # pragma: no cover - used by tests only
-        """Drop the listener's connection (the effect of CLIENT KILL), to test recovery."""
-        self._requests.put(("drop", b""))
-        self._wake.set()
+    def drop_connections_for_tests(self) -> None:
+        """Close every subscriber connection (the effect of CLIENT KILL), to test recovery."""
+        with self._lock:
+            for link in self._links.values():
+                link.request(("drop", b""))
 
-    # -- the thread ------------------------------------------------------------------------
+    # -- routing ---------------------------------------------------------------------------
 
-    def _ensure_thread(self) -> None:
+    def _node_name(self, channel: bytes) -> str:
+        if not self._cluster:
+            return ""
+        try:
+            node = self._client.nodes_manager.get_node_from_slot(key_slot(channel))
+        except Exception:  # no slot map (yet): the link refreshes it when it connects
+            return "?"
+        return str(node.name)
+
+    def _link_for(self, channel: bytes) -> _Link:
+        """The link that should carry ``channel`` (lock held)."""
+        name = self._node_name(channel)
+        self._route[channel] = name
+        link = self._links.get(name)
+        if link is None:
+            link = self._links[name] = _Link(self, name)
+            link.health.max_staleness = self.max_staleness
+        return link
+
+    def _channels_of(self, link: _Link) -> list[bytes]:
+        with self._lock:
+            return [c for c, name in self._route.items() if name == link.name]
+
+    def _reroute(self) -> None:
+        """After a topology change: move channels to the links of their current nodes."""
+        with self._lock:
+            for channel in list(self._route):
+                old = self._route[channel]
+                new_link = self._link_for(channel)
+                if new_link.name != old:
+                    old_link = self._links.get(old)
+                    if old_link is not None:
+                        old_link.request(("unsub", channel))
+                    new_link.request(("sub", channel))
+                    new_link.ensure_thread()
+
+    def _refresh_topology(self) -> None:
+        if not self._cluster:
+            return
+        try:
+            self._client.nodes_manager.initialize()
+        except Exception as exc:
+            logger.info("cluster topology refresh failed (%s); will retry", exc)
+            return
+        self._reroute()
+
+    def _targets(self, channel: bytes) -> list[Watch]:
+        with self._lock:
+            return list(self._watches.get(channel, ()))
+
+    def _retire(self, link: _Link) -> bool:
+        """Drop ``link`` if it carries nothing; True when it was dropped."""
+        with self._lock:
+            if any(name == link.name for name in self._route.values()):
+                return False
+            if self._links.get(link.name) is link:
+                del self._links[link.name]
+            return True
+
+    def _open_pubsub(self, link: _Link) -> Any:
+        if not self._cluster:
+            return self._client.pubsub(ignore_subscribe_messages=False)
+        if link.name == "?":
+            raise _Reconnect("no slot map")
+        node = self._client.get_node(node_name=link.name)
+        if node is None or node.redis_connection is None:
+            raise _Reconnect(f"node {link.name} is not in the slot map")
+        return node.redis_connection.pubsub(ignore_subscribe_messages=False)
+
+
+class _Link:
+    """One subscriber connection (one node) and its thread."""
+
+    def __init__(self, listener: ChangeListener, name: str) -> None:
+        self.listener = listener
+        self.name = name
+        self.health = LinkHealth()
+        self._requests: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._asked_unsub: set[bytes] = set()
+
+    def request(self, item: tuple[str, bytes]) -> None:
+        self._requests.put(item)
+
+    def ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
-                target=self._run, name=f"luft-redis-listener-{id(self._client):x}", daemon=True
+                target=self._run,
+                name=f"luft-redis-listener-{self.name or 'redis'}-{id(self.listener._client):x}",
+                daemon=True,
             )
             self._thread.start()
 
-    def _channels(self) -> list[bytes]:
-        with self._lock:
-            return [c for c, w in self._watchers.items() if w]
-
-    def _targets(self, channel: bytes) -> list[Watcher]:
-        with self._lock:
-            watchers = self._watchers.get(channel)
-            return list(watchers) if watchers else []
-
     def _run(self) -> None:
+        listener = self.listener
         backoff = POLL_SECONDS
         idle_since: float | None = None
         while True:
-            # drain (un)subscribe requests before the snapshot of channels, which then
-            # includes every watch() made so far; later ones stay queued for _serve
-            while not self._requests.empty():
-                action, _ = self._requests.get_nowait()
-                if action == "drop":
-                    break
-            channels = self._channels()
+            while not self._requests.empty():  # the connection below subscribes to all
+                self._requests.get_nowait()
+            channels = listener._channels_of(self)
             if not channels:
                 now = time.monotonic()
                 idle_since = idle_since or now
-                if now - idle_since > IDLE_EXIT_SECONDS:
-                    with self._lock:
-                        if not any(self._watchers.values()):
-                            self._thread = None
-                            with ChangeListener._registry_lock:
-                                if ChangeListener._registry.get(id(self._client)) is self:
-                                    del ChangeListener._registry[id(self._client)]
-                            return
-                self._wake.wait(POLL_SECONDS)
-                self._wake.clear()
+                if now - idle_since > IDLE_EXIT_SECONDS and listener._retire(self):
+                    return
+                time.sleep(POLL_SECONDS)
                 continue
             idle_since = None
             pubsub: Any = None
             try:
-                pubsub = self._client.pubsub(ignore_subscribe_messages=False)
-                pubsub.ssubscribe(*channels)
-                self._connected = True
+                pubsub = listener._open_pubsub(self)
+                self._asked_unsub = set()
+                pubsub.ssubscribe(*channels)  # connects; confirmations are read below
+                self.health.connect(time.monotonic())
                 backoff = POLL_SECONDS
                 self._serve(pubsub)
             except Exception as exc:
+                self.health.disconnect()
                 self._lost(exc)
+                listener._refresh_topology()
                 time.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
-                self._connected = False
+                self.health.disconnect()
                 if pubsub is not None:
                     try:
                         pubsub.close()
                     except Exception:
-                        logger.debug("closing a broken pubsub failed", exc_info=True)
+                        logger.debug("closing a subscriber connection failed", exc_info=True)
 
     def _serve(self, pubsub: Any) -> None:
+        health = self.health
         while True:
             while not self._requests.empty():
                 action, channel = self._requests.get_nowait()
                 if action == "sub":
+                    self._asked_unsub.discard(channel)
                     pubsub.ssubscribe(channel)
                 elif action == "unsub":
+                    self._asked_unsub.add(channel)
+                    health.confirmed.discard(channel)
                     pubsub.sunsubscribe(channel)
                 elif action == "drop":
-                    raise ConnectionError("listener connection dropped on request")
-            if not self._channels():
+                    raise _Reconnect("dropped on request")
+            if not self.listener._channels_of(self) and not self._asked_unsub:
                 return
-            if self._cluster:
-                message = pubsub.get_sharded_message(timeout=POLL_SECONDS)
-            else:
-                message = pubsub.get_message(timeout=POLL_SECONDS)
-            if message is not None:
+            now = time.monotonic()
+            token = health.ping_due(now)
+            if token is not None:
+                pubsub.ping(token)
+            if health.stalled(now):
+                raise _Reconnect("health-check PING unanswered")
+            timeout = min(POLL_SECONDS, health.until_next_ping(now))
+            message = pubsub.get_message(timeout=timeout)
+            while message is not None:
                 self._dispatch(message)
+                message = pubsub.get_message(timeout=0)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        channel = message.get("channel")
         if isinstance(kind, bytes):
             kind = kind.decode()
-        if not isinstance(channel, bytes):
-            channel = str(channel).encode()
+        raw = message.get("channel")
+        channel = raw.encode() if isinstance(raw, str) else raw if isinstance(raw, bytes) else b""
         if kind == "smessage":
-            for watcher in self._targets(channel):
-                try:
-                    watcher._on_notice(channel, message["data"])
-                except Exception:
-                    logger.exception("applying a change notice on %r failed", channel)
+            for watch in self.listener._targets(channel):
+                watch.notice(message["data"])
+        elif kind == "pong":
+            self.health.pong(message.get("data"))
         elif kind == "ssubscribe":
-            with self._lock:
-                self._confirmed.add(channel)
-                count = self._confirmations[channel] = self._confirmations.get(channel, 0) + 1
-                self._confirmed_cv.notify_all()
-            for watcher in self._targets(channel):
-                try:
-                    watcher._on_subscribed(channel, count)
-                except Exception:
-                    logger.exception("resync after subscribing to %r failed", channel)
+            listener = self.listener
+            with listener._lock:
+                self.health.confirmed.add(channel)
+                listener._subscribed.notify_all()
+            for watch in listener._targets(channel):
+                watch.subscribed()
         elif kind == "sunsubscribe":
-            with self._lock:
-                if channel not in self._watchers:
-                    self._confirmed.discard(channel)
+            if channel in self._asked_unsub:
+                self._asked_unsub.discard(channel)
+                return
+            # the server dropped it: the slot moved (failover, migration)
+            self.health.confirmed.discard(channel)
+            raise _Reconnect(f"server unsubscribed {channel!r} (slot moved)")
 
     def _lost(self, exc: BaseException) -> None:
-        was_connected = self._connected
-        self._connected = False
-        with self._lock:
-            self._confirmed.clear()
-            watched = any(self._watchers.values())
-        if was_connected and watched:
-            logger.warning("change listener lost its connection (%s); reconnecting", exc)
-        else:
-            logger.debug("change listener cannot connect: %s", exc)
+        watched = bool(self.listener._channels_of(self))
+        level = logging.INFO if watched else logging.DEBUG
+        logger.log(level, "change listener %s: reconnecting (%s)", self.name or "redis", exc)
 
+
+class Refresher:
+    """The thread that reloads stale caches and runs change callbacks, per client."""
+
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+    _registry: ClassVar[dict[int, Refresher]] = {}
+
+    @classmethod
+    def for_client(cls, client: Any) -> Refresher:
+        with cls._registry_lock:
+            refresher = cls._registry.get(id(client))
+            if refresher is None or refresher._client is not client:
+                refresher = cls(client)
+                cls._registry[id(client)] = refresher
+            return refresher
+
+    @classmethod
+    def _forget_all(cls) -> None:
+        cls._registry_lock = threading.Lock()
+        cls._registry = {}
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` on the refresher thread (never blocks the caller)."""
+        self._queue.put(work)
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name="luft-redis-refresher", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                work = self._queue.get(timeout=IDLE_EXIT_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                work()
+            except Exception:
+                logger.exception("luft-redis refresh failed")
+
+
+def weak_work(owner: Any, method: str) -> Callable[[], None]:
+    """``owner.<method>()`` if ``owner`` is still alive (the refresher holds no backend)."""
+    ref = weakref.ref(owner)
+
+    def work() -> None:
+        target = ref()
+        if target is not None:
+            getattr(target, method)()
+
+    return work
+
+
+def _forget_after_fork() -> None:
+    ChangeListener._forget_all()
+    Refresher._forget_all()
+
+
+on_fork(_forget_after_fork)

@@ -392,7 +392,7 @@ def test_listener_loss_recovers(target: Target) -> None:
             killed = admin_any.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
             assert int(killed) >= 1
         else:  # fakeredis has no CLIENT KILL: drop the listener's connection from inside
-            ChangeListener.for_client(c1).kill_connection_for_tests()
+            ChangeListener.for_client(c1).drop_connections_for_tests()
         assert _until(lambda: not b1.cache_is_fresh, 5), "cache_is_fresh never went False"
 
         def done(tokens: int) -> AgentDone:

@@ -15,8 +15,24 @@
 
   Every writing script takes ARGV[1] = writer id and ARGV[2] = the writer's operation sequence
   number, made before the first attempt; its own arguments follow and are read as ARGS[i]
-  (= ARGV[i + 2]). A retried operation whose first attempt was applied gets the stored reply
-  of that attempt back and changes nothing (see dedup / remember).
+  (= ARGV[i + 2]). A retried operation whose first attempt was applied gets a "replay" delta
+  back (the versions of that attempt, no records) and changes nothing (see dedup / remember).
+
+  Deltas. Every writing script replies with one delta and publishes the same bytes as its
+  change notice (SPUBLISH on KEYS[10]) when it changed something. A delta is a string of
+  netstrings "<len>:<bytes>":
+    'L2', incarnation before, version before, incarnation after, version after, op,
+    then records, each a tag and its parts:
+      R field value                 the run hash field now holds value
+      E section id n (attr value)*n the entity `id` of section (ph, res, ses) is now exactly
+                                    these attributes (n = 0: it is gone)
+      S agent_id value              started[agent_id] = value ("<seq> <phase_id>")
+      F segment blob                finding segment set: in place when listed, else appended
+      X segment                     finding segment removed
+      Z then the 7 parts of load's reply, each counted: the whole state (replaces all)
+  A script that changes nothing replies with version before = version after and no records,
+  and publishes nothing. The cache applies a delta only when its incarnation and version equal
+  the delta's "before" (see luft_redis/delta.py).
 
   Conventions:
     * numbers travel as decimal strings; u64 sums are done on strings (see u64_add);
@@ -26,7 +42,7 @@
     * domain errors are raised with fail(CODE, message) and reach the client as the error
       reply "LUFT_<CODE> <message>" (see main.lua);
     * every change bumps the run's version, stamps updated_at with the server's clock and
-      publishes one change notice (see notify).
+      publishes its delta (see commit).
 ]]
 local K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -109,10 +125,10 @@ end
 
 local VALID_STATUS = {running = true, completed = true, failed = true, cancelled = true}
 
--- The run's status and version (plus any other run fields asked for), checked; fails with
--- LUFT_NO_RUN when the run does not exist.
+-- The run's status, version and incarnation (nil for a run written by 0.1.0), then any other
+-- run fields asked for, checked; fails with LUFT_NO_RUN when the run does not exist.
 local function read_run(...)
-  local values = redis.call('HMGET', K_RUN, 'status', 'version', ...)
+  local values = redis.call('HMGET', K_RUN, 'status', 'version', 'incarnation', ...)
   local status = values[1]
   if not status then fail('NO_RUN', K_RUN .. ' does not exist') end
   if not VALID_STATUS[status] then
@@ -138,19 +154,65 @@ local function hset_flat(key, flat)
   end
 end
 
--- The stored reply when this writer's operation WRITER_SEQ was already applied, else nil.
+-- The delta under construction: its records, in order (see the header).
+local FORMAT = 'L2'
+local DELTA = {}
+local function rec(...)
+  local parts = {...}
+  for i = 1, #parts do DELTA[#DELTA + 1] = parts[i] end
+end
+
+local PHASE_ATTRS = {'seq', 'label', 'planned', 'ok', 'failed', 'description', 'role'}
+local RESULT_ATTRS = {'status', 'phase_id', 'tokens', 'completed_at', 'output', 'findings',
+  'cache_key_hash', 'description', 'role'}
+local SESSION_ATTRS = {'backend_id', 'protocol_session_id', 'session_id', 'status',
+  'updated_at', 'resumable'}
+
+-- Record entity `id` of `key` (section tag `tag`) as it is now stored: an E record.
+local function rec_entity(tag, key, id, attrs)
+  local names = {}
+  for i = 1, #attrs do names[i] = id .. ':' .. attrs[i] end
+  local values = redis.call('HMGET', key, unpack(names))
+  local out = {}
+  for i = 1, #attrs do
+    if values[i] then
+      out[#out + 1] = attrs[i]
+      out[#out + 1] = values[i]
+    end
+  end
+  rec('E', tag, id, tostring(#out / 2))
+  for i = 1, #out do DELTA[#DELTA + 1] = out[i] end
+end
+
+local function netstrings(parts, out)
+  for i = 1, #parts do
+    out[#out + 1] = #parts[i] .. ':'
+    out[#out + 1] = parts[i]
+  end
+  return out
+end
+
+local function delta_bytes(inc_before, v_before, inc_after, v_after, op, records)
+  local out = netstrings({FORMAT, inc_before, v_before, inc_after, v_after, op}, {})
+  if records then netstrings(records, out) end
+  return table.concat(out)
+end
+
+-- A "replay" delta when this writer's operation WRITER_SEQ was already applied, else nil.
 local function dedup()
   if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
     fail('BAD_ARG', 'writer id and operation sequence are required')
   end
   local last = redis.call('HGET', K_WRITERS, WRITER)
   if not last then return nil end
-  local seq, reply = string.match(last, '^(%d+) (.*)$')
-  if not seq then fail('CORRUPT', K_WRITERS .. ' ' .. WRITER .. ' is not "<seq> <reply>"') end
+  local seq, ib, vb, ia, va = string.match(last, '^(%d+) (%S*) (%d+) (%S*) (%d+)$')
+  if not seq then
+    fail('CORRUPT', K_WRITERS .. ' ' .. WRITER .. ' is not "<seq> <inc> <v> <inc> <v>"')
+  end
   if seq == WRITER_SEQ then
-    local parts = {}
-    for part in string.gmatch(reply, '[^ ]+') do parts[#parts + 1] = part end
-    return parts
+    if ib == '-' then ib = '' end
+    if ia == '-' then ia = '' end
+    return delta_bytes(ib, vb, ia, va, 'replay')
   end
   if #seq > #WRITER_SEQ or (#seq == #WRITER_SEQ and seq > WRITER_SEQ) then
     fail('STALE', 'operation ' .. WRITER_SEQ .. ' of writer ' .. WRITER .. ' is older than ' .. seq)
@@ -158,32 +220,61 @@ local function dedup()
   return nil
 end
 
--- Remember this operation's reply (space-free parts) for retries of the same operation.
-local function remember(reply)
-  redis.call('HSET', K_WRITERS, WRITER, WRITER_SEQ .. ' ' .. table.concat(reply, ' '))
-  return reply
+-- Remember this operation's versions for retries of the same operation.
+local function remember(ib, vb, ia, va)
+  if ib == '' then ib = '-' end
+  if ia == '' then ia = '-' end
+  redis.call('HSET', K_WRITERS, WRITER, WRITER_SEQ .. ' ' .. ib .. ' ' .. vb .. ' ' .. ia .. ' ' .. va)
 end
 
--- Publish a change notice: netstrings "<len>:<bytes>" of version, now, op and op parts.
-local function notify(version, now, op, parts)
-  local out = {}
-  local function put(s) out[#out + 1] = #s .. ':' .. s end
-  put(version)
-  put(now)
-  put(op)
-  if parts then for i = 1, #parts do put(parts[i]) end end
-  redis.call('SPUBLISH', K_CHANGES, table.concat(out))
+-- The reply of an operation that changed nothing: the run as it is, no notice.
+local function unchanged(run, op)
+  local inc, version = run[3] or '', run[2]
+  remember(inc, version, inc, version)
+  return delta_bytes(inc, version, inc, version, op)
 end
 
--- Stamp updated_at, set `fields` and bump the version; returns the new version (string).
-local function touch(version, now, fields)
+-- The whole state, as a Z record (init_run and save_checkpoint).
+local function rec_whole_state()
+  local parts = {
+    redis.call('HGETALL', K_RUN), redis.call('HGETALL', K_PHASES),
+    redis.call('HGETALL', K_RESULTS), redis.call('HGETALL', K_SESSIONS),
+    redis.call('HGETALL', K_STARTED), redis.call('HGETALL', K_FINDINGS),
+    redis.call('LRANGE', K_FINDINGS_ORDER, 0, -1),
+  }
+  DELTA = {'Z'}
+  for i = 1, #parts do
+    DELTA[#DELTA + 1] = tostring(#parts[i])
+    for j = 1, #parts[i] do DELTA[#DELTA + 1] = parts[i][j] end
+  end
+end
+
+-- Finish a change of `run` (read_run's values): stamp updated_at with `now`, set `fields`,
+-- bump the version (a run written by 0.1.0 gets its incarnation here), publish the delta and
+-- return it. With `whole`, the delta carries the whole state (Z) instead of the records.
+local function commit(run, now, op, fields, whole)
+  local version, inc_before = run[2], run[3] or ''
+  local inc_after = inc_before
   local new_version = u64_add(version, '1', 'version')
   local all = {'updated_at', now, 'version', new_version}
+  if inc_before == '' then
+    inc_after = WRITER .. '-' .. WRITER_SEQ
+    all[#all + 1] = 'incarnation'
+    all[#all + 1] = inc_after
+  end
   if fields then
     for i = 1, #fields do all[#all + 1] = fields[i] end
   end
   redis.call('HSET', K_RUN, unpack(all))
-  return new_version
+  if whole then
+    rec_whole_state()
+  else
+    for i = 1, #all, 2 do rec('R', all[i], all[i + 1]) end
+  end
+  local payload = delta_bytes(inc_before, version, inc_after, new_version, op, DELTA)
+  redis.call('SPUBLISH', K_CHANGES, payload)
+  remember(inc_before, version, inc_after, new_version)
+  return payload
 end
 
 -- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
@@ -213,15 +304,19 @@ local function set_agent_findings(aid, blob)
   if blob == EMPTY_LIST then
     if redis.call('HDEL', K_FINDINGS, aid) == 0 then return end
     redis.call('LREM', K_FINDINGS_ORDER, 1, aid)
+    rec('X', aid)
   elseif redis.call('HSETNX', K_FINDINGS, aid, blob) == 1 then
     redis.call('RPUSH', K_FINDINGS_ORDER, aid)
+    rec('F', aid, blob)
     return
   else
     redis.call('HSET', K_FINDINGS, aid, blob)
+    rec('F', aid, blob)
   end
   local k = 2
   while redis.call('HDEL', K_FINDINGS, aid .. '#' .. k) == 1 do
     redis.call('LREM', K_FINDINGS_ORDER, 1, aid .. '#' .. k)
+    rec('X', aid .. '#' .. k)
     k = k + 1
   end
 end

@@ -1,0 +1,186 @@
+"""The I/O-free parts of keeping caches coherent: subscriber health, watches, forks.
+
+* :class:`LinkHealth` is the bookkeeping of one subscriber connection: which channels the
+  server confirmed on it, which health-check PINGs are out and when the newest answered one
+  was sent. A channel is healthy while it is confirmed on the current connection and a PING
+  sent less than ``max_staleness`` ago was answered: every notice published before that PING
+  reached the server has then been received (a connection delivers in order).
+* :class:`Watch` is one bound cache as a listener sees it: it hands each notice to the
+  :class:`~luft_redis.cache.RunCache` (a header check and a queue append: no decoding) and asks
+  its front end for work (a reload, change callbacks) through ``on_work``; it never blocks.
+* :func:`fork_generation` counts forks: a backend made before ``os.fork()`` notices in the
+  child that it must take a new writer identity and new connections.
+
+The sync listener (:mod:`luft_redis.listener`) and the asyncio one
+(:mod:`luft_redis.asyncio`) do the I/O around these.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .cache import Offer, RunCache
+from .delta import UnknownFormat, parse_delta
+
+__all__ = [
+    "DEFAULT_MAX_STALENESS",
+    "LinkHealth",
+    "Watch",
+    "fork_generation",
+    "on_fork",
+]
+
+DEFAULT_MAX_STALENESS = 1.0
+"""Seconds: ``cache_is_fresh`` is False when the subscriber connection has not proved, within
+this long, that it delivers (a PING on it answered)."""
+
+PINGS_PER_STALENESS = 4
+"""Health-check PINGs sent per ``max_staleness`` period."""
+
+STALL_FACTOR = 3.0
+"""A subscriber connection whose oldest unanswered PING is older than this many
+``max_staleness`` (and at least 1 s) is taken for dead and replaced."""
+
+
+class LinkHealth:
+    """Health bookkeeping of one subscriber connection (see the module docstring)."""
+
+    def __init__(self, max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
+        self.max_staleness = max_staleness
+        self.confirmed: set[bytes] = set()
+        self._pings: dict[bytes, float] = {}
+        self._next_token = 0
+        self._last_ok: float | None = None
+        self._next_ping = 0.0
+        self.connected = False
+
+    @property
+    def ping_interval(self) -> float:
+        return max(0.02, self.max_staleness / PINGS_PER_STALENESS)
+
+    @property
+    def dead_after(self) -> float:
+        return max(1.0, STALL_FACTOR * self.max_staleness)
+
+    def connect(self, now: float) -> None:
+        """A new connection: nothing confirmed, nothing proved yet."""
+        self.confirmed = set()
+        self._pings = {}
+        self._last_ok = None
+        self._next_ping = now
+        self.connected = True
+
+    def disconnect(self) -> None:
+        self.connected = False
+        self.confirmed = set()
+        self._pings = {}
+        self._last_ok = None
+
+    def ping_due(self, now: float) -> bytes | None:
+        """The token of a PING to send now, or None when none is due."""
+        if not self.connected or now < self._next_ping:
+            return None
+        self._next_token += 1
+        token = b"luft-%d" % self._next_token
+        self._pings[token] = now
+        self._next_ping = now + self.ping_interval
+        return token
+
+    def until_next_ping(self, now: float) -> float:
+        return max(0.0, self._next_ping - now)
+
+    def pong(self, token: Any) -> None:
+        sent = self._pings.pop(token, None) if isinstance(token, bytes) else None
+        if sent is None:
+            return
+        for older in [tok for tok, at in self._pings.items() if at <= sent]:
+            del self._pings[older]  # answered in order: older ones are lost, not late
+        if self._last_ok is None or sent > self._last_ok:
+            self._last_ok = sent
+
+    def stalled(self, now: float) -> bool:
+        """True when a PING has gone unanswered for longer than ``dead_after``."""
+        return bool(self._pings) and now - min(self._pings.values()) > self.dead_after
+
+    def healthy(self, channel: bytes, now: float, max_staleness: float | None = None) -> bool:
+        limit = self.max_staleness if max_staleness is None else max_staleness
+        last = self._last_ok
+        return (
+            self.connected
+            and channel in self.confirmed
+            and last is not None
+            and now - last <= limit
+        )
+
+
+class Watch:
+    """One bound cache, as its listener sees it (never blocks, never does I/O)."""
+
+    __slots__ = ("__weakref__", "cache", "channel", "on_work", "wants_changes")
+
+    def __init__(self, cache: RunCache, channel: bytes,
+                 on_work: Callable[[Watch], None]) -> None:  # fmt: skip
+        self.cache = cache
+        self.channel = channel
+        self.on_work = on_work
+        self.wants_changes = False
+        """Set when somebody waits for changes or subscribed callbacks: every applied notice
+        then asks the front end to run them."""
+
+    def notice(self, payload: Any) -> None:
+        """A notice of the watched channel."""
+        try:
+            delta = parse_delta(payload)
+        except (UnknownFormat, ValueError):
+            self.cache.mark_stale()
+            self.on_work(self)
+            return
+        outcome = self.cache.offer(delta)
+        if outcome is Offer.APPLIED:
+            if self.wants_changes:
+                self.on_work(self)
+        elif outcome is not Offer.OLD:
+            self.cache.mark_stale()
+            self.on_work(self)
+
+    def subscribed(self) -> None:
+        """The channel was (re)subscribed: notices before it may be lost, so reload."""
+        self.cache.mark_stale()
+        self.on_work(self)
+
+
+_fork_lock = threading.Lock()
+_fork_generation = 0
+_fork_hooks: list[Callable[[], None]] = []
+
+
+def fork_generation() -> int:
+    """How many times this process was forked from the one that imported luft_redis (a
+    value captured before a fork differs from the value read in the child)."""
+    return _fork_generation
+
+
+def on_fork(hook: Callable[[], None]) -> None:
+    """Run ``hook()`` in every forked child, first thing (it must not take locks)."""
+    with _fork_lock:
+        _fork_hooks.append(hook)
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation, _fork_lock
+    _fork_generation += 1
+    _fork_lock = threading.Lock()
+    for hook in list(_fork_hooks):
+        hook()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def monotonic() -> float:
+    return time.monotonic()

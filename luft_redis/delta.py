@@ -1,0 +1,110 @@
+"""Deltas: what a writing script changed, as it replies and publishes it (no I/O here).
+
+Every writing script (``lua/*.lua``) replies with one delta and publishes the same bytes on the
+run's change channel. A delta is a string of netstrings ``<len>:<bytes>``: a header of six parts
+
+    ``L2``, incarnation before, version before, incarnation after, version after, operation
+
+then records (see ``lua/includes/common.lua``). The header alone says whether a cache can apply
+the delta: only when the cache holds exactly ``(incarnation before, version before)``. The
+records are parsed only when the delta is applied (:meth:`Delta.records`), so a process that
+never reads its checkpoint never decodes other processes' work.
+
+``L2`` is the format of this library; 0.1.0 published notices without a format part (their
+first part is a version number). A payload in any format this code does not know raises
+:class:`UnknownFormat`: the cache then reloads through ``load``, which reads every format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FORMAT", "WHOLE_STATE_OPS", "Delta", "UnknownFormat", "parse_delta", "split"]
+
+FORMAT = b"L2"
+"""The first part of every delta this version writes and understands."""
+
+WHOLE_STATE_OPS = frozenset({b"init", b"save"})
+"""Operations whose delta carries the whole state (a ``Z`` record) instead of changes."""
+
+
+class UnknownFormat(ValueError):
+    """A delta or notice in a format this version does not read (reload instead)."""
+
+
+def split(payload: bytes, start: int = 0, limit: int = -1) -> tuple[list[bytes], int]:
+    """The netstrings of ``payload`` from offset ``start`` (at most ``limit`` of them, -1: all),
+    and the offset after the last one read. ValueError when malformed."""
+    parts: list[bytes] = []
+    pos, end = start, len(payload)
+    find = payload.find
+    while pos < end and limit != 0:
+        colon = find(b":", pos, pos + 21)
+        if colon < 0:
+            raise ValueError("malformed netstring length")
+        length = int(payload[pos:colon])
+        first = colon + 1
+        last = first + length
+        if length < 0 or last > end:
+            raise ValueError("truncated netstring")
+        parts.append(payload[first:last])
+        pos = last
+        limit -= 1
+    return parts, pos
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One script's change: ``(inc_before, v_before) -> (inc_after, v_after)`` and its records."""
+
+    inc_before: str
+    v_before: int
+    inc_after: str
+    v_after: int
+    op: bytes
+    payload: bytes
+    body: int
+    """Offset of the first record in ``payload``."""
+
+    @property
+    def changed(self) -> bool:
+        """False for a delta that changed nothing (a no-op or a replayed reply)."""
+        return self.v_after != self.v_before
+
+    @property
+    def whole(self) -> bool:
+        """True when the records are the whole state (init_run, save_checkpoint)."""
+        return self.op in WHOLE_STATE_OPS
+
+    @property
+    def replay(self) -> bool:
+        """True for the reply to a retried operation whose first attempt was applied: the
+        versions of that attempt, without its records."""
+        return self.op == b"replay"
+
+    @property
+    def deleted(self) -> bool:
+        return self.op == b"delete"
+
+    def records(self) -> list[bytes]:
+        """The parts of every record, in order (parsed now; ValueError when malformed)."""
+        return split(self.payload, self.body)[0]
+
+
+def parse_delta(payload: bytes) -> Delta:
+    """Parse the header of a delta; :class:`UnknownFormat` for another format, ValueError when
+    malformed."""
+    if not isinstance(payload, bytes):
+        raise ValueError(f"a delta is bytes, not {type(payload).__name__}")
+    if not payload.startswith(b"2:L"):
+        raise UnknownFormat(f"unknown change format {payload[:12]!r}")
+    head, body = split(payload, 0, 6)
+    if len(head) != 6:
+        raise ValueError("truncated delta header")
+    fmt, inc_before, v_before, inc_after, v_after, op = head
+    if fmt != FORMAT:
+        raise UnknownFormat(f"unknown change format {fmt!r}")
+    if not (v_before.isdigit() and v_after.isdigit()):
+        raise ValueError("delta versions are not decimal numbers")
+    return Delta(inc_before.decode(), int(v_before), inc_after.decode(), int(v_after), op,
+                 payload, body)  # fmt: skip

@@ -1,0 +1,238 @@
+"""The wire: checked script arguments for every operation, and stream entries back (no I/O).
+
+Both front ends (:mod:`luft_redis.backend`, :mod:`luft_redis.asyncio`) build their script
+calls here, so a value is validated and encoded one way only. Numbers travel as decimal
+strings; an optional argument is ``"n"`` (null) or ``"s"`` followed by the value.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from . import codec
+from . import types as t
+from .cache import finding_segments
+from .errors import (
+    CorruptDataError,
+    PayloadTooLargeError,
+    RunMismatchError,
+    ValidationError,
+)
+from .keys import SCHEMA_VERSION
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD_SIZE",
+    "Encoder",
+    "LogEntry",
+    "check_str",
+    "check_type",
+    "check_uuid",
+    "decode_entry",
+    "entry_id",
+    "xread_entries",
+]
+
+DEFAULT_MAX_PAYLOAD_SIZE = 4 * 1024 * 1024
+"""Largest stored form of one event, one result's output or findings, or workflow_meta."""
+
+_T = TypeVar("_T")
+
+
+class LogEntry(NamedTuple):
+    """An event of the log with its stream entry id (to resume reading after it)."""
+
+    id: str
+    event: t.AgentEvent
+
+
+def opt(value: str | bytes | None) -> str | bytes:
+    """Optional script argument: ``"n"`` for None, ``"s<value>"`` otherwise."""
+    if value is None:
+        return "n"
+    if isinstance(value, bytes):
+        return b"s" + value
+    return "s" + value
+
+
+def check_uuid(value: Any, field: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise ValidationError(field, f"{value!r} is not a UUID")
+
+
+def check_str(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(field, f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def check_type(value: Any, cls: type[_T], field: str) -> _T:
+    if not isinstance(value, cls):
+        raise ValidationError(field, f"expected {cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+class Encoder:
+    """Builds each operation's script arguments (after the writer id and operation number)."""
+
+    __slots__ = ("max_payload_size",)
+
+    def __init__(self, max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE) -> None:
+        self.max_payload_size = max_payload_size
+
+    def limit(self, blob: bytes, field: str) -> bytes:
+        """``blob`` if within ``max_payload_size``, else :class:`PayloadTooLargeError`."""
+        if len(blob) > self.max_payload_size:
+            raise PayloadTooLargeError(field, len(blob), self.max_payload_size)
+        return blob
+
+    def init_run(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *,
+                 with_meta: bool) -> tuple[uuid.UUID, list[Any]]:  # fmt: skip
+        """(run id, arguments) of init_run-10.lua; a new incarnation each call."""
+        rid = check_uuid(run_id, "run_id")
+        task = check_str(task, "task")
+        run_dir = check_str(run_dir, "run_dir")
+        frozen = t.freeze_json(meta, "workflow_meta") if with_meta else None
+        blob = None if frozen is None else self.limit(codec.encode_json(frozen), "workflow_meta")
+        return rid, [str(rid), task, run_dir, opt(blob), SCHEMA_VERSION, uuid.uuid4().hex]
+
+    def events(self, events: Any, run_id: uuid.UUID) -> list[Any]:
+        """Arguments of append_events-10.lua for a batch (ValidationError naming the event)."""
+        if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
+            raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
+        batch = list(events)
+        args: list[Any] = [str(len(batch))]
+        for i, event in enumerate(batch):
+            args += self.event(event, f"events[{i}]" if len(batch) > 1 else "event", run_id)
+        return args
+
+    def event(self, event: Any, field: str, run_id: uuid.UUID) -> list[Any]:
+        event = check_type(event, t.AgentEvent, field)
+        if event.run_id is not None and event.run_id != run_id:
+            raise RunMismatchError(
+                f"{field}.run_id", f"event of run {event.run_id} cannot go into run {run_id}"
+            )
+        if event.run_id is None and not isinstance(event, t.SignalReceived):
+            raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
+        rule: tuple[Any, ...] = ()
+        if isinstance(event, t.AgentStarted):
+            rule = (str(event.agent_id), str(event.phase_id))
+        elif isinstance(event, t.AgentDone):
+            total = event.tokens.total()
+            if total > t.U64_MAX:
+                raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
+            rule = (
+                str(event.agent_id), event.status.cache_str, str(total),
+                opt(None if event.output is None else codec.encode_json(event.output)),
+                opt(codec.encode_findings(event.findings) if event.findings else None),
+            )  # fmt: skip
+        elif isinstance(event, t.PhaseStarted):
+            rule = (
+                str(event.phase_id), event.label, str(event.planned),
+                opt(event.description), opt(event.role),
+            )  # fmt: skip
+        elif isinstance(event, t.PhaseDone):
+            rule = (str(event.phase_id), str(event.ok), str(event.failed))
+        elif isinstance(event, t.RunDone):
+            total = event.total_tokens.total()
+            if total > t.U64_MAX:
+                raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
+            rule = (event.status.value, str(total))
+        return [event.TYPE, self.limit(codec.encode_event(event), field), str(len(rule)), *rule]
+
+    def result(self, cache: Any) -> list[Any]:
+        """Arguments of upsert_agent_result-10.lua."""
+        r = check_type(cache, t.AgentResultCache, "cache")
+        return self._result_fields(r, "cache")
+
+    def _result_fields(self, r: t.AgentResultCache, field: str) -> list[Any]:
+        return [
+            str(r.agent_id), str(r.phase_id), r.status, str(r.tokens), str(r.completed_at),
+            opt(None if r.output is None
+                else self.limit(codec.encode_json(r.output), f"{field}.output")),
+            opt(self.limit(codec.encode_findings(r.findings), f"{field}.findings")
+                if r.findings else None),
+            opt(r.cache_key_hash), opt(r.description), opt(r.role),
+        ]  # fmt: skip
+
+    @staticmethod
+    def session(session: Any) -> list[Any]:
+        """Arguments of upsert_agent_session-10.lua."""
+        s = check_type(session, t.AgentSessionCheckpoint, "session")
+        return [
+            str(s.agent_id), opt(s.backend_id), opt(s.protocol_session_id),
+            s.session_id, s.status, str(s.updated_at), "true" if s.resumable else "false",
+        ]  # fmt: skip
+
+    def save(self, checkpoint: Any, run_id: uuid.UUID | None) -> list[Any]:
+        """Arguments of save_checkpoint-10.lua for ``checkpoint`` of the bound run."""
+        cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
+        if cp.run_id != run_id:
+            raise RunMismatchError(
+                "run_id", f"checkpoint of run {cp.run_id} cannot replace run {run_id}"
+            )
+        phase_ids = [p.phase_id for p in cp.completed_phases]
+        if len(set(phase_ids)) != len(phase_ids):
+            raise ValidationError("completed_phases", "phase ids must be unique")
+        started = list(dict.fromkeys(cp.started_agent_ids))
+        segments = finding_segments(cp)
+        args: list[Any] = [
+            cp.task, cp.status.value, str(cp.current_phase), str(cp.total_tokens),
+            str(cp.created_at),
+            opt(None if cp.workflow_meta is None
+                else self.limit(codec.encode_json(cp.workflow_meta), "workflow_meta")),
+            str(len(cp.completed_phases)),
+        ]  # fmt: skip
+        for p in cp.completed_phases:
+            args += (str(p.phase_id), p.label, str(p.planned), str(p.ok), str(p.failed),
+                     opt(p.description), opt(p.role))  # fmt: skip
+        args.append(str(len(cp.agent_results)))
+        for r in cp.agent_results.values():
+            args += self._result_fields(r, f"agent_results.{r.agent_id}")
+        args.append(str(len(cp.agent_sessions)))
+        for sess in cp.agent_sessions.values():
+            args += self.session(sess)
+        args.append(str(len(started)))
+        args += (str(a) for a in started)
+        args.append(str(len(segments)))
+        for seg, group in segments:
+            args += (seg, codec.encode_findings(group))
+        return args
+
+
+def entry_id(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def decode_entry(run_id: uuid.UUID, key: str, eid: str, fields: Any) -> t.AgentEvent:
+    """The event of one stream entry (CorruptDataError naming key and entry)."""
+    type_raw, blob = fields.get(b"type"), fields.get(b"data")
+    if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
+        raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
+    return codec.decode_event(
+        type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
+    )
+
+
+def xread_entries(reply: Any) -> list[Any]:
+    """The entries of an XREAD reply for one stream (RESP2 list or RESP3 dict)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        out: list[Any] = []
+        for value in reply.values():
+            out.extend(value[0] if value and isinstance(value[0], list) else value)
+        return out
+    return [entry for _, entries in reply for entry in entries]
+
+
+def page_after(page: Sequence[Any]) -> str:
+    """The XRANGE lower bound that continues after the last entry of ``page``."""
+    return "(" + entry_id(page[-1][0])
