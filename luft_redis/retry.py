@@ -14,11 +14,12 @@ retried append counts its tokens once and logs its event once.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import redis.exceptions
@@ -100,6 +101,32 @@ class RetryPolicy:
         )
         time.sleep(_rng.uniform(0, self.initial_delay))
         return retrying(fn)
+
+    async def acall(self, fn: Callable[[], Awaitable[_T]]) -> _T:
+        """``await fn()``, retried on transient failures with the same policy as :meth:`call`
+        (waits are ``asyncio.sleep``: the event loop runs on meanwhile)."""
+        try:
+            return await fn()
+        except Exception as exc:
+            if self.max_attempts == 1 or not is_transient(exc):
+                raise
+            logger.info("Redis call failed (%s), attempt 1; retrying", exc)
+        retrying = tenacity.AsyncRetrying(
+            sleep=asyncio.sleep,
+            stop=tenacity.stop_after_attempt(self.max_attempts - 1)
+            | tenacity.stop_after_delay(self.deadline),
+            wait=self._wait,
+            retry=tenacity.retry_if_exception(is_transient),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+        await asyncio.sleep(_rng.uniform(0, self.initial_delay))
+
+        async def attempt() -> _T:  # tenacity awaits only what a coroutine function returns
+            return await fn()
+
+        result: _T = await retrying(attempt)
+        return result
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         """Full jitter: uniform in [0, min(max_delay, initial_delay * 2^attempt)]."""
