@@ -13,6 +13,7 @@ change is one atomic Lua script; ``get_checkpoint()`` is answered from an in-pro
 from __future__ import annotations
 
 from . import errors
+from .asyncio import AsyncRedisCheckpointBackend
 from .backend import CheckpointBackend, Durability, LogEntry, RedisCheckpointBackend
 from .errors import (
     ConfigurationError,
@@ -91,6 +92,7 @@ __all__ = [
     "AgentSessionCheckpoint",
     "AgentStarted",
     "AgentStatus",
+    "AsyncRedisCheckpointBackend",
     "BudgetSet",
     "CheckpointBackend",
     "CheckpointStatus",

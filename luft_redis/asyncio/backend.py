@@ -1,0 +1,728 @@
+"""``AsyncRedisCheckpointBackend``: luft's ``CheckpointBackend`` contract on Redis, for asyncio.
+
+The asyncio twin of :class:`luft_redis.RedisCheckpointBackend`, over the same I/O-free core:
+arguments are built by :mod:`luft_redis.wire`, every change is one Lua script whose reply is a
+:class:`~luft_redis.delta.Delta`, and the :class:`~luft_redis.cache.RunCache` applies deltas
+(its own writes' and, through :mod:`luft_redis.asyncio.listener`, every other process's). This
+module only does the I/O around them, with ``await``; operations have the sync names, errors
+and semantics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import redis
+
+from .. import types as t
+from ..cache import Offer, RunCache, RunState
+from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
+from ..connect import Durability, check_async_client, is_cluster, make_client
+from ..delta import Delta, UnknownFormat, parse_delta
+from ..errors import (
+    BackendError,
+    ConfigurationError,
+    ForkedError,
+    LuftRedisError,
+    NotDurableError,
+    RunNotBoundError,
+    ValidationError,
+)
+from ..keys import DEFAULT_PREFIX, RunKeys, check_prefix, run_id_from_key, run_keys, run_pattern
+from ..retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
+from ..scripts import Scripts, translate_error
+from ..wire import (
+    DEFAULT_MAX_PAYLOAD_SIZE,
+    Encoder,
+    LogEntry,
+    check_uuid,
+    decode_entry,
+    entry_id,
+    page_after,
+    xread_entries,
+)
+from .listener import AsyncChangeListener, AsyncRefresher, Signal, weak_work
+
+__all__ = ["AsyncRedisCheckpointBackend", "ChangeCallback"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 1000
+"""Stream entries fetched per XRANGE call by ``iter_event_log``."""
+
+SUBSCRIBE_TIMEOUT = 2.0
+"""Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
+(the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
+
+GAP_WAIT = 0.1
+"""Seconds a write whose reply is ahead of the cache waits for the notices of the versions in
+between (published before the reply) before it reloads the run instead."""
+
+REFRESH_RETRY_DELAY = 0.2
+"""Seconds the refresher waits before it tries a failed reload again."""
+
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+ChangeCallback = Callable[[t.RunCheckpoint], object]
+"""A change callback: a function, or a coroutine function (its coroutine runs as a task)."""
+
+
+class _Binding:
+    """The run a backend is bound to: its keys, cache, watch and listener (replaced whole on
+    rebind)."""
+
+    __slots__ = ("cache", "channel", "key_list", "keys", "listener", "run_id", "watch")
+
+    def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache) -> None:
+        self.run_id = run_id
+        self.keys = keys
+        self.key_list = list(keys)
+        self.cache = cache
+        self.channel = keys.changes.encode()
+        self.watch: Watch | None = None
+        self.listener: AsyncChangeListener | None = None
+
+
+class AsyncRedisCheckpointBackend:
+    """luft's checkpoint backend on Redis (asyncio front end).
+
+    ``client`` is a ``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster`` or
+    ``fakeredis.FakeAsyncRedis`` created with ``decode_responses=False`` (the default); many
+    backends may share one client. A sync client is refused
+    (:class:`~luft_redis.errors.ClientTypeError`): use :class:`luft_redis.RedisCheckpointBackend`.
+    The options are those of the sync backend: ``prefix``, ``watch``, ``retry``,
+    ``durability``, ``max_payload_size`` and ``max_staleness``.
+
+    Every operation that talks to Redis is a coroutine with the sync name and semantics;
+    :meth:`get_checkpoint`, :meth:`get_findings` and :meth:`can_resume` are plain methods
+    answered from the cache. The change listener and the refresher are tasks on the running
+    loop (one of each per client and loop). Release the backend with ``async with`` or
+    :meth:`aclose`.
+
+    Forking: asyncio does not survive ``os.fork()``; a backend made before a fork raises
+    :class:`~luft_redis.errors.ForkedError` in the child: create the backend after the fork.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        watch: bool = True,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        durability: Durability | None = None,
+        max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
+    ) -> None:
+        check_async_client(client)
+        self._client = client
+        self._prefix = check_prefix(prefix)
+        self._scripts = Scripts(client)
+        self._retry = retry if retry is not None else NO_RETRY
+        if durability is not None and is_cluster(client):
+            raise ConfigurationError("durability= is not supported on Redis Cluster clients")
+        self._durability = durability
+        if max_payload_size < 1:
+            raise ConfigurationError("max_payload_size must be positive")
+        if not max_staleness > 0:
+            raise ConfigurationError("max_staleness must be positive")
+        self._encoder = Encoder(max_payload_size)
+        self._max_staleness = float(max_staleness)
+        self._watching = watch
+        self._callbacks: dict[int, ChangeCallback] = {}
+        self._next_callback = 0
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._emitted: tuple[str, int] | None = None
+        self._waiting = 0
+        self._changed = Signal()
+        self._binding: _Binding | None = None
+        self._owns_client = False
+        self._fork = fork_generation()
+        self._writer_id = uuid.uuid4().hex
+        self._op_seq = 0
+        self._io_lock = asyncio.Lock()  # one write at a time: operation numbers in order
+        self._bind_lock = asyncio.Lock()  # one init_run/open_run at a time
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        cluster: bool = False,
+        watch: bool = True,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        durability: Durability | None = None,
+        max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+        max_staleness: float = DEFAULT_MAX_STALENESS,
+        **client_kwargs: Any,
+    ) -> AsyncRedisCheckpointBackend:
+        """A backend with its own asyncio client for ``url``, closed by :meth:`aclose`.
+
+        The URLs of :meth:`luft_redis.RedisCheckpointBackend.from_url`: ``redis://``,
+        ``rediss://`` (TLS), ``unix://`` (``cluster=True``: a ``RedisCluster``) and
+        ``redis+sentinel://[:password@]host:port[,host:port...]/<service>[/<db>]``.
+        ``client_kwargs`` go to the client.
+        """
+        client = make_client(url, cluster=cluster, asyncio=True, **client_kwargs)
+        backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
+                      max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+        backend._owns_client = True
+        return backend
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The redis-py asyncio client this backend uses."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def run_id(self) -> uuid.UUID | None:
+        """The bound run, or None."""
+        binding = self._binding
+        return binding.run_id if binding else None
+
+    @property
+    def keys(self) -> RunKeys | None:
+        """The Redis keys of the bound run, or None."""
+        binding = self._binding
+        return binding.keys if binding else None
+
+    @property
+    def version(self) -> int:
+        """The run's change counter as this process last saw it (0 when unbound)."""
+        binding = self._binding
+        return binding.cache.tip[1] if binding else 0
+
+    @property
+    def max_staleness(self) -> float:
+        return self._max_staleness
+
+    @property
+    def cache_is_fresh(self) -> bool:
+        """True only when the cache can vouch for itself: no change committed more than
+        ``max_staleness`` seconds ago is missing from it (the conditions of
+        :attr:`luft_redis.RedisCheckpointBackend.cache_is_fresh`)."""
+        binding = self._binding
+        if binding is None or self._fork != fork_generation():
+            return False
+        listener = binding.listener
+        if listener is None:
+            return False
+        return binding.cache.synced and listener.healthy(binding.channel, self._max_staleness)
+
+    async def aclose(self) -> None:
+        """Unbind the run and stop watching it; close the client if :meth:`from_url` made it.
+
+        When nothing else watches through the client, its listener task stops here and
+        returns its subscriber connection, so the client can be closed right after.
+        """
+        self._unbind()
+        if self._fork != fork_generation():
+            return  # the connections are the parent's: leave them alone
+        listener = AsyncChangeListener.existing(self._client)
+        if listener is not None and (self._owns_client or listener.idle):
+            await listener.aclose()
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncRedisCheckpointBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<AsyncRedisCheckpointBackend prefix={self._prefix!r} run={self.run_id}>"
+
+    def _check_fork(self) -> None:
+        if self._fork != fork_generation():
+            raise ForkedError(
+                "this AsyncRedisCheckpointBackend was made before os.fork(): asyncio clients, "
+                "tasks and locks do not survive a fork; create the backend after the fork"
+            )
+
+    def _need_run(self, operation: str) -> _Binding:
+        self._check_fork()
+        binding = self._binding
+        if binding is None:
+            raise RunNotBoundError(operation)
+        return binding
+
+    # -- binding ---------------------------------------------------------------------------
+
+    def _start_watch(self, binding: _Binding) -> None:
+        if not self._watching:
+            return
+        listener = AsyncChangeListener.for_client(self._client)
+        watch = Watch(binding.cache, binding.channel, self._on_work)
+        binding.listener, binding.watch = listener, watch
+        self._want_changes(binding)
+        listener.watch(watch, self._max_staleness)
+
+    @staticmethod
+    def _stop_watch(binding: _Binding) -> None:
+        if binding.watch is not None and binding.listener is not None:
+            binding.listener.unwatch(binding.watch)
+
+    async def _prepare(self, run_id: uuid.UUID) -> _Binding:
+        """A new binding for ``run_id``, watched and (briefly) waited for."""
+        keys = run_keys(self._prefix, run_id)
+        binding = _Binding(run_id, keys, RunCache(run_id, keys))
+        if self._watching and is_cluster(self._client):
+            try:  # the slot map, so that the listener subscribes on the right node at once
+                await self._client.initialize()
+            except _REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+        self._start_watch(binding)
+        if binding.listener is not None:
+            await binding.listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
+        return binding
+
+    def _adopt(self, binding: _Binding) -> None:
+        old, self._binding = self._binding, binding
+        self._emitted = None
+        if old is not None:
+            self._stop_watch(old)
+        self._changed.notify()
+        if binding.watch is not None and not binding.cache.synced:
+            self._on_work(binding.watch)  # a confirmation came during the load: reload
+        self._emit()
+
+    def _unbind(self) -> None:
+        old, self._binding = self._binding, None
+        if old is not None:
+            self._stop_watch(old)
+        self._changed.notify()
+
+    def _want_changes(self, binding: _Binding) -> None:
+        """Ask the watch for every applied notice while callbacks or waiters want them."""
+        if binding.watch is not None:
+            binding.watch.wants_changes = bool(self._callbacks) or self._waiting > 0
+
+    def _on_work(self, watch: Watch) -> None:
+        """From the listener task: a change, a reload or callbacks are due (never blocks)."""
+        self._changed.notify()
+        binding = self._binding
+        if binding is None or binding.watch is not watch:
+            return
+        if not watch.cache.synced or self._callbacks:
+            AsyncRefresher.for_client(self._client).schedule(id(self), weak_work(self, "_refresh"))
+
+    async def _refresh(self) -> None:
+        """On the refresher task: reload when stale, then run the change callbacks."""
+        binding = self._binding
+        if binding is None or self._fork != fork_generation():
+            return
+        if not binding.cache.synced and not binding.cache.gone:
+            try:
+                await self._reload(binding)
+            except LuftRedisError as exc:
+                logger.info("run %s: reload failed (%s); trying again", binding.run_id, exc)
+                await asyncio.sleep(REFRESH_RETRY_DELAY)
+                if binding.watch is not None:
+                    self._on_work(binding.watch)
+                return
+        self._emit()
+
+    async def _reload(self, binding: _Binding) -> RunState | None:
+        """Load the run now and install it in ``binding``'s cache (I/O; no lock held)."""
+        cache = binding.cache
+        generation = cache.generation
+        reply = await self._call(self._scripts.load, (), binding.key_list, binding.run_id)
+        state = None if reply == 0 or reply is None else RunState.from_load(
+            binding.run_id, binding.keys, reply)  # fmt: skip
+        cache.install(state, generation)
+        self._changed.notify()
+        if state is None:
+            logger.info("run %s no longer exists; the cache keeps its last state",
+                        binding.run_id)  # fmt: skip
+        return state
+
+    # -- I/O -------------------------------------------------------------------------------
+
+    async def _call(self, script: Any, args: Sequence[Any], keys: list[str],
+                    run_id: object) -> Any:  # fmt: skip
+        try:
+            return await self._retry.acall(lambda: script(keys=keys, args=args))
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc, run_id=run_id) from exc
+
+    async def _write(self, script: Any, args: Sequence[Any], binding: _Binding) -> Delta:
+        """Run a writing script exactly once (its operation id is made before any attempt)
+        and apply its delta to ``binding``'s cache; NotDurableError after it was applied
+        when too few replicas acknowledged it."""
+        keys = binding.key_list
+        durability = self._durability
+        acked: int | None = None
+        async with self._io_lock:
+            self._op_seq += 1
+            full = (self._writer_id, str(self._op_seq), *args)
+            if durability is None:
+                reply = await self._call(script, full, keys, binding.run_id)
+            else:
+
+                async def attempt() -> tuple[Any, int]:
+                    pipe = self._client.pipeline(transaction=False)
+                    await script(keys=keys, args=full, client=pipe)
+                    pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
+                    result, count = await pipe.execute()
+                    return result, int(count)
+
+                try:
+                    reply, acked = await self._retry.acall(attempt)
+                except _REDIS_ERRORS as exc:
+                    raise translate_error(exc, run_id=binding.run_id) from exc
+        delta = await self._absorb(binding, reply)
+        self._emit()
+        if durability is not None and acked is not None and acked < durability.replicas:
+            raise NotDurableError(durability.replicas, acked)
+        return delta
+
+    async def _absorb(self, binding: _Binding, reply: Any) -> Delta:
+        """Apply a write's delta: at once when it continues the cache; after the notices of
+        the versions in between when they are on their way; else by a reload."""
+        cache = binding.cache
+        try:
+            delta = parse_delta(bytes(reply))
+        except (UnknownFormat, ValueError, TypeError) as exc:
+            raise BackendError(f"unexpected reply from a luft-redis script: {exc}") from exc
+        outcome = cache.offer(delta)
+        if outcome is Offer.BEHIND and self.cache_is_fresh:
+            want = delta.v_after if not delta.changed or delta.replay else delta.v_before
+            await self._wait(
+                binding, lambda: cache.tip[0] != delta.inc_before or cache.tip[1] >= want,
+                GAP_WAIT,
+            )  # fmt: skip
+            outcome = cache.offer(delta)
+        if outcome in (Offer.BEHIND, Offer.FOREIGN):
+            try:
+                await self._reload(binding)
+            except LuftRedisError as exc:  # the write is applied: report staleness instead
+                logger.info("run %s: reload after a write failed (%s)", binding.run_id, exc)
+                cache.mark_stale()
+                if binding.watch is not None:
+                    self._on_work(binding.watch)
+        self._changed.notify()
+        return delta
+
+    async def _wait(self, binding: _Binding, predicate: Callable[[], bool],
+                    timeout: float | None) -> bool:  # fmt: skip
+        """Wait until ``predicate()`` holds, woken by every change the cache receives."""
+        self._waiting += 1
+        self._want_changes(binding)
+        try:
+            return await self._changed.wait_for(predicate, timeout)
+        finally:
+            self._waiting -= 1
+            self._want_changes(binding)
+
+    def _emit(self) -> None:
+        """Wake waiters and run the change callbacks once per new version."""
+        self._changed.notify()
+        binding = self._binding
+        if binding is None or not self._callbacks:
+            return
+        tip = binding.cache.tip
+        if tip == self._emitted:
+            return
+        snapshot = binding.cache.snapshot()
+        self._emitted = tip
+        if snapshot is None:
+            return
+        for callback in list(self._callbacks.values()):
+            try:
+                result = callback(snapshot)
+                if inspect.isawaitable(result):
+                    task = asyncio.ensure_future(result)
+                    self._tasks.add(task)
+                    task.add_done_callback(self._callback_done)
+            except Exception:
+                logger.exception("change callback %r failed", callback)
+
+    def _callback_done(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("change callback failed", exc_info=task.exception())
+
+    # -- change API ------------------------------------------------------------------------
+
+    async def sync(self) -> t.RunCheckpoint | None:
+        """The checkpoint, reloaded first unless the cache can vouch for itself
+        (:attr:`cache_is_fresh`); None when the run no longer exists."""
+        binding = self._need_run("sync")
+        if not self.cache_is_fresh:
+            await self._reload(binding)
+            self._emit()
+        if binding.cache.gone:
+            return None
+        return binding.cache.snapshot()
+
+    async def wait_for_change(
+        self, after_version: int | None = None, timeout: float | None = None
+    ) -> bool:
+        """Wait until the run's version passes ``after_version`` (default: the current one)
+        or the run is replaced or deleted; True if it did, False when ``timeout`` passed.
+        Returns True as well when this backend is bound to another run (or unbound)
+        meanwhile."""
+        binding = self._need_run("wait_for_change")
+        cache = binding.cache
+        inc, version = cache.tip
+        base = version if after_version is None else after_version
+
+        def changed() -> bool:
+            tip = cache.tip
+            return tip[1] > base or tip[0] != inc or cache.gone or self._binding is not binding
+
+        return await self._wait(binding, changed, timeout)
+
+    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
+        """Call ``callback(checkpoint)`` after changes of the bound run; returns a function
+        that unsubscribes.
+
+        ``callback`` may be a function or a coroutine function (its coroutine is run as a task).
+        Callbacks run on the client's refresher task (other processes' changes) or in the
+        writing coroutine (this backend's): keep them short and do not block in them.
+        """
+        self._check_fork()
+        key = self._next_callback
+        self._next_callback += 1
+        self._callbacks[key] = callback
+        binding = self._binding
+        if binding is not None:
+            self._want_changes(binding)
+            self._emitted = binding.cache.tip
+
+        def unsubscribe() -> None:
+            self._callbacks.pop(key, None)
+            current = self._binding
+            if current is not None:
+                self._want_changes(current)
+
+        return unsubscribe
+
+    # -- run lifecycle ---------------------------------------------------------------------
+
+    async def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
+        """Create a new run and bind to it. :class:`RunExistsError` if it exists (then nothing
+        changed, and this backend stays bound as it was)."""
+        await self._init(run_id, task, run_dir, None, with_meta=False)
+
+    async def init_run_with_meta(
+        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
+    ) -> None:
+        """``init_run`` with ``workflow_meta`` (any JSON) stored, in one atomic step."""
+        await self._init(run_id, task, run_dir, workflow_meta, with_meta=True)
+
+    async def _init(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *,
+                    with_meta: bool) -> None:  # fmt: skip
+        self._check_fork()
+        rid, args = self._encoder.init_run(run_id, task, run_dir, meta, with_meta=with_meta)
+        async with self._bind_lock:
+            binding = await self._prepare(rid)
+            generation = binding.cache.generation
+            try:
+                async with self._io_lock:
+                    self._op_seq += 1
+                    full = (self._writer_id, str(self._op_seq), *args)
+                    reply = await self._call(self._scripts.init_run, full, binding.key_list, rid)
+                delta = parse_delta(bytes(reply))
+                state = RunState.from_whole(rid, binding.keys, delta)
+            except BaseException:
+                self._stop_watch(binding)
+                raise
+            binding.cache.install(state, generation)
+            self._adopt(binding)
+
+    async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
+        """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
+        (this backend then stays bound as it was)."""
+        self._check_fork()
+        rid = check_uuid(run_id, "run_id")
+        async with self._bind_lock:
+            binding = await self._prepare(rid)
+            try:
+                state = await self._reload(binding)
+            except BaseException:
+                self._stop_watch(binding)
+                raise
+            if state is None:
+                self._stop_watch(binding)
+                return None
+            self._adopt(binding)
+            return binding.cache.snapshot()
+
+    async def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
+        """Delete a run (default: the bound one) with its event log; True if it existed.
+
+        Every key of the run goes in one atomic step; backends watching it are told (see
+        :meth:`luft_redis.RedisCheckpointBackend.delete_run`). This backend is unbound if it
+        was bound to that run.
+        """
+        self._check_fork()
+        rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
+        if rid is None:
+            raise RunNotBoundError("delete_run")
+        keys = run_keys(self._prefix, rid)
+        existed = await self._call(self._scripts.delete_run, (), list(keys), rid)
+        if rid == self.run_id:
+            self._unbind()
+        return bool(int(existed))
+
+    async def list_runs(self) -> list[uuid.UUID]:
+        """The ids of every run stored under this prefix (SCAN of the keyspace), sorted."""
+        self._check_fork()
+        found: set[uuid.UUID] = set()
+        try:
+            async for raw in self._client.scan_iter(match=run_pattern(self._prefix), count=1000):
+                key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+                run_id = run_id_from_key(self._prefix, key)
+                if run_id is not None:
+                    found.add(run_id)
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc) from exc
+        return sorted(found)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def append_event(self, event: t.AgentEvent) -> None:
+        """Append ``event`` to the run's log and apply contract §5's rules, atomically."""
+        await self.append_events((event,))
+
+    async def append_events(self, events: Sequence[t.AgentEvent]) -> None:
+        """Append ``events`` in order, applying §5's rules to each, as one atomic change
+        (one round trip; either every event is stored or none is)."""
+        binding = self._need_run("append_events")
+        args = self._encoder.events(events, binding.run_id)
+        if args == ["0"]:
+            return
+        await self._write(self._scripts.append_events, args, binding)
+
+    async def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
+        """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
+        binding = self._need_run("upsert_agent_result")
+        await self._write(self._scripts.upsert_agent_result, self._encoder.result(cache), binding)
+
+    async def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
+        """Insert or replace ``agent_sessions[session.agent_id]``."""
+        binding = self._need_run("upsert_agent_session")
+        args = self._encoder.session(session)
+        await self._write(self._scripts.upsert_agent_session, args, binding)
+
+    async def cancel(self) -> None:
+        """running -> cancelled; a completed or failed run is left as it is (no error)."""
+        binding = self._need_run("cancel")
+        await self._write(self._scripts.cancel, (), binding)
+
+    async def reset_status_to_running(self) -> None:
+        """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
+        binding = self._need_run("reset_status_to_running")
+        await self._write(self._scripts.reset_status_to_running, (), binding)
+
+    async def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
+        """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
+        binding = self._need_run("save_checkpoint")
+        args = self._encoder.save(checkpoint, binding.run_id)
+        await self._write(self._scripts.save_checkpoint, args, binding)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get_checkpoint(self) -> t.RunCheckpoint | None:
+        """The current checkpoint from the in-process cache (no I/O); None when unbound."""
+        self._check_fork()
+        binding = self._binding
+        return binding.cache.snapshot() if binding is not None else None
+
+    def get_findings(self) -> tuple[t.Finding, ...]:
+        """The run's findings (contract §5, findings) from the cache; () when unbound."""
+        snapshot = self.get_checkpoint()
+        return snapshot.findings if snapshot is not None else ()
+
+    def can_resume(self) -> bool:
+        """Status is running, failed or cancelled (from the cache); False when unbound."""
+        snapshot = self.get_checkpoint()
+        return snapshot is not None and snapshot.status is not t.CheckpointStatus.COMPLETED
+
+    async def get_event_log(self) -> list[t.AgentEvent]:
+        """Every event of the run, in append order."""
+        return [event async for event in self.iter_event_log()]
+
+    async def iter_event_log(
+        self, *, start: str = "-", page_size: int = DEFAULT_PAGE_SIZE
+    ) -> AsyncIterator[t.AgentEvent]:
+        """The run's events in append order, fetched ``page_size`` entries per XRANGE.
+
+        ``start`` is a stream id to begin at (inclusive), ``"-"`` for the beginning.
+        """
+        binding = self._need_run("iter_event_log")
+        if page_size < 1:
+            raise ValidationError("page_size", "must be at least 1")
+        run_id, key = binding.run_id, binding.keys.events
+        lower = start
+        while True:
+            try:
+                page = await self._client.xrange(key, min=lower, max="+", count=page_size)
+            except _REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+            for raw_id, fields in page:
+                yield decode_entry(run_id, key, entry_id(raw_id), fields)
+            if len(page) < page_size:
+                return
+            lower = page_after(page)
+
+    async def iter_events(
+        self,
+        from_id: str | None = None,
+        *,
+        follow: bool = True,
+        timeout: float | None = None,
+        block_ms: int = 1000,
+        count: int = 100,
+    ) -> AsyncIterator[LogEntry]:
+        """Yield the run's events as :class:`LogEntry` ``(id, event)``, following new ones.
+
+        Starts after stream id ``from_id`` (``None``: from the first event; ``"$"``: only events
+        appended from now on). With ``follow=True`` it waits for new events with
+        ``XREAD BLOCK`` and stops once ``timeout`` seconds pass without one (``None``: never);
+        with ``follow=False`` it stops at the end of the log.
+        """
+        binding = self._need_run("iter_events")
+        run_id, key = binding.run_id, binding.keys.events
+        last = "0-0" if from_id is None else from_id
+        loop = asyncio.get_running_loop()
+        try:
+            if last == "$":
+                newest = await self._client.xrevrange(key, count=1)
+                last = entry_id(newest[0][0]) if newest else "0-0"
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc, run_id=run_id) from exc
+        idle_since = loop.time()
+        while True:
+            block = block_ms if follow else None
+            if follow and timeout is not None:
+                left = timeout - (loop.time() - idle_since)
+                if left <= 0:
+                    return
+                block = max(1, min(block_ms, int(left * 1000)))
+            try:
+                reply = await self._client.xread({key: last}, count=count, block=block)
+            except _REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+            entries = xread_entries(reply)
+            for raw_id, fields in entries:
+                last = entry_id(raw_id)
+                yield LogEntry(last, decode_entry(run_id, key, last, fields))
+            if entries:
+                idle_since = loop.time()
+            elif not follow:
+                return
