@@ -335,12 +335,16 @@ class RedisCheckpointBackend:
         self._emitted = None
         if old is not None:
             self._stop_watch(old.watch)
+            old.cache.wake()  # waiters on the old run look again
+        if binding.watch is not None and not binding.cache.synced:
+            self._on_work(binding.watch)  # a confirmation came during the load: reload
         self._emit()
 
     def _unbind(self) -> None:
         old, self._binding = self._binding, None
         if old is not None:
             self._stop_watch(old.watch)
+            old.cache.wake()
 
     def _on_work(self, watch: Watch) -> None:
         """From the listener thread: a reload or callbacks are due (never blocks)."""
@@ -491,8 +495,11 @@ class RedisCheckpointBackend:
         cache = binding.cache
         inc, version = cache.tip
         base = version if after_version is None else after_version
-        return cache.wait(lambda: cache.tip[1] > base or cache.tip[0] != inc or cache.gone,
-                          timeout)  # fmt: skip
+        return cache.wait(
+            lambda: cache.tip[1] > base or cache.tip[0] != inc or cache.gone
+            or self._binding is not binding,  # rebound or closed meanwhile
+            timeout,
+        )
 
     def subscribe(self, callback: Callable[[t.RunCheckpoint], None]) -> Callable[[], None]:
         """Call ``callback(checkpoint)`` after changes of the bound run; returns a function

@@ -426,6 +426,11 @@ class RunCache:
             self._bump()
             return True
 
+    def wake(self) -> None:
+        """Wake every waiter (to look at something besides the chain)."""
+        with self._lock:
+            self.changed.notify_all()
+
     def wait(self, predicate: Any, timeout: float | None) -> bool:
         """Wait (on the chain's condition) until ``predicate()`` holds; False on timeout."""
         with self._lock:

@@ -29,7 +29,9 @@ from .delta import UnknownFormat, parse_delta
 __all__ = [
     "DEFAULT_MAX_STALENESS",
     "LinkHealth",
+    "StaleRoute",
     "Watch",
+    "check_primary",
     "fork_generation",
     "on_fork",
 ]
@@ -151,6 +153,23 @@ class Watch:
         """The channel was (re)subscribed: notices before it may be lost, so reload."""
         self.cache.mark_stale()
         self.on_work(self)
+
+
+class StaleRoute(Exception):
+    """A subscriber connection went to a node that does not own the channel's slot."""
+
+
+def check_primary(role: Any, name: str) -> None:
+    """Raise :class:`StaleRoute` unless a ``ROLE`` reply says node ``name`` is a primary.
+
+    Right after a failover a refreshed slot map can still name the demoted primary, which
+    would take a sharded subscription as a replica and miss the shard's notices.
+    """
+    kind = role[0] if isinstance(role, (list, tuple)) and role else role
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind != "master":
+        raise StaleRoute(f"node {name} is a {kind}, not the slot's primary (stale slot map)")
 
 
 _fork_lock = threading.Lock()

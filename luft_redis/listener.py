@@ -28,7 +28,7 @@ import redis
 import redis.cluster
 from redis.crc import key_slot
 
-from .coherence import DEFAULT_MAX_STALENESS, LinkHealth, Watch, on_fork
+from .coherence import DEFAULT_MAX_STALENESS, LinkHealth, Watch, check_primary, on_fork
 
 __all__ = ["ChangeListener", "Refresher"]
 
@@ -213,7 +213,11 @@ class ChangeListener:
         node = self._client.get_node(node_name=link.name)
         if node is None or node.redis_connection is None:
             raise _Reconnect(f"node {link.name} is not in the slot map")
+        # Right after a failover a refreshed slot map can still name the demoted primary,
+        # which would take the subscription as a replica and never see the shard's notices.
+        check_primary(node.redis_connection.execute_command("ROLE"), link.name)
         return node.redis_connection.pubsub(ignore_subscribe_messages=False)
+
 
 
 class _Link:

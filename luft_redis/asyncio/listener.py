@@ -29,7 +29,7 @@ import redis.asyncio
 import redis.asyncio.cluster
 from redis.crc import key_slot
 
-from ..coherence import DEFAULT_MAX_STALENESS, LinkHealth, Watch, on_fork
+from ..coherence import DEFAULT_MAX_STALENESS, LinkHealth, Watch, check_primary, on_fork
 
 __all__ = ["AsyncChangeListener", "AsyncRefresher", "Signal"]
 
@@ -43,12 +43,6 @@ IDLE_EXIT_SECONDS = 2.0
 
 MAX_BACKOFF_SECONDS = 1.0
 """Longest pause between reconnection attempts."""
-
-MOVED_SETTLE_SECONDS = 5.0
-"""After a node dropped a channel (its slot moved), a topology that still routes the channel
-to that node is taken for stale (the first node asked may not know of the failover yet) and
-refreshed again, for at most this long before the link subscribes there anyway. A demoted
-primary accepts ``SSUBSCRIBE`` as a replica, but need not deliver every notice of its shard."""
 
 Work = Callable[[], Awaitable[None]]
 
@@ -270,7 +264,7 @@ class AsyncChangeListener:
             del self._links[link.name]
         return True
 
-    def _open_pubsub(self, link: _Link) -> tuple[Any, Any]:
+    async def _open_pubsub(self, link: _Link) -> tuple[Any, Any]:
         """A pubsub for ``link``'s node, and the connection pool to close after it (None
         when it comes from the client's own pool)."""
         if not self._cluster:
@@ -287,6 +281,12 @@ class AsyncChangeListener:
             **node.connection_kwargs,
         )  # fmt: skip
         subscriber = redis.asyncio.Redis(connection_pool=pool)
+        try:
+            # a refreshed slot map can still name a demoted primary right after a failover
+            check_primary(await subscriber.execute_command("ROLE"), link.name)  # type: ignore[no-untyped-call]
+        except BaseException:
+            await pool.disconnect()
+            raise
         return subscriber.pubsub(ignore_subscribe_messages=False), pool
 
 
@@ -300,7 +300,6 @@ class _Link:
         self._requests: collections.deque[tuple[str, bytes]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._asked_unsub: set[bytes] = set()
-        self._moved_at: float | None = None  # when this node last dropped a channel
 
     def request(self, item: tuple[str, bytes]) -> None:
         self._requests.append(item)
@@ -338,19 +337,10 @@ class _Link:
                 await asyncio.sleep(POLL_SECONDS)
                 continue
             idle_since = None
-            if self._moved_at is not None:
-                if time.monotonic() - self._moved_at < MOVED_SETTLE_SECONDS:
-                    # the slot left this node: a route here is a stale slot map; ask again
-                    await listener._refresh_topology()
-                    if listener._channels_of(self):
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
-                    continue
-                self._moved_at = None
             pubsub: Any = None
             pool: Any = None
             try:
-                pubsub, pool = listener._open_pubsub(self)
+                pubsub, pool = await listener._open_pubsub(self)
                 logger.debug("change listener %s: subscribing %d channel(s)",
                              self.name or "redis", len(channels))  # fmt: skip
                 self.health.connect(time.monotonic())
@@ -360,8 +350,6 @@ class _Link:
                 await self._serve(pubsub)
             except Exception as exc:
                 self.health.disconnect()  # not fresh while we wait to reconnect
-                if isinstance(exc, _Reconnect) and exc.moved:
-                    self._moved_at = time.monotonic()
                 self._lost(exc)
                 await listener._refresh_topology()
                 await asyncio.sleep(backoff)
