@@ -16,28 +16,32 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import redis
-
 from . import types as t
 from .cache import Offer, RunCache, RunState
 from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
-from .connect import Durability, check_sync_client, is_cluster, make_client
+from .connect import Durability, check_sync_client, make_client
 from .delta import Delta, UnknownFormat, parse_delta
 from .errors import (
     BackendError,
-    ConfigurationError,
     LuftRedisError,
-    NotDurableError,
     RunNotBoundError,
     ValidationError,
 )
-from .keys import DEFAULT_PREFIX, RunKeys, check_prefix, run_id_from_key, run_keys, run_pattern
+from .frontend import (
+    DEFAULT_PAGE_SIZE,
+    GAP_WAIT,
+    REDIS_ERRORS,
+    REFRESH_RETRY_DELAY,
+    SUBSCRIBE_TIMEOUT,
+    Binding,
+    FrontEnd,
+)
+from .keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
 from .listener import ChangeListener, Refresher, weak_work
-from .retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
-from .scripts import Scripts, translate_error
+from .retry import DEFAULT_RETRY, RetryPolicy
+from .scripts import translate_error
 from .wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
-    Encoder,
     LogEntry,
     check_uuid,
     decode_entry,
@@ -55,23 +59,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_PAGE_SIZE = 1000
-"""Stream entries fetched per XRANGE call by ``iter_event_log``."""
-
-SUBSCRIBE_TIMEOUT = 2.0
-"""Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
-(the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
-
-GAP_WAIT = 0.1
-"""Seconds a write whose reply is ahead of the cache waits for the notices of the versions in
-between (published before the reply) before it reloads the run instead."""
-
-REFRESH_RETRY_DELAY = 0.2
-"""Seconds the refresher waits before it tries a failed reload again."""
-
-_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
-
 
 @runtime_checkable
 class CheckpointBackend(Protocol):
@@ -91,10 +78,6 @@ class CheckpointBackend(Protocol):
 
     def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None: ...
 
-    def get_checkpoint(self) -> t.RunCheckpoint | None: ...
-
-    def get_findings(self) -> Sequence[t.Finding]: ...
-
     def get_event_log(self) -> list[t.AgentEvent]: ...
 
     def can_resume(self) -> bool: ...
@@ -106,22 +89,7 @@ class CheckpointBackend(Protocol):
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None: ...
 
 
-class _Binding:
-    """The run a backend is bound to: its keys, cache and watch (replaced whole on rebind)."""
-
-    __slots__ = ("cache", "channel", "key_list", "keys", "run_id", "watch")
-
-    def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache,
-                 watch: Watch | None) -> None:  # fmt: skip
-        self.run_id = run_id
-        self.keys = keys
-        self.key_list = list(keys)
-        self.cache = cache
-        self.channel = keys.changes.encode()
-        self.watch = watch
-
-
-class RedisCheckpointBackend:
+class RedisCheckpointBackend(FrontEnd):
     """luft's checkpoint backend on Redis (sync front end).
 
     ``client`` is a redis-py ``Redis``, ``RedisCluster`` or fakeredis client created with
@@ -164,25 +132,10 @@ class RedisCheckpointBackend:
         max_staleness: float = DEFAULT_MAX_STALENESS,
     ) -> None:
         check_sync_client(client)
-        self._client = client
-        self._prefix = check_prefix(prefix)
-        self._scripts = Scripts(client)
-        self._retry = retry if retry is not None else NO_RETRY
-        if durability is not None and is_cluster(client):
-            raise ConfigurationError("durability= is not supported on Redis Cluster clients")
-        self._durability = durability
-        if max_payload_size < 1:
-            raise ConfigurationError("max_payload_size must be positive")
-        if not max_staleness > 0:
-            raise ConfigurationError("max_staleness must be positive")
-        self._encoder = Encoder(max_payload_size)
-        self._max_staleness = float(max_staleness)
-        self._watching = watch
+        self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
+                        max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
         self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
         self._next_callback = 0
-        self._emitted: tuple[str, int] | None = None
-        self._binding: _Binding | None = None
-        self._owns_client = False
         self._fork = fork_generation()
         self._new_identity()
 
@@ -205,6 +158,7 @@ class RedisCheckpointBackend:
         binding = self._binding
         if binding is not None:
             binding.cache.reset_locks()
+            binding.listener = self._listener
             binding.watch = self._start_watch(binding.cache, binding.channel)
 
     @classmethod
@@ -237,37 +191,6 @@ class RedisCheckpointBackend:
     # -- plumbing --------------------------------------------------------------------------
 
     @property
-    def client(self) -> Any:
-        """The redis-py client this backend uses."""
-        return self._client
-
-    @property
-    def prefix(self) -> str:
-        return self._prefix
-
-    @property
-    def run_id(self) -> uuid.UUID | None:
-        """The bound run, or None."""
-        binding = self._binding
-        return binding.run_id if binding else None
-
-    @property
-    def keys(self) -> RunKeys | None:
-        """The Redis keys of the bound run, or None."""
-        binding = self._binding
-        return binding.keys if binding else None
-
-    @property
-    def version(self) -> int:
-        """The run's change counter as this process last saw it (0 when unbound)."""
-        binding = self._binding
-        return binding.cache.tip[1] if binding else 0
-
-    @property
-    def max_staleness(self) -> float:
-        return self._max_staleness
-
-    @property
     def cache_is_fresh(self) -> bool:
         """True only when the cache can vouch for itself: no change committed more than
         ``max_staleness`` seconds ago is missing from it.
@@ -277,10 +200,7 @@ class RedisCheckpointBackend:
         ``max_staleness``, and every version seen so far applied (queued changes count). While
         it is False, reads still answer from the cache; :meth:`sync` reloads.
         """
-        binding, listener = self._binding, self._listener
-        if binding is None or listener is None or self._fork != fork_generation():
-            return False
-        return binding.cache.synced and listener.healthy(binding.channel, self._max_staleness)
+        return self._fork == fork_generation() and self._fresh(self._binding)
 
     def close(self) -> None:
         """Unbind the run and stop watching it (at once); close the client if
@@ -294,16 +214,6 @@ class RedisCheckpointBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"<RedisCheckpointBackend prefix={self._prefix!r} run={self.run_id}>"
-
-    def _need_run(self, operation: str) -> _Binding:
-        self._check_fork()
-        binding = self._binding
-        if binding is None:
-            raise RunNotBoundError(operation)
-        return binding
 
     # -- binding ---------------------------------------------------------------------------
 
@@ -320,17 +230,18 @@ class RedisCheckpointBackend:
         if watch is not None and self._listener is not None:
             self._listener.unwatch(watch)
 
-    def _prepare(self, run_id: uuid.UUID) -> _Binding:
+    def _prepare(self, run_id: uuid.UUID) -> Binding:
         """A new binding for ``run_id``, watched and (briefly) waited for."""
         keys = run_keys(self._prefix, run_id)
         cache = RunCache(run_id, keys)
-        binding = _Binding(run_id, keys, cache, None)
+        binding = Binding(run_id, keys, cache)
+        binding.listener = self._listener
         binding.watch = self._start_watch(cache, binding.channel)
         if binding.watch is not None and self._listener is not None:
             self._listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
         return binding
 
-    def _adopt(self, binding: _Binding) -> None:
+    def _adopt(self, binding: Binding) -> None:
         old, self._binding = self._binding, binding
         self._emitted = None
         if old is not None:
@@ -368,7 +279,7 @@ class RedisCheckpointBackend:
                 return
         self._emit()
 
-    def _reload(self, binding: _Binding) -> RunState | None:
+    def _reload(self, binding: Binding) -> RunState | None:
         """Load the run now and install it in ``binding``'s cache (I/O; no lock held)."""
         cache = binding.cache
         generation = cache.generation
@@ -386,7 +297,7 @@ class RedisCheckpointBackend:
     def _call(self, script: Any, args: Sequence[Any], keys: list[str], run_id: object) -> Any:
         try:
             return self._retry.call(lambda: script(keys=keys, args=args))
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id) from exc
 
     def _execute(self, script: Any, args: Sequence[Any], keys: list[str],
@@ -412,15 +323,10 @@ class RedisCheckpointBackend:
 
             try:
                 return self._retry.call(attempt)
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
 
-    def _check_durable(self, acked: int | None) -> None:
-        durability = self._durability
-        if durability is not None and acked is not None and acked < durability.replicas:
-            raise NotDurableError(durability.replicas, acked)
-
-    def _write(self, script: Any, args: Sequence[Any], binding: _Binding) -> Delta:
+    def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
         reply, acked = self._execute(script, args, binding.key_list, binding.run_id)
@@ -429,7 +335,7 @@ class RedisCheckpointBackend:
         self._check_durable(acked)
         return delta
 
-    def _absorb(self, binding: _Binding, reply: Any) -> Delta:
+    def _absorb(self, binding: Binding, reply: Any) -> Delta:
         """Apply a write's delta: at once when it continues the cache; after the notices of
         the versions in between when they are on their way; else by a reload."""
         cache = binding.cache
@@ -598,7 +504,7 @@ class RedisCheckpointBackend:
                 run_id = run_id_from_key(self._prefix, key)
                 if run_id is not None:
                     found.add(run_id)
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         return sorted(found)
 
@@ -681,7 +587,7 @@ class RedisCheckpointBackend:
         while True:
             try:
                 page = self._client.xrange(key, min=lower, max="+", count=page_size)
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             for raw_id, fields in page:
                 yield decode_entry(run_id, key, entry_id(raw_id), fields)
@@ -712,7 +618,7 @@ class RedisCheckpointBackend:
             if last == "$":
                 newest = self._client.xrevrange(key, count=1)
                 last = entry_id(newest[0][0]) if newest else "0-0"
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id) from exc
         idle_since = time.monotonic()
         while True:
@@ -724,7 +630,7 @@ class RedisCheckpointBackend:
                 block = max(1, min(block_ms, int(left * 1000)))
             try:
                 reply = self._client.xread({key: last}, count=count, block=block)
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             entries = xread_entries(reply)
             for raw_id, fields in entries:

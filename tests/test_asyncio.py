@@ -854,7 +854,9 @@ def test_durability_reports_a_write_too_few_replicas_acknowledged(
             redis_server.url, durability=Durability(replicas=1, timeout_ms=10)
         ) as b:
             run_id = uuid.uuid4()
-            await b.init_run(run_id, "durable", "/tmp/durable")
+            with pytest.raises(NotDurableError):  # init_run waits for replicas too
+                await b.init_run(run_id, "durable", "/tmp/durable")
+            assert b.run_id == run_id  # created and bound all the same
             with pytest.raises(NotDurableError) as caught:
                 await b.append_event(done(run_id, tokens=4))
             assert caught.value.acked == 0 and caught.value.wanted == 1

@@ -17,8 +17,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import redis
-
 from .. import types as t
 from ..cache import Offer, RunCache, RunState
 from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
@@ -26,19 +24,25 @@ from ..connect import Durability, check_async_client, is_cluster, make_client
 from ..delta import Delta, UnknownFormat, parse_delta
 from ..errors import (
     BackendError,
-    ConfigurationError,
     ForkedError,
     LuftRedisError,
-    NotDurableError,
     RunNotBoundError,
     ValidationError,
 )
-from ..keys import DEFAULT_PREFIX, RunKeys, check_prefix, run_id_from_key, run_keys, run_pattern
-from ..retry import DEFAULT_RETRY, NO_RETRY, RetryPolicy
-from ..scripts import Scripts, translate_error
+from ..frontend import (
+    DEFAULT_PAGE_SIZE,
+    GAP_WAIT,
+    REDIS_ERRORS,
+    REFRESH_RETRY_DELAY,
+    SUBSCRIBE_TIMEOUT,
+    Binding,
+    FrontEnd,
+)
+from ..keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
+from ..retry import DEFAULT_RETRY, RetryPolicy
+from ..scripts import translate_error
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
-    Encoder,
     LogEntry,
     check_uuid,
     decode_entry,
@@ -52,43 +56,11 @@ __all__ = ["AsyncRedisCheckpointBackend", "ChangeCallback"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PAGE_SIZE = 1000
-"""Stream entries fetched per XRANGE call by ``iter_event_log``."""
-
-SUBSCRIBE_TIMEOUT = 2.0
-"""Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
-(the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
-
-GAP_WAIT = 0.1
-"""Seconds a write whose reply is ahead of the cache waits for the notices of the versions in
-between (published before the reply) before it reloads the run instead."""
-
-REFRESH_RETRY_DELAY = 0.2
-"""Seconds the refresher waits before it tries a failed reload again."""
-
-_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
-
 ChangeCallback = Callable[[t.RunCheckpoint], object]
 """A change callback: a function, or a coroutine function (its coroutine runs as a task)."""
 
 
-class _Binding:
-    """The run a backend is bound to: its keys, cache, watch and listener (replaced whole on
-    rebind)."""
-
-    __slots__ = ("cache", "channel", "key_list", "keys", "listener", "run_id", "watch")
-
-    def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache) -> None:
-        self.run_id = run_id
-        self.keys = keys
-        self.key_list = list(keys)
-        self.cache = cache
-        self.channel = keys.changes.encode()
-        self.watch: Watch | None = None
-        self.listener: AsyncChangeListener | None = None
-
-
-class AsyncRedisCheckpointBackend:
+class AsyncRedisCheckpointBackend(FrontEnd):
     """luft's checkpoint backend on Redis (asyncio front end).
 
     ``client`` is a ``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster`` or
@@ -120,28 +92,13 @@ class AsyncRedisCheckpointBackend:
         max_staleness: float = DEFAULT_MAX_STALENESS,
     ) -> None:
         check_async_client(client)
-        self._client = client
-        self._prefix = check_prefix(prefix)
-        self._scripts = Scripts(client)
-        self._retry = retry if retry is not None else NO_RETRY
-        if durability is not None and is_cluster(client):
-            raise ConfigurationError("durability= is not supported on Redis Cluster clients")
-        self._durability = durability
-        if max_payload_size < 1:
-            raise ConfigurationError("max_payload_size must be positive")
-        if not max_staleness > 0:
-            raise ConfigurationError("max_staleness must be positive")
-        self._encoder = Encoder(max_payload_size)
-        self._max_staleness = float(max_staleness)
-        self._watching = watch
+        self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
+                        max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._emitted: tuple[str, int] | None = None
         self._waiting = 0
         self._changed = Signal()
-        self._binding: _Binding | None = None
-        self._owns_client = False
         self._fork = fork_generation()
         self._writer_id = uuid.uuid4().hex
         self._op_seq = 0
@@ -178,48 +135,11 @@ class AsyncRedisCheckpointBackend:
     # -- plumbing --------------------------------------------------------------------------
 
     @property
-    def client(self) -> Any:
-        """The redis-py asyncio client this backend uses."""
-        return self._client
-
-    @property
-    def prefix(self) -> str:
-        return self._prefix
-
-    @property
-    def run_id(self) -> uuid.UUID | None:
-        """The bound run, or None."""
-        binding = self._binding
-        return binding.run_id if binding else None
-
-    @property
-    def keys(self) -> RunKeys | None:
-        """The Redis keys of the bound run, or None."""
-        binding = self._binding
-        return binding.keys if binding else None
-
-    @property
-    def version(self) -> int:
-        """The run's change counter as this process last saw it (0 when unbound)."""
-        binding = self._binding
-        return binding.cache.tip[1] if binding else 0
-
-    @property
-    def max_staleness(self) -> float:
-        return self._max_staleness
-
-    @property
     def cache_is_fresh(self) -> bool:
         """True only when the cache can vouch for itself: no change committed more than
         ``max_staleness`` seconds ago is missing from it (the conditions of
         :attr:`luft_redis.RedisCheckpointBackend.cache_is_fresh`)."""
-        binding = self._binding
-        if binding is None or self._fork != fork_generation():
-            return False
-        listener = binding.listener
-        if listener is None:
-            return False
-        return binding.cache.synced and listener.healthy(binding.channel, self._max_staleness)
+        return self._fork == fork_generation() and self._fresh(self._binding)
 
     async def aclose(self) -> None:
         """Unbind the run and stop watching it; close the client if :meth:`from_url` made it.
@@ -242,9 +162,6 @@ class AsyncRedisCheckpointBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def __repr__(self) -> str:
-        return f"<AsyncRedisCheckpointBackend prefix={self._prefix!r} run={self.run_id}>"
-
     def _check_fork(self) -> None:
         if self._fork != fork_generation():
             raise ForkedError(
@@ -252,16 +169,9 @@ class AsyncRedisCheckpointBackend:
                 "tasks and locks do not survive a fork; create the backend after the fork"
             )
 
-    def _need_run(self, operation: str) -> _Binding:
-        self._check_fork()
-        binding = self._binding
-        if binding is None:
-            raise RunNotBoundError(operation)
-        return binding
-
     # -- binding ---------------------------------------------------------------------------
 
-    def _start_watch(self, binding: _Binding) -> None:
+    def _start_watch(self, binding: Binding) -> None:
         if not self._watching:
             return
         listener = AsyncChangeListener.for_client(self._client)
@@ -271,25 +181,25 @@ class AsyncRedisCheckpointBackend:
         listener.watch(watch, self._max_staleness)
 
     @staticmethod
-    def _stop_watch(binding: _Binding) -> None:
+    def _stop_watch(binding: Binding) -> None:
         if binding.watch is not None and binding.listener is not None:
             binding.listener.unwatch(binding.watch)
 
-    async def _prepare(self, run_id: uuid.UUID) -> _Binding:
+    async def _prepare(self, run_id: uuid.UUID) -> Binding:
         """A new binding for ``run_id``, watched and (briefly) waited for."""
         keys = run_keys(self._prefix, run_id)
-        binding = _Binding(run_id, keys, RunCache(run_id, keys))
+        binding = Binding(run_id, keys, RunCache(run_id, keys))
         if self._watching and is_cluster(self._client):
             try:  # the slot map, so that the listener subscribes on the right node at once
                 await self._client.initialize()
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
         self._start_watch(binding)
         if binding.listener is not None:
             await binding.listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
         return binding
 
-    def _adopt(self, binding: _Binding) -> None:
+    def _adopt(self, binding: Binding) -> None:
         old, self._binding = self._binding, binding
         self._emitted = None
         if old is not None:
@@ -305,7 +215,7 @@ class AsyncRedisCheckpointBackend:
             self._stop_watch(old)
         self._changed.notify()
 
-    def _want_changes(self, binding: _Binding) -> None:
+    def _want_changes(self, binding: Binding) -> None:
         """Ask the watch for every applied notice while callbacks or waiters want them."""
         if binding.watch is not None:
             binding.watch.wants_changes = bool(self._callbacks) or self._waiting > 0
@@ -335,7 +245,7 @@ class AsyncRedisCheckpointBackend:
                 return
         self._emit()
 
-    async def _reload(self, binding: _Binding) -> RunState | None:
+    async def _reload(self, binding: Binding) -> RunState | None:
         """Load the run now and install it in ``binding``'s cache (I/O; no lock held)."""
         cache = binding.cache
         generation = cache.generation
@@ -355,41 +265,45 @@ class AsyncRedisCheckpointBackend:
                     run_id: object) -> Any:  # fmt: skip
         try:
             return await self._retry.acall(lambda: script(keys=keys, args=args))
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id) from exc
 
-    async def _write(self, script: Any, args: Sequence[Any], binding: _Binding) -> Delta:
-        """Run a writing script exactly once (its operation id is made before any attempt)
-        and apply its delta to ``binding``'s cache; NotDurableError after it was applied
-        when too few replicas acknowledged it."""
-        keys = binding.key_list
+    async def _execute(self, script: Any, args: Sequence[Any], keys: list[str],
+                       run_id: object) -> tuple[Any, int | None]:  # fmt: skip
+        """Run a writing script once, exactly: its operation id is made before any attempt.
+
+        With ``durability``, ``WAIT`` goes in the same round trip (a pipeline); returns the
+        reply and the number of replicas that acknowledged (None without durability).
+        """
         durability = self._durability
-        acked: int | None = None
         async with self._io_lock:
             self._op_seq += 1
             full = (self._writer_id, str(self._op_seq), *args)
             if durability is None:
-                reply = await self._call(script, full, keys, binding.run_id)
-            else:
+                return await self._call(script, full, keys, run_id), None
 
-                async def attempt() -> tuple[Any, int]:
-                    pipe = self._client.pipeline(transaction=False)
-                    await script(keys=keys, args=full, client=pipe)
-                    pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
-                    result, count = await pipe.execute()
-                    return result, int(count)
+            async def attempt() -> tuple[Any, int]:
+                pipe = self._client.pipeline(transaction=False)
+                await script(keys=keys, args=full, client=pipe)
+                pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
+                result, count = await pipe.execute()
+                return result, int(count)
 
-                try:
-                    reply, acked = await self._retry.acall(attempt)
-                except _REDIS_ERRORS as exc:
-                    raise translate_error(exc, run_id=binding.run_id) from exc
+            try:
+                return await self._retry.acall(attempt)
+            except REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+
+    async def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
+        """Run a writing script exactly once and apply its delta to ``binding``'s cache;
+        NotDurableError (after it was applied) when too few replicas acknowledged it."""
+        reply, acked = await self._execute(script, args, binding.key_list, binding.run_id)
         delta = await self._absorb(binding, reply)
         self._emit()
-        if durability is not None and acked is not None and acked < durability.replicas:
-            raise NotDurableError(durability.replicas, acked)
+        self._check_durable(acked)
         return delta
 
-    async def _absorb(self, binding: _Binding, reply: Any) -> Delta:
+    async def _absorb(self, binding: Binding, reply: Any) -> Delta:
         """Apply a write's delta: at once when it continues the cache; after the notices of
         the versions in between when they are on their way; else by a reload."""
         cache = binding.cache
@@ -416,7 +330,7 @@ class AsyncRedisCheckpointBackend:
         self._changed.notify()
         return delta
 
-    async def _wait(self, binding: _Binding, predicate: Callable[[], bool],
+    async def _wait(self, binding: Binding, predicate: Callable[[], bool],
                     timeout: float | None) -> bool:  # fmt: skip
         """Wait until ``predicate()`` holds, woken by every change the cache receives."""
         self._waiting += 1
@@ -532,10 +446,8 @@ class AsyncRedisCheckpointBackend:
             binding = await self._prepare(rid)
             generation = binding.cache.generation
             try:
-                async with self._io_lock:
-                    self._op_seq += 1
-                    full = (self._writer_id, str(self._op_seq), *args)
-                    reply = await self._call(self._scripts.init_run, full, binding.key_list, rid)
+                reply, acked = await self._execute(self._scripts.init_run, args,
+                                                   binding.key_list, rid)  # fmt: skip
                 delta = parse_delta(bytes(reply))
                 state = RunState.from_whole(rid, binding.keys, delta)
             except BaseException:
@@ -543,6 +455,7 @@ class AsyncRedisCheckpointBackend:
                 raise
             binding.cache.install(state, generation)
             self._adopt(binding)
+        self._check_durable(acked)
 
     async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
@@ -589,7 +502,7 @@ class AsyncRedisCheckpointBackend:
                 run_id = run_id_from_key(self._prefix, key)
                 if run_id is not None:
                     found.add(run_id)
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         return sorted(found)
 
@@ -637,22 +550,6 @@ class AsyncRedisCheckpointBackend:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def get_checkpoint(self) -> t.RunCheckpoint | None:
-        """The current checkpoint from the in-process cache (no I/O); None when unbound."""
-        self._check_fork()
-        binding = self._binding
-        return binding.cache.snapshot() if binding is not None else None
-
-    def get_findings(self) -> tuple[t.Finding, ...]:
-        """The run's findings (contract §5, findings) from the cache; () when unbound."""
-        snapshot = self.get_checkpoint()
-        return snapshot.findings if snapshot is not None else ()
-
-    def can_resume(self) -> bool:
-        """Status is running, failed or cancelled (from the cache); False when unbound."""
-        snapshot = self.get_checkpoint()
-        return snapshot is not None and snapshot.status is not t.CheckpointStatus.COMPLETED
-
     async def get_event_log(self) -> list[t.AgentEvent]:
         """Every event of the run, in append order."""
         return [event async for event in self.iter_event_log()]
@@ -672,7 +569,7 @@ class AsyncRedisCheckpointBackend:
         while True:
             try:
                 page = await self._client.xrange(key, min=lower, max="+", count=page_size)
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             for raw_id, fields in page:
                 yield decode_entry(run_id, key, entry_id(raw_id), fields)
@@ -704,7 +601,7 @@ class AsyncRedisCheckpointBackend:
             if last == "$":
                 newest = await self._client.xrevrange(key, count=1)
                 last = entry_id(newest[0][0]) if newest else "0-0"
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id) from exc
         idle_since = loop.time()
         while True:
@@ -716,7 +613,7 @@ class AsyncRedisCheckpointBackend:
                 block = max(1, min(block_ms, int(left * 1000)))
             try:
                 reply = await self._client.xread({key: last}, count=count, block=block)
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             entries = xread_entries(reply)
             for raw_id, fields in entries:

@@ -1,0 +1,183 @@
+"""What the sync and the asyncio front ends share: options, the binding, and the reads.
+
+Everything here is free of I/O. :class:`FrontEnd` holds a backend's options and its current
+:class:`Binding`, and answers the reads of luft's trait (``get_checkpoint()``,
+``get_findings()``, ``can_resume()``) and the plain properties from the cache. The front ends
+(:mod:`luft_redis.backend`, :mod:`luft_redis.asyncio.backend`) add the I/O: with threads and
+locks, or with ``await``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import redis
+
+from . import types as t
+from .cache import RunCache
+from .coherence import Watch
+from .connect import Durability, is_cluster
+from .errors import ConfigurationError, NotDurableError, RunNotBoundError
+from .keys import RunKeys, check_prefix
+from .retry import NO_RETRY, RetryPolicy
+from .scripts import Scripts
+from .wire import Encoder
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "GAP_WAIT",
+    "REDIS_ERRORS",
+    "REFRESH_RETRY_DELAY",
+    "SUBSCRIBE_TIMEOUT",
+    "Binding",
+    "FrontEnd",
+]
+
+DEFAULT_PAGE_SIZE = 1000
+"""Stream entries fetched per XRANGE call by ``iter_event_log``."""
+
+SUBSCRIBE_TIMEOUT = 2.0
+"""Seconds ``init_run``/``open_run`` wait for the change subscription before loading anyway
+(the cache then reports ``cache_is_fresh == False`` until the listener catches up)."""
+
+GAP_WAIT = 0.1
+"""Seconds a write whose reply is ahead of the cache waits for the notices of the versions in
+between (published before the reply) before it reloads the run instead."""
+
+REFRESH_RETRY_DELAY = 0.2
+"""Seconds the refresher waits before it tries a failed reload again."""
+
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+"""What redis-py raises (``RedisClusterException`` is not a ``RedisError``)."""
+
+
+class Binding:
+    """The run a backend is bound to: its keys, cache, watch and listener (replaced whole on
+    rebind, so a concurrent operation keeps the run it started with)."""
+
+    __slots__ = ("cache", "channel", "key_list", "keys", "listener", "run_id", "watch")
+
+    def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache) -> None:
+        self.run_id = run_id
+        self.keys = keys
+        self.key_list = list(keys)
+        self.cache = cache
+        self.channel = keys.changes.encode()
+        self.watch: Watch | None = None
+        self.listener: Any = None
+        """The front end's change listener carrying ``watch`` (None with ``watch=False``)."""
+
+
+class FrontEnd:
+    """The I/O-free half of a backend; see the module docstring."""
+
+    _binding: Binding | None
+
+    def _configure(
+        self,
+        client: Any,
+        *,
+        prefix: str,
+        watch: bool,
+        retry: RetryPolicy | None,
+        durability: Durability | None,
+        max_payload_size: int,
+        max_staleness: float,
+    ) -> None:
+        """Check and keep the options both front ends take (ConfigurationError)."""
+        self._client = client
+        self._prefix = check_prefix(prefix)
+        self._scripts = Scripts(client)
+        self._retry = retry if retry is not None else NO_RETRY
+        if durability is not None and is_cluster(client):
+            raise ConfigurationError("durability= is not supported on Redis Cluster clients")
+        self._durability = durability
+        if max_payload_size < 1:
+            raise ConfigurationError("max_payload_size must be positive")
+        if not max_staleness > 0:
+            raise ConfigurationError("max_staleness must be positive")
+        self._encoder = Encoder(max_payload_size)
+        self._max_staleness = float(max_staleness)
+        self._watching = watch
+        self._emitted: tuple[str, int] | None = None
+        self._binding = None
+        self._owns_client = False
+
+    def _check_fork(self) -> None:
+        """What a front end does when used in a forked child (before any operation)."""
+        raise NotImplementedError
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client this backend uses."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def run_id(self) -> uuid.UUID | None:
+        """The bound run, or None."""
+        binding = self._binding
+        return binding.run_id if binding else None
+
+    @property
+    def keys(self) -> RunKeys | None:
+        """The Redis keys of the bound run, or None."""
+        binding = self._binding
+        return binding.keys if binding else None
+
+    @property
+    def version(self) -> int:
+        """The run's change counter as this process last saw it (0 when unbound)."""
+        binding = self._binding
+        return binding.cache.tip[1] if binding else 0
+
+    @property
+    def max_staleness(self) -> float:
+        """Seconds: the bound behind :attr:`cache_is_fresh`."""
+        return self._max_staleness
+
+    def _fresh(self, binding: Binding | None) -> bool:
+        """The cache can vouch for itself (see ``cache_is_fresh``)."""
+        if binding is None or binding.listener is None:
+            return False
+        return binding.cache.synced and bool(
+            binding.listener.healthy(binding.channel, self._max_staleness)
+        )
+
+    def _need_run(self, operation: str) -> Binding:
+        self._check_fork()
+        binding = self._binding
+        if binding is None:
+            raise RunNotBoundError(operation)
+        return binding
+
+    def _check_durable(self, acked: int | None) -> None:
+        """NotDurableError when a durable write reached fewer replicas than asked for."""
+        durability = self._durability
+        if durability is not None and acked is not None and acked < durability.replicas:
+            raise NotDurableError(durability.replicas, acked)
+
+    # -- the reads of luft's trait: from the cache, never I/O ------------------------------
+
+    def get_checkpoint(self) -> t.RunCheckpoint | None:
+        """The current checkpoint from the in-process cache (no I/O); None when unbound."""
+        self._check_fork()
+        binding = self._binding
+        return binding.cache.snapshot() if binding is not None else None
+
+    def get_findings(self) -> tuple[t.Finding, ...]:
+        """The run's findings (contract §5, findings) from the cache; () when unbound."""
+        snapshot = self.get_checkpoint()
+        return snapshot.findings if snapshot is not None else ()
+
+    def can_resume(self) -> bool:
+        """Status is running, failed or cancelled (from the cache); False when unbound."""
+        snapshot = self.get_checkpoint()
+        return snapshot is not None and snapshot.status is not t.CheckpointStatus.COMPLETED
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} prefix={self._prefix!r} run={self.run_id}>"
