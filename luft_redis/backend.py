@@ -18,13 +18,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import types as t
 from .cache import Offer, RunCache, RunState
-from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
+from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
 from .connect import Durability, check_sync_client, make_client
 from .delta import Delta, UnknownFormat, parse_delta
 from .errors import (
     BackendError,
     LuftRedisError,
     RunNotBoundError,
+    RunNotFoundError,
     ValidationError,
 )
 from .frontend import (
@@ -150,16 +151,24 @@ class RedisCheckpointBackend(FrontEnd):
         self._refresher = Refresher.for_client(self._client) if self._watching else None
 
     def _check_fork(self) -> None:
-        """In a forked child: new identity and connections; the cache reloads before fresh."""
+        """In a forked child: new identity and connections; the cache reloads before fresh.
+
+        ``self._fork`` changes last, so no thread of the child sees the parent's identity,
+        listener or cache vouched for meanwhile (``cache_is_fresh`` compares it first)."""
         if self._fork == fork_generation():
             return
-        self._fork = fork_generation()
-        self._new_identity()
-        binding = self._binding
-        if binding is not None:
-            binding.cache.reset_locks()
-            binding.listener = self._listener
-            binding.watch = self._start_watch(binding.cache, binding.channel)
+        with fork_lock():
+            generation = fork_generation()
+            if self._fork == generation:
+                return
+            binding = self._binding
+            if binding is not None:
+                binding.cache.reset_locks()  # stale until reloaded in this process
+            self._new_identity()
+            if binding is not None:
+                binding.listener = self._listener
+                binding.watch = self._start_watch(binding.cache, binding.channel)
+            self._fork = generation
 
     @classmethod
     def from_url(
@@ -200,6 +209,7 @@ class RedisCheckpointBackend(FrontEnd):
         ``max_staleness``, and every version seen so far applied (queued changes count). While
         it is False, reads still answer from the cache; :meth:`sync` reloads.
         """
+        self._check_fork()
         return self._fork == fork_generation() and self._fresh(self._binding)
 
     def close(self) -> None:
@@ -268,7 +278,7 @@ class RedisCheckpointBackend(FrontEnd):
         binding = self._binding
         if binding is None or self._fork != fork_generation():
             return
-        if not binding.cache.synced and not binding.cache.gone:
+        if not binding.cache.synced:
             try:
                 self._reload(binding)
             except LuftRedisError as exc:
@@ -329,7 +339,11 @@ class RedisCheckpointBackend(FrontEnd):
     def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
-        reply, acked = self._execute(script, args, binding.key_list, binding.run_id)
+        try:
+            reply, acked = self._execute(script, args, binding.key_list, binding.run_id)
+        except RunNotFoundError:
+            binding.cache.install(None, binding.cache.generation)  # the server says: gone
+            raise
         delta = self._absorb(binding, reply)
         self._emit()
         self._check_durable(acked)

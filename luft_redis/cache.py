@@ -356,8 +356,8 @@ class RunCache:
     def _offer_locked(self, delta: Delta) -> Offer:
         inc, version = self._tip
         if delta.deleted:
-            if delta.inc_after == inc and delta.v_after < version:
-                return Offer.OLD  # the delete of an earlier incarnation's state? impossible
+            if delta.inc_before != inc:  # another incarnation's delete: reload to see
+                return Offer.FOREIGN
             self._gone = True
             self._generation += 1
             self._bump()

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from .cache import Offer, RunCache
 from .delta import UnknownFormat, parse_delta
@@ -29,10 +29,12 @@ from .delta import UnknownFormat, parse_delta
 __all__ = [
     "DEFAULT_MAX_STALENESS",
     "LinkHealth",
+    "Router",
     "StaleRoute",
     "Watch",
     "check_primary",
     "fork_generation",
+    "fork_lock",
     "on_fork",
 ]
 
@@ -155,6 +157,124 @@ class Watch:
         self.on_work(self)
 
 
+class Link(Protocol):
+    """What a :class:`Router` needs of a subscriber connection."""
+
+    name: str
+    health: LinkHealth
+
+    def request(self, item: tuple[str, bytes]) -> None: ...
+
+
+L = TypeVar("L", bound=Link)
+
+
+class Router(Generic[L]):
+    """Which link (one per node) carries which channel, and each channel's watches.
+
+    No I/O and no lock: the sync listener holds its lock around every call, the asyncio one
+    calls it from the loop only. ``node_name(channel)`` names the node that owns a channel's
+    slot by the client's slot map ("" for a plain server, "?" when there is no map yet);
+    ``make_link(name)`` makes the link of a node.
+    """
+
+    def __init__(self, make_link: Callable[[str], L], node_name: Callable[[bytes], str]) -> None:
+        self._make_link = make_link
+        self._node_name = node_name
+        self.watches: dict[bytes, list[Watch]] = {}
+        self.route: dict[bytes, str] = {}
+        self.links: dict[str, L] = {}
+        self.max_staleness = DEFAULT_MAX_STALENESS
+
+    def add(self, watch: Watch, max_staleness: float) -> tuple[L, bool]:
+        """Route ``watch``'s channel; the link that carries it, and whether the channel is
+        already confirmed there (then no confirmation will come for this watch)."""
+        if max_staleness < self.max_staleness:
+            self.max_staleness = max_staleness
+            for link in self.links.values():
+                link.health.max_staleness = max_staleness
+        channel = watch.channel
+        watches = self.watches.setdefault(channel, [])
+        watches.append(watch)
+        link = self.link_for(channel)
+        if len(watches) == 1:
+            link.request(("sub", channel))
+        return link, channel in link.health.confirmed
+
+    def remove(self, watch: Watch) -> None:
+        channel = watch.channel
+        watches = self.watches.get(channel)
+        if not watches or watch not in watches:
+            return
+        watches.remove(watch)
+        if not watches:
+            del self.watches[channel]
+            name = self.route.pop(channel, None)
+            link = self.links.get(name) if name is not None else None
+            if link is not None:
+                link.request(("unsub", channel))
+
+    def link_for(self, channel: bytes) -> L:
+        """The link that should carry ``channel`` now (made when new)."""
+        name = self._node_name(channel)
+        self.route[channel] = name
+        link = self.links.get(name)
+        if link is None:
+            link = self.links[name] = self._make_link(name)
+            link.health.max_staleness = self.max_staleness
+        return link
+
+    def link_of(self, channel: bytes) -> L | None:
+        name = self.route.get(channel)
+        return self.links.get(name) if name is not None else None
+
+    def healthy(self, channel: bytes, now: float, max_staleness: float | None) -> bool:
+        link = self.link_of(channel)
+        return link is not None and link.health.healthy(channel, now, max_staleness)
+
+    def confirmed(self, channel: bytes) -> bool:
+        link = self.link_of(channel)
+        return link is not None and channel in link.health.confirmed
+
+    def channels_of(self, link: L) -> list[bytes]:
+        return [c for c, name in self.route.items() if name == link.name]
+
+    def targets(self, channel: bytes) -> list[Watch]:
+        return list(self.watches.get(channel, ()))
+
+    def retire(self, link: L) -> bool:
+        """Forget ``link`` if it carries nothing; True when it was forgotten."""
+        if any(name == link.name for name in self.route.values()):
+            return False
+        if self.links.get(link.name) is link:
+            del self.links[link.name]
+        return True
+
+    def reroute(self) -> list[L]:
+        """After a topology change: move channels to their current nodes' links; the links
+        that were given channels (their thread or task must run)."""
+        started: list[L] = []
+        for channel in list(self.route):
+            old = self.route[channel]
+            new_link = self.link_for(channel)
+            if new_link.name != old:
+                old_link = self.links.get(old)
+                if old_link is not None:
+                    old_link.request(("unsub", channel))
+                new_link.request(("sub", channel))
+                started.append(new_link)
+        return started
+
+    @property
+    def connected(self) -> bool:
+        links = list(self.links.values())
+        return bool(links) and all(link.health.connected for link in links)
+
+    def drop_all(self) -> None:
+        for link in self.links.values():
+            link.request(("drop", b""))
+
+
 class StaleRoute(Exception):
     """A subscriber connection went to a node that does not own the channel's slot."""
 
@@ -175,6 +295,12 @@ def check_primary(role: Any, name: str) -> None:
 _fork_lock = threading.Lock()
 _fork_generation = 0
 _fork_hooks: list[Callable[[], None]] = []
+
+
+def fork_lock() -> threading.Lock:
+    """A process-wide lock for adopting a fork (made anew in every child, so it is never held
+    by a thread that did not survive the fork)."""
+    return _fork_lock
 
 
 def fork_generation() -> int:

@@ -28,8 +28,6 @@ finds its way back to fresh):
    stored state; in the end ``sync()`` converges everywhere.
    ``test_random_interleavings_regain_freshness_unaided``: the same, without ``sync()``.
 
-Tests that expose a library bug are kept, marked ``xfail(strict=True)`` with the cause.
-
 "Delayed notices" are delayed on the wire's side of the listener (:class:`DelayedPubSub`):
 every message of the subscriber connection (notices, confirmations and PING replies alike)
 is handed over ``seconds`` late and in order, as a slow network would. Dropping notices while
@@ -546,15 +544,6 @@ def _fork_prober(backend: RedisCheckpointBackend, run_id: uuid.UUID, out: Any) -
         out.put(("error", 0, traceback.format_exc()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "luft_redis/backend.py _check_fork sets self._fork = fork_generation() before "
-        "_new_identity() and cache.reset_locks(): meanwhile cache_is_fresh (another thread) "
-        "passes the fork check and asks the parent's inherited listener (its link health: "
-        "connected, confirmed, last PONG recent) about the parent's synced cache -> True"
-    ),
-)
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_forked_child_never_reports_fresh_before_reloading(shared_url: str) -> None:
     ctx = multiprocessing.get_context("fork")
@@ -600,15 +589,6 @@ def _fork_reader(backend: RedisCheckpointBackend, ready: Any, cancelled: Any, ou
         out.put(("error", 0, traceback.format_exc()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "luft_redis/backend.py: a forked child notices the fork only in _check_fork(), called by "
-        "writes/sync/open_run (_need_run); cache_is_fresh and get_checkpoint() never start the "
-        "child's listener, so a child that only reads never sees a change (fork detected -> "
-        "STALE schedules no work back out)"
-    ),
-)
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_forked_reader_sees_the_parents_cancel(shared_url: str) -> None:
     ctx = multiprocessing.get_context("fork")
@@ -753,18 +733,12 @@ def test_stalled_subscriber(redis_server: LocalRedisServer, redis_url: str, reco
 
 OLD_TASK, NEW_TASK = "old incarnation", "new incarnation"
 
-GONE_BUG = (
-    "luft_redis/backend.py _refresh skips the reload while cache.gone, and cache.py only "
-    "clears _gone in install(); after a delete notice the notices of the re-created run are "
-    "FOREIGN, mark the cache stale and schedule _refresh, which does nothing: watchers stay "
-    "on the old incarnation (not fresh) until sync() or a write of their own"
-)
 
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
 @pytest.mark.parametrize(
     "how",
-    [pytest.param("delete", marks=pytest.mark.xfail(strict=True, reason=GONE_BUG)), "flushall"],
+    ["delete", "flushall"],
 )
 def test_recreated_run_is_followed(redis_client: Client, make_backend: Factory, how: str) -> None:
     reader, writer, admin = make_backend(), make_backend(), make_backend()
@@ -809,14 +783,6 @@ def test_recreated_run_is_followed(redis_client: Client, make_backend: Factory, 
 
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "luft_redis/backend.py _write/_call: a LUFT_NO_RUN reply (RunNotFoundError) is raised "
-        "without touching the cache, which keeps reporting fresh (and sync() keeps returning the "
-        "old checkpoint instead of None) for a run the server just said does not exist"
-    ),
-)
 def test_a_write_told_the_run_is_gone_stops_vouching(
     redis_client: Client, make_backend: Factory
 ) -> None:
@@ -835,11 +801,6 @@ def test_a_write_told_the_run_is_gone_stops_vouching(
 
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the delete notice of an older incarnation marks a "
-    "cache already on the new incarnation gone; " + GONE_BUG,
-)
 def test_a_late_delete_notice_does_not_strand_a_reloaded_cache(
     redis_client: Client, open_client: Callable[[], Client]
 ) -> None:
@@ -1084,7 +1045,6 @@ def test_random_interleavings(
 
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
-@pytest.mark.xfail(strict=True, reason=GONE_BUG)
 @settings(PROPERTY, max_examples=5)
 @given(steps=steps_strategy)
 @example(steps=[("recreate", 1, 0)])  # b0 watches while b1 deletes and re-creates the run

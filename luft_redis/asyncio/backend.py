@@ -27,6 +27,7 @@ from ..errors import (
     ForkedError,
     LuftRedisError,
     RunNotBoundError,
+    RunNotFoundError,
     ValidationError,
 )
 from ..frontend import (
@@ -234,7 +235,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         binding = self._binding
         if binding is None or self._fork != fork_generation():
             return
-        if not binding.cache.synced and not binding.cache.gone:
+        if not binding.cache.synced:
             try:
                 await self._reload(binding)
             except LuftRedisError as exc:
@@ -297,7 +298,11 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     async def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
-        reply, acked = await self._execute(script, args, binding.key_list, binding.run_id)
+        try:
+            reply, acked = await self._execute(script, args, binding.key_list, binding.run_id)
+        except RunNotFoundError:
+            binding.cache.install(None, binding.cache.generation)  # the server says: gone
+            raise
         delta = await self._absorb(binding, reply)
         self._emit()
         self._check_durable(acked)

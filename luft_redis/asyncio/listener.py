@@ -29,7 +29,14 @@ import redis.asyncio
 import redis.asyncio.cluster
 from redis.crc import key_slot
 
-from ..coherence import DEFAULT_MAX_STALENESS, LinkHealth, Watch, check_primary, on_fork
+from ..coherence import (
+    DEFAULT_MAX_STALENESS,
+    LinkHealth,
+    Router,
+    Watch,
+    check_primary,
+    on_fork,
+)
 
 __all__ = ["AsyncChangeListener", "AsyncRefresher", "Signal"]
 
@@ -127,54 +134,27 @@ class AsyncChangeListener:
         self._client = client
         self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._subscribed = Signal()
-        self._watches: dict[bytes, list[Watch]] = {}
-        self._route: dict[bytes, str] = {}
-        self._links: dict[str, _Link] = {}
-        self.max_staleness = DEFAULT_MAX_STALENESS
+        self._router: Router[_Link] = Router(lambda name: _Link(self, name), self._node_name)
 
     # -- used by the front end -------------------------------------------------------------
 
     def watch(self, watch: Watch, max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
         """Deliver the notices of ``watch.channel`` to ``watch`` (call it on the loop)."""
-        channel = watch.channel
-        if max_staleness < self.max_staleness:
-            self.max_staleness = max_staleness
-            for link in self._links.values():
-                link.health.max_staleness = max_staleness
-        watches = self._watches.setdefault(channel, [])
-        watches.append(watch)
-        link = self._link_for(channel)
-        already = channel in link.health.confirmed
-        if len(watches) == 1:
-            link.request(("sub", channel))
+        link, already = self._router.add(watch, max_staleness)
         link.ensure_task()
         if already:  # no confirmation will come for this watch: its load follows this
             watch.subscribed()
 
     def unwatch(self, watch: Watch) -> None:
-        channel = watch.channel
-        watches = self._watches.get(channel)
-        if not watches or watch not in watches:
-            return
-        watches.remove(watch)
-        if not watches:
-            del self._watches[channel]
-            name = self._route.pop(channel, None)
-            link = self._links.get(name) if name is not None else None
-            if link is not None:
-                link.request(("unsub", channel))
+        self._router.remove(watch)
 
     def healthy(self, channel: bytes, max_staleness: float | None = None) -> bool:
         """Subscribed on the channel's node, and that connection proved it delivers lately."""
-        name = self._route.get(channel)
-        link = self._links.get(name) if name is not None else None
-        return link is not None and link.health.healthy(channel, time.monotonic(), max_staleness)
+        return self._router.healthy(channel, time.monotonic(), max_staleness)
 
     def confirmed(self, channel: bytes) -> bool:
         """The server confirmed the subscription of ``channel`` on its current link."""
-        name = self._route.get(channel)
-        link = self._links.get(name) if name is not None else None
-        return link is not None and channel in link.health.confirmed
+        return self._router.confirmed(channel)
 
     async def wait_subscribed(self, channel: bytes, timeout: float) -> bool:
         return await self._subscribed.wait_for(lambda: self.confirmed(channel), timeout)
@@ -182,25 +162,24 @@ class AsyncChangeListener:
     @property
     def idle(self) -> bool:
         """Nothing is watched through this listener."""
-        return not self._watches
+        return not self._router.watches
 
     @property
     def connected(self) -> bool:
         """Every subscriber connection is up (False while any reconnects)."""
-        links = list(self._links.values())
-        return bool(links) and all(link.health.connected for link in links)
+        return self._router.connected
 
     def drop_connections_for_tests(self) -> None:
         """Close every subscriber connection (the effect of CLIENT KILL), to test recovery."""
-        for link in self._links.values():
-            link.request(("drop", b""))
+        self._router.drop_all()
 
     async def aclose(self) -> None:
         """Stop every link task and close its connection (the client is about to close)."""
-        links = list(self._links.values())
-        self._links.clear()
-        self._route.clear()
-        self._watches.clear()
+        router = self._router
+        links = list(router.links.values())
+        router.links.clear()
+        router.route.clear()
+        router.watches.clear()
         for link in links:
             await link.stop()
         per_loop = self._registry.get(asyncio.get_running_loop())
@@ -218,30 +197,13 @@ class AsyncChangeListener:
             return "?"
         return str(node.name)
 
-    def _link_for(self, channel: bytes) -> _Link:
-        """The link that should carry ``channel``."""
-        name = self._node_name(channel)
-        self._route[channel] = name
-        link = self._links.get(name)
-        if link is None:
-            link = self._links[name] = _Link(self, name)
-            link.health.max_staleness = self.max_staleness
-        return link
-
     def _channels_of(self, link: _Link) -> list[bytes]:
-        return [c for c, name in self._route.items() if name == link.name]
+        return self._router.channels_of(link)
 
     def _reroute(self) -> None:
         """After a topology change: move channels to the links of their current nodes."""
-        for channel in list(self._route):
-            old = self._route[channel]
-            new_link = self._link_for(channel)
-            if new_link.name != old:
-                old_link = self._links.get(old)
-                if old_link is not None:
-                    old_link.request(("unsub", channel))
-                new_link.request(("sub", channel))
-                new_link.ensure_task()
+        for link in self._router.reroute():
+            link.ensure_task()
 
     async def _refresh_topology(self) -> None:
         if not self._cluster:
@@ -254,15 +216,11 @@ class AsyncChangeListener:
         self._reroute()
 
     def _targets(self, channel: bytes) -> list[Watch]:
-        return list(self._watches.get(channel, ()))
+        return self._router.targets(channel)
 
     def _retire(self, link: _Link) -> bool:
         """Drop ``link`` if it carries nothing; True when it was dropped."""
-        if any(name == link.name for name in self._route.values()):
-            return False
-        if self._links.get(link.name) is link:
-            del self._links[link.name]
-        return True
+        return self._router.retire(link)
 
     async def _open_pubsub(self, link: _Link) -> tuple[Any, Any]:
         """A pubsub for ``link``'s node, and the connection pool to close after it (None
@@ -299,7 +257,7 @@ class _Link:
         self.health = LinkHealth()
         self._requests: collections.deque[tuple[str, bytes]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
-        self._asked_unsub: set[bytes] = set()
+        self._asked_unsub: dict[bytes, int] = {}  # unsubscribes not yet confirmed
 
     def request(self, item: tuple[str, bytes]) -> None:
         self._requests.append(item)
@@ -344,7 +302,7 @@ class _Link:
                 logger.debug("change listener %s: subscribing %d channel(s)",
                              self.name or "redis", len(channels))  # fmt: skip
                 self.health.connect(time.monotonic())
-                self._asked_unsub = set()
+                self._asked_unsub = {}
                 await pubsub.ssubscribe(*channels)
                 backoff = POLL_SECONDS
                 await self._serve(pubsub)
@@ -364,10 +322,9 @@ class _Link:
             while self._requests:
                 action, channel = self._requests.popleft()
                 if action == "sub":
-                    self._asked_unsub.discard(channel)
                     await pubsub.ssubscribe(channel)
                 elif action == "unsub":
-                    self._asked_unsub.add(channel)
+                    self._asked_unsub[channel] = self._asked_unsub.get(channel, 0) + 1
                     health.confirmed.discard(channel)
                     await pubsub.sunsubscribe(channel)
                 elif action == "drop":
@@ -404,8 +361,12 @@ class _Link:
             for watch in listener._targets(channel):
                 watch.subscribed()
         elif kind == "sunsubscribe":
-            if channel in self._asked_unsub:
-                self._asked_unsub.discard(channel)
+            pending = self._asked_unsub.get(channel, 0)
+            if pending:  # the confirmation of our own unsubscribe (maybe resubscribed since)
+                if pending == 1:
+                    del self._asked_unsub[channel]
+                else:
+                    self._asked_unsub[channel] = pending - 1
                 return
             # the server dropped it: the slot moved (failover, migration)
             self.health.confirmed.discard(channel)
