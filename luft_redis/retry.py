@@ -56,6 +56,9 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
         return str(exc).startswith(_TRANSIENT_PREFIXES)
+    if isinstance(exc, redis.exceptions.ClusterError):
+        # RedisCluster gave up following TRYAGAIN/ASK/MOVED (a slot migrating): nothing ran
+        return str(exc).startswith("TTL exhausted")
     return False
 
 
