@@ -213,9 +213,12 @@ class RedisCheckpointBackend(FrontEnd):
         return self._fork == fork_generation() and self._fresh(self._binding)
 
     def close(self) -> None:
-        """Unbind the run and stop watching it (at once); close the client if
-        :meth:`from_url` made it."""
+        """Unbind the run and stop watching it (at once: when nothing else watches through
+        the client, its subscriber connections are closed before this returns); close the
+        client if :meth:`from_url` made it."""
         self._unbind()
+        if self._listener is not None and self._fork == fork_generation():
+            self._listener.release()  # when nothing else watches through the client
         if self._owns_client:
             self._client.close()
 
@@ -621,7 +624,7 @@ class RedisCheckpointBackend(FrontEnd):
         """Yield the run's events as :class:`LogEntry` ``(id, event)``, following new ones.
 
         Starts after stream id ``from_id`` (``None``: from the first event; ``"$"``: only events
-        appended from now on). With ``follow=True`` it waits for new events with
+        appended after this call). With ``follow=True`` it waits for new events with
         ``XREAD BLOCK`` and stops once ``timeout`` seconds pass without one (``None``: never);
         with ``follow=False`` it stops at the end of the log.
         """
@@ -629,11 +632,17 @@ class RedisCheckpointBackend(FrontEnd):
         run_id, key = binding.run_id, binding.keys.events
         last = "0-0" if from_id is None else from_id
         try:
-            if last == "$":
+            if last == "$":  # now, at the call: not when the iteration starts
                 newest = self._client.xrevrange(key, count=1)
                 last = entry_id(newest[0][0]) if newest else "0-0"
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id) from exc
+        return self._follow(run_id, key, last, follow, timeout, block_ms, count)
+
+    def _follow(
+        self, run_id: uuid.UUID, key: str, last: str, follow: bool, timeout: float | None,
+        block_ms: int, count: int,
+    ) -> Iterator[LogEntry]:  # fmt: skip
         idle_since = time.monotonic()
         while True:
             block = block_ms if follow else None

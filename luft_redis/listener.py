@@ -115,6 +115,18 @@ class ChangeListener:
         with self._lock:
             self._router.drop_all()
 
+    def release(self, timeout: float = 1.0) -> bool:
+        """When nothing is watched any more: close the subscriber connections and end their
+        threads now (at most ``timeout`` seconds each), so the client can be closed at once.
+        False when something is still watched."""
+        with self._lock:
+            if self._router.watches:
+                return False
+            links = list(self._router.links.values())
+        for link in links:
+            link.stop(timeout)
+        return True
+
     # -- routing ---------------------------------------------------------------------------
 
     def _node_name(self, channel: bytes) -> str:
@@ -180,9 +192,18 @@ class _Link:
         self._requests: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._asked_unsub: dict[bytes, int] = {}  # unsubscribes not yet confirmed
+        self._stopping = False
 
     def request(self, item: tuple[str, bytes]) -> None:
         self._requests.put(item)
+
+    def stop(self, timeout: float) -> None:
+        """Close the connection and end the thread (it carries nothing: see release())."""
+        self._stopping = True
+        self._requests.put(("drop", b""))
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -201,6 +222,8 @@ class _Link:
             while not self._requests.empty():  # the connection below subscribes to all
                 self._requests.get_nowait()
             channels = listener._channels_of(self)
+            if self._stopping and not channels and listener._retire(self):
+                return
             if not channels:
                 now = time.monotonic()
                 idle_since = idle_since or now
@@ -219,10 +242,11 @@ class _Link:
                 self._serve(pubsub)
             except Exception as exc:
                 self.health.disconnect()
-                self._lost(exc)
-                listener._refresh_topology()
-                time.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                if not self._stopping:
+                    self._lost(exc)
+                    listener._refresh_topology()
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
                 self.health.disconnect()
                 if pubsub is not None:
@@ -244,7 +268,7 @@ class _Link:
                     pubsub.sunsubscribe(channel)
                 elif action == "drop":
                     raise _Reconnect("dropped on request")
-            if not self.listener._channels_of(self) and not self._asked_unsub:
+            if not self.listener._channels_of(self) and (not self._asked_unsub or self._stopping):
                 return
             now = time.monotonic()
             token = health.ping_due(now)

@@ -379,3 +379,25 @@ def test_delete_run(
     assert operator.delete_run(run_id) is False
     with pytest.raises(luft_redis_errors.RunNotBoundError):
         operator.delete_run()
+
+
+@pytest.mark.parametrize("redis_target", ["redis"])
+def test_close_releases_the_subscriber_connection_at_once(redis_client: Client) -> None:
+    """close() of the last backend watching through a client ends its listener thread and its
+    subscriber connection before it returns: the client can be closed right after."""
+    assert isinstance(redis_client, redis.Redis)
+    kwargs = redis_client.connection_pool.connection_kwargs
+    client = redis.Redis(host=kwargs["host"], port=kwargs["port"])
+    backend = RedisCheckpointBackend(client)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "t", "/d")
+    channel = backend.keys.changes if backend.keys else ""
+    assert eventually(lambda: backend.cache_is_fresh)
+    assert redis_client.pubsub_shardnumsub(channel)[0][1] == 1
+    backend.close()
+    suffix = f"-{id(client):x}"
+    alive = [t for t in threading.enumerate()
+             if t.name.startswith("luft-redis-listener") and t.name.endswith(suffix)]  # fmt: skip
+    assert alive == []
+    assert redis_client.pubsub_shardnumsub(channel)[0][1] == 0
+    client.close()

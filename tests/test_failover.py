@@ -199,3 +199,36 @@ def test_durability_on_a_primary_without_replicas_says_so(redis_url: str) -> Non
         backend.init_run(run_id, "t", "/d")
     assert info.value.acked == 0 and info.value.wanted == 1
     backend.close()
+
+
+def test_durability_errors_go_to_each_write_of_concurrent_threads(redis_url: str) -> None:
+    """Two threads write durably through one backend to a primary without replicas: every
+    write gets its own NotDurableError (the count of replicas is the write's own, never a
+    field another thread may clear or overwrite)."""
+    backend = RedisCheckpointBackend.from_url(
+        redis_url, watch=False, durability=Durability(replicas=1, timeout_ms=5)
+    )
+    run_id = uuid.uuid4()
+    with pytest.raises(NotDurableError):
+        backend.init_run(run_id, "t", "/d")
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def write(n: int) -> None:
+        for _ in range(n):
+            try:
+                backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
+                result = "ok"
+            except NotDurableError:
+                result = "not durable"
+            with lock:
+                outcomes.append(result)
+
+    threads = [threading.Thread(target=write, args=(10,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert outcomes == ["not durable"] * 20
+    assert len(backend.get_event_log()) == 20
+    backend.close()
