@@ -39,6 +39,24 @@ client type locally as ``Client = redis.Redis | RedisCluster``)::
 test. ``redis_target`` is the id of the current target. ``redis_url`` is the URL
 of the (flushed) real server, for code that wants to build its own client.
 
+Front ends
+----------
+``frontend`` (params ``FRONTENDS = ("sync", "async")``) selects the front end a test drives:
+the sync ``RedisCheckpointBackend`` itself, or an ``AsyncRedisCheckpointBackend`` behind
+:class:`AsyncBackendAdapter`, which gives it the sync backend's interface (each coroutine runs
+on a private event loop in a daemon thread, :class:`EventLoopThread`). Only tests that ask for
+``frontend`` (or a fixture built on it) run twice; the others stay sync-only. The fixtures::
+
+    frontend               "sync" or "async"
+    frontend_client        the client that front end uses on the current target: redis_client
+                           itself (sync), or an asyncio client to the same server/cluster/
+                           FakeServer made on the adapter's loop (async)
+    open_frontend_client   a factory of further such clients (closed after the test)
+    make_frontend_backend  a factory of backends of that front end, make(client=None, **kwargs):
+                           on ``client`` or on a new client; closed after the test
+
+``redis_client`` stays the sync client, for raw inspection on either front end.
+
 Deselect targets with markers: ``pytest -m "not cluster"``, ``-m "not server and
 not cluster"``. The markers are added from the target id, so they also apply
 when a test parametrizes ``redis_target`` itself.
@@ -56,18 +74,28 @@ helpers through fixtures.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
-from collections.abc import Callable, Iterator
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
 import fakeredis
 import pytest
 import redis
+import redis.asyncio
+import redis.asyncio.cluster
 from redis.cluster import RedisCluster
 
 import luft_redis
-from luft_redis import RedisCheckpointBackend
+from luft_redis import AsyncRedisCheckpointBackend, RedisCheckpointBackend
+from luft_redis import types as t
+from luft_redis.asyncio import AsyncChangeListener
+from luft_redis.backend import DEFAULT_PAGE_SIZE, CheckpointBackend, LogEntry
+from luft_redis.keys import RunKeys
 from luft_redis.tools.server import (
     LocalRedisCluster,
     LocalRedisServer,
@@ -85,6 +113,14 @@ _TARGET_MARKS: Final = {"redis": "server", "cluster": "cluster"}
 
 #: Fixtures that need a marker on every test that uses them.
 _FIXTURE_MARKS: Final = {"redis_cluster_replicas": "cluster"}
+
+#: The front-end ids, in order (the ``frontend`` fixture).
+FRONTENDS: Final = ("sync", "async")
+
+#: Seconds one call through :class:`AsyncBackendAdapter` may take.
+ADAPTER_TIMEOUT: Final = 60.0
+
+T = TypeVar("T")
 
 TARGET_PARAMS: Final = [
     pytest.param("fakeredis", id="fakeredis"),
@@ -264,6 +300,359 @@ def make_backend(
 
     def make(**kwargs: Any) -> RedisCheckpointBackend:
         backend = RedisCheckpointBackend(open_client(), **kwargs)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+# ---------------------------------------------------------------- front ends
+
+
+class EventLoopThread:
+    """A private asyncio event loop running in a daemon thread, driven from sync code.
+
+    :meth:`run` runs an awaitable on it and waits for the result. Clients made with
+    :meth:`open_client` are created on the loop and remembered, so that an
+    :class:`AsyncBackendAdapter` given such a client finds the loop by itself.
+    """
+
+    _owners: ClassVar[dict[int, EventLoopThread]] = {}
+    """id(client) -> the loop that made it (while the client is open)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._clients: dict[int, Any] = {}
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="luft-test-event-loop", daemon=True
+        )
+        self._thread.start()
+
+    @classmethod
+    def owner_of(cls, client: Any) -> EventLoopThread:
+        """The loop that made ``client`` with :meth:`open_client`."""
+        try:
+            return cls._owners[id(client)]
+        except KeyError:
+            raise ValueError(f"{client!r} was not made by an EventLoopThread") from None
+
+    def run(self, awaitable: Awaitable[T], timeout: float = ADAPTER_TIMEOUT) -> T:
+        """Run ``awaitable`` on the loop and return its result (or raise its exception);
+        TimeoutError (and the coroutine cancelled) after ``timeout`` seconds."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("EventLoopThread.run() from its own loop would deadlock")
+
+        async def main() -> T:
+            return await awaitable
+
+        future = asyncio.run_coroutine_threadsafe(main(), self.loop)
+        try:
+            return future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def open_client(self, make: Callable[[], Any]) -> Any:
+        """``make()`` called on the loop: an asyncio client bound to this loop."""
+
+        async def create() -> Any:
+            return make()
+
+        client = self.run(create())
+        self._clients[id(client)] = client
+        self._owners[id(client)] = self
+        return client
+
+    def close_client(self, client: Any) -> None:
+        """Stop the client's change listener (if any) and close the client, on the loop."""
+
+        async def close() -> None:
+            listener = AsyncChangeListener.existing(client)
+            if listener is not None:
+                await listener.aclose()
+            await client.aclose()
+
+        self._clients.pop(id(client), None)
+        self._owners.pop(id(client), None)
+        self.run(close())
+
+    def close(self) -> None:
+        """Close the clients still open, cancel what still runs, stop the loop and the thread."""
+        for client in list(self._clients.values()):
+            self.close_client(client)
+
+        async def cancel_the_rest() -> None:
+            me = asyncio.current_task()
+            rest = [task for task in asyncio.all_tasks() if task is not me]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+
+        try:
+            self.run(cancel_the_rest(), timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+
+def async_client_like(client: Client) -> Any:
+    """A new asyncio client (``decode_responses=False``) to what the sync ``client`` talks to:
+    the same ``FakeServer``, redis-server or cluster. Call it on the loop that will use it."""
+    if isinstance(client, fakeredis.FakeRedis):
+        server = client.connection_pool.connection_kwargs["server"]
+        return fakeredis.FakeAsyncRedis(server=server)
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()  # type: ignore[no-untyped-call]
+        return redis.asyncio.cluster.RedisCluster(host=node.host, port=node.port)
+    kwargs = client.connection_pool.connection_kwargs
+    return redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"])
+
+
+class AsyncBackendAdapter:
+    """An :class:`AsyncRedisCheckpointBackend` behind the sync ``RedisCheckpointBackend``'s
+    interface, so that the sync conformance tests run on the asyncio front end too.
+
+    ``client`` is an asyncio client made by :meth:`EventLoopThread.open_client`; the keyword
+    arguments are the backend's. Every coroutine method runs on that loop
+    (``run_coroutine_threadsafe(...).result(timeout=60)``); async iterators are re-yielded one
+    item at a time; the plain methods (``get_checkpoint``, ``get_findings``, ``can_resume``,
+    ``subscribe``) and the properties are passed through; :meth:`close` is ``aclose()``.
+    Callbacks given to :meth:`subscribe` run on the loop's thread.
+    """
+
+    def __init__(self, client: Any, *, loop: EventLoopThread | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        self._loop = loop if loop is not None else EventLoopThread.owner_of(client)
+
+        async def make() -> AsyncRedisCheckpointBackend:
+            return AsyncRedisCheckpointBackend(client, **kwargs)
+
+        self.wrapped = self._loop.run(make())
+        """The asyncio backend itself."""
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        return self._loop.run(awaitable)
+
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        async def step() -> tuple[T] | None:
+            try:
+                return (await anext(items),)
+            except StopAsyncIteration:
+                return None
+
+        try:
+            while (got := self._run(step())) is not None:
+                yield got[0]
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None and not self._loop.loop.is_closed():
+                self._run(aclose())
+
+    # -- properties and plain methods: passed through
+
+    @property
+    def client(self) -> Any:
+        return self.wrapped.client
+
+    @property
+    def prefix(self) -> str:
+        return self.wrapped.prefix
+
+    @property
+    def run_id(self) -> uuid.UUID | None:
+        return self.wrapped.run_id
+
+    @property
+    def keys(self) -> RunKeys | None:
+        return self.wrapped.keys
+
+    @property
+    def version(self) -> int:
+        return self.wrapped.version
+
+    @property
+    def max_staleness(self) -> float:
+        return self.wrapped.max_staleness
+
+    @property
+    def cache_is_fresh(self) -> bool:
+        return self.wrapped.cache_is_fresh
+
+    def get_checkpoint(self) -> t.RunCheckpoint | None:
+        return self.wrapped.get_checkpoint()
+
+    def get_findings(self) -> tuple[t.Finding, ...]:
+        return self.wrapped.get_findings()
+
+    def can_resume(self) -> bool:
+        return self.wrapped.can_resume()
+
+    def subscribe(self, callback: Callable[[t.RunCheckpoint], object]) -> Callable[[], None]:
+        return self.wrapped.subscribe(callback)
+
+    # -- coroutines: run on the loop
+
+    def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
+        self._run(self.wrapped.init_run(run_id, task, run_dir))
+
+    def init_run_with_meta(
+        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
+    ) -> None:
+        self._run(self.wrapped.init_run_with_meta(run_id, task, run_dir, workflow_meta))
+
+    def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
+        return self._run(self.wrapped.open_run(run_id))
+
+    def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
+        return self._run(self.wrapped.delete_run(run_id))
+
+    def list_runs(self) -> list[uuid.UUID]:
+        return self._run(self.wrapped.list_runs())
+
+    def append_event(self, event: t.AgentEvent) -> None:
+        self._run(self.wrapped.append_event(event))
+
+    def append_events(self, events: Sequence[t.AgentEvent]) -> None:
+        self._run(self.wrapped.append_events(events))
+
+    def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
+        self._run(self.wrapped.upsert_agent_result(cache))
+
+    def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
+        self._run(self.wrapped.upsert_agent_session(session))
+
+    def cancel(self) -> None:
+        self._run(self.wrapped.cancel())
+
+    def reset_status_to_running(self) -> None:
+        self._run(self.wrapped.reset_status_to_running())
+
+    def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
+        self._run(self.wrapped.save_checkpoint(checkpoint))
+
+    def get_event_log(self) -> list[t.AgentEvent]:
+        return self._run(self.wrapped.get_event_log())
+
+    def sync(self) -> t.RunCheckpoint | None:
+        return self._run(self.wrapped.sync())
+
+    def wait_for_change(
+        self, after_version: int | None = None, timeout: float | None = None
+    ) -> bool:
+        return self._run(self.wrapped.wait_for_change(after_version, timeout))
+
+    # -- async iterators: re-yielded
+
+    def iter_event_log(
+        self, *, start: str = "-", page_size: int = DEFAULT_PAGE_SIZE
+    ) -> Iterator[t.AgentEvent]:
+        return self._iterate(self.wrapped.iter_event_log(start=start, page_size=page_size))
+
+    def iter_events(
+        self,
+        from_id: str | None = None,
+        *,
+        follow: bool = True,
+        timeout: float | None = None,
+        block_ms: int = 1000,
+        count: int = 100,
+    ) -> Iterator[LogEntry]:
+        return self._iterate(self.wrapped.iter_events(
+            from_id, follow=follow, timeout=timeout, block_ms=block_ms, count=count))  # fmt: skip
+
+    # -- closing
+
+    def close(self) -> None:
+        self._run(self.wrapped.aclose())
+
+    def __enter__(self) -> AsyncBackendAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncBackendAdapter of {self.wrapped!r}>"
+
+
+def _adapter_is_a_checkpoint_backend(adapter: AsyncBackendAdapter) -> CheckpointBackend:
+    return adapter  # mypy checks the adapter against luft's trait (CheckpointBackend)
+
+
+@pytest.fixture(params=FRONTENDS)
+def frontend(request: pytest.FixtureRequest) -> str:
+    """The front end under test: ``"sync"`` or ``"async"`` (see the module docstring)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def async_loop() -> Iterator[EventLoopThread]:
+    """A private event loop in a daemon thread, for this test (stopped after it)."""
+    loop = EventLoopThread()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+@pytest.fixture
+def open_frontend_client(
+    frontend: str,
+    redis_client: Client,
+    open_client: Callable[[], Client],
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[[], Any]]:
+    """A factory of new clients to the current target for the front end under test (sync: as
+    ``open_client``; async: asyncio clients made on ``async_loop``), closed after the test."""
+    if frontend == "sync":
+        yield open_client
+        return
+    loop: EventLoopThread = request.getfixturevalue("async_loop")
+    made: list[Any] = []
+
+    def open_one() -> Any:
+        client = loop.open_client(lambda: async_client_like(redis_client))
+        made.append(client)
+        return client
+
+    yield open_one
+    for client in made:
+        loop.close_client(client)
+
+
+@pytest.fixture
+def frontend_client(
+    frontend: str, redis_client: Client, open_frontend_client: Callable[[], Any]
+) -> Any:
+    """The client the front end under test uses on the current target: ``redis_client`` itself
+    (sync), or an asyncio client to the same server (async)."""
+    return redis_client if frontend == "sync" else open_frontend_client()
+
+
+@pytest.fixture
+def make_frontend_backend(
+    frontend: str, open_frontend_client: Callable[[], Any]
+) -> Iterator[Callable[..., Any]]:
+    """A factory ``make(client=None, **kwargs)`` of backends of the front end under test:
+    ``RedisCheckpointBackend`` or :class:`AsyncBackendAdapter`, on ``client`` (one of this
+    front end's) or on a new client; keyword arguments go to the backend. All are closed after
+    the test."""
+    made: list[RedisCheckpointBackend | AsyncBackendAdapter] = []
+
+    def make(client: Any = None, **kwargs: Any) -> RedisCheckpointBackend | AsyncBackendAdapter:
+        if client is None:
+            client = open_frontend_client()
+        backend: RedisCheckpointBackend | AsyncBackendAdapter
+        if frontend == "sync":
+            backend = RedisCheckpointBackend(client, **kwargs)
+        else:
+            backend = AsyncBackendAdapter(client, **kwargs)
         made.append(backend)
         return backend
 
