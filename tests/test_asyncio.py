@@ -1,6 +1,5 @@
 """``AsyncRedisCheckpointBackend``: the asyncio front end over the same core as the sync one.
 
-* the contract operations end to end, the cache equal to a fresh load after every step;
 * concurrency through ``asyncio.gather`` on one backend, and two backends writing at once;
 * coherence with a sync backend in another process (``spawn``) on a real redis-server;
 * refusal of the wrong kind of client (both ways);
@@ -8,6 +7,11 @@
 * exactly-once writes through lost replies (a small asyncio TCP proxy);
 * fork detection, ``from_url``, durability, the live feed, listener recovery, and a
   ``CLUSTER FAILOVER`` of the run's slot (``redis_cluster_replicas``, marked ``slow``).
+
+The contract itself (every operation, the cache equal to a fresh load after every step, the
+random-operations property) is tests/test_backend.py's conformance suite, which runs on this
+front end too (``frontend="async"``, through conftest.py's ``AsyncBackendAdapter``); this file
+has what only asyncio code can show.
 
 Runs on fakeredis (``FakeAsyncRedis``), a private redis-server and a private 3-master cluster
 (the ``redis_target`` fixture of ``conftest.py``). pytest-asyncio is not used: each test runs
@@ -41,9 +45,7 @@ from redis.crc import key_slot
 import luft_redis
 from luft_redis import (
     AgentDone,
-    AgentResultCache,
     AgentSessionCheckpoint,
-    AgentStarted,
     AgentStatus,
     AsyncRedisCheckpointBackend,
     CheckpointStatus,
@@ -52,20 +54,12 @@ from luft_redis import (
     Log,
     LogLevel,
     NotDurableError,
-    NotResumableError,
-    PhaseDone,
-    PhaseStarted,
     RedisCheckpointBackend,
     RetryPolicy,
     RunCheckpoint,
-    RunDone,
-    RunExistsError,
-    RunNotBoundError,
     RunNotFoundError,
-    RunStatus,
     Severity,
     TokenUsage,
-    ValidationError,
 )
 from luft_redis import errors as luft_errors
 from luft_redis.asyncio import AsyncChangeListener
@@ -191,107 +185,7 @@ def done(run_id: uuid.UUID, agent: uuid.UUID | None = None, tokens: int = 10) ->
     )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------ 1. contract
-
-
-def test_contract_end_to_end(target: Target) -> None:
-    async def main() -> None:
-        backends = Backends(target)
-        try:
-            b, other = backends.make(), backends.make()
-            run_id, agent = uuid.uuid4(), uuid.uuid4()
-            appended: list[Any] = []
-
-            async def check() -> RunCheckpoint:
-                """The cache equals a fresh load by a second backend (and a watcher's)."""
-                cp = b.get_checkpoint()
-                assert cp is not None
-                assert await other.open_run(run_id) == cp
-                assert await backends.fresh(run_id) == cp
-                assert b.version == other.version
-                return cp
-
-            async def append(event: Any) -> None:
-                await b.append_event(event)
-                appended.append(event)
-
-            with pytest.raises(RunNotBoundError):
-                await b.cancel()
-            assert b.get_checkpoint() is None and b.version == 0 and not b.can_resume()
-            await b.init_run_with_meta(run_id, "review", "/tmp/run", {"k": [1, "x"]})
-            with pytest.raises(RunExistsError):
-                await b.init_run(run_id, "again", "/tmp/run")
-            cp = await check()
-            assert cp.task == "review" and cp.workflow_meta == {"k": [1, "x"]}
-            assert cp.status is CheckpointStatus.RUNNING and b.run_id == run_id
-
-            await append(PhaseStarted(run_id=run_id, phase_id=1, label="scan", planned=2))
-            await append(AgentStarted(run_id=run_id, phase_id=1, agent_id=agent,
-                                      prompt_preview="look"))  # fmt: skip
-            cp = await check()
-            assert cp.started_agent_ids == (agent,) and cp.current_phase == 1
-            await append(done(run_id, agent, tokens=41))
-            cp = await check()
-            assert cp.total_tokens == 42 and agent in cp.agent_results
-            assert [f.title for f in b.get_findings()] == [str(agent)]
-            await append(PhaseDone(run_id=run_id, phase_id=1, ok=1, failed=0))
-            cp = await check()
-            assert [p.phase_id for p in cp.completed_phases] == [1]
-
-            await b.upsert_agent_result(AgentResultCache(
-                agent_id=agent, phase_id=1, status="error", output={"o": [1]}, findings=(),
-                tokens=3, completed_at=7, cache_key_hash="h"))  # fmt: skip
-            cp = await check()
-            assert cp.agent_results[agent].status == "error" and cp.findings == ()
-            await b.upsert_agent_session(AgentSessionCheckpoint(
-                agent_id=agent, backend_id="acp", session_id="s1", status="idle",
-                updated_at=5, resumable=True))  # fmt: skip
-            cp = await check()
-            assert cp.agent_sessions[agent].session_id == "s1"
-
-            await b.cancel()
-            assert (await check()).status is CheckpointStatus.CANCELLED and b.can_resume()
-            await b.reset_status_to_running()
-            before = await check()
-            assert before.status is CheckpointStatus.RUNNING
-
-            version = b.version
-            await b.save_checkpoint(before)
-            after = await check()
-            assert b.version == version + 1
-            assert after._replace(updated_at=before.updated_at) == before
-
-            await append(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
-                                 total_tokens=TokenUsage(input=42)))  # fmt: skip
-            cp = await check()
-            assert cp.status is CheckpointStatus.COMPLETED and not b.can_resume()
-            with pytest.raises(NotResumableError):
-                await b.reset_status_to_running()
-            await b.cancel()  # a completed run stays completed: no error, no change
-            assert (await check()).status is CheckpointStatus.COMPLETED
-
-            assert await b.get_event_log() == appended
-            assert [e async for e in b.iter_event_log(page_size=2)] == appended
-            ids = [entry.id async for entry in b.iter_events(follow=False)]
-            assert len(ids) == len(appended)
-            assert [e async for e in b.iter_event_log(start=ids[-1])] == appended[-1:]
-            with pytest.raises(ValidationError):
-                await b.iter_event_log(page_size=0).__anext__()
-
-            second = uuid.uuid4()
-            await other.init_run(second, "second", "/tmp/second")
-            assert await b.list_runs() == sorted([run_id, second])
-            assert await b.delete_run() is True
-            assert b.run_id is None and b.get_checkpoint() is None
-            assert await b.delete_run(run_id) is False
-            assert await b.list_runs() == [second]
-            assert await b.open_run(run_id) is None
-            with pytest.raises(RunNotBoundError):
-                await b.delete_run()
-        finally:
-            await backends.aclose()
-
-    run(main)
+# ------------------------------------------------------------------------------ 1. the live feed
 
 
 def test_events_of_a_batch_and_the_live_feed(target: Target) -> None:

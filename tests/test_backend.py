@@ -1,7 +1,12 @@
-"""Conformance suite: luft's checkpoint contract (spec §4 and §5) on every Redis target.
+"""Conformance suite: luft's checkpoint contract (spec §4 and §5) on every Redis target and
+both front ends.
 
-Every test here runs on fakeredis, a private redis-server and a private 3-master cluster
-(the ``redis_client`` fixture of conftest.py).
+Every test that uses a backend runs on fakeredis, a private redis-server and a private 3-master
+cluster (``redis_target``), each with the sync ``RedisCheckpointBackend`` and with the asyncio
+``AsyncRedisCheckpointBackend`` (``frontend``; the asyncio one behind conftest.py's
+``AsyncBackendAdapter``, which gives it the sync interface). ``redis_client`` is the sync client
+for raw inspection on either front end. The tests are written against :class:`Backend`, what
+both present.
 """
 
 from __future__ import annotations
@@ -11,8 +16,8 @@ import datetime as dt
 import random
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import fakeredis
 import pytest
@@ -27,11 +32,13 @@ from luft_redis import (
     AgentSessionCheckpoint,
     AgentStarted,
     AgentStatus,
+    AsyncRedisCheckpointBackend,
     CheckpointStatus,
     CorruptDataError,
     Finding,
     Location,
     Log,
+    LogEntry,
     LogLevel,
     NotResumableError,
     PhaseDone,
@@ -49,17 +56,105 @@ from luft_redis import (
     ValidationError,
 )
 from luft_redis import types as t
-from luft_redis.keys import run_keys
+from luft_redis.keys import RunKeys, run_keys
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
-Factory: TypeAlias = Callable[[], RedisCheckpointBackend]
+
+pytestmark = pytest.mark.usefixtures("frontend")  # every test on both front ends (ids: sync-...)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What these tests use of a backend, with the sync signatures: a ``RedisCheckpointBackend``,
+    or conftest.py's ``AsyncBackendAdapter`` around an ``AsyncRedisCheckpointBackend``. Both
+    are constructed as ``cls(client, **kwargs)`` (see :func:`fresh`)."""
+
+    def __init__(self, client: Any, **kwargs: Any) -> None: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def prefix(self) -> str: ...
+
+    @property
+    def run_id(self) -> uuid.UUID | None: ...
+
+    @property
+    def keys(self) -> RunKeys | None: ...
+
+    @property
+    def version(self) -> int: ...
+
+    def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None: ...
+
+    def init_run_with_meta(
+        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
+    ) -> None: ...
+
+    def open_run(self, run_id: uuid.UUID) -> RunCheckpoint | None: ...
+
+    def list_runs(self) -> list[uuid.UUID]: ...
+
+    def delete_run(self, run_id: uuid.UUID | None = None) -> bool: ...
+
+    def append_event(self, event: t.AgentEvent) -> None: ...
+
+    def append_events(self, events: Sequence[t.AgentEvent]) -> None: ...
+
+    def upsert_agent_result(self, cache: AgentResultCache) -> None: ...
+
+    def upsert_agent_session(self, session: AgentSessionCheckpoint) -> None: ...
+
+    def cancel(self) -> None: ...
+
+    def reset_status_to_running(self) -> None: ...
+
+    def save_checkpoint(self, checkpoint: RunCheckpoint) -> None: ...
+
+    def get_event_log(self) -> list[t.AgentEvent]: ...
+
+    def iter_event_log(
+        self, *, start: str = ..., page_size: int = ...
+    ) -> Iterator[t.AgentEvent]: ...
+
+    def iter_events(
+        self, from_id: str | None = None, *, follow: bool = ..., timeout: float | None = ...
+    ) -> Iterator[LogEntry]: ...
+
+    def get_checkpoint(self) -> RunCheckpoint | None: ...
+
+    def get_findings(self) -> tuple[Finding, ...]: ...
+
+    def can_resume(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def _sync_is_a_backend(backend: RedisCheckpointBackend) -> Backend:
+    return backend  # mypy checks the sync front end against Backend
+
+
+Factory: TypeAlias = Callable[..., Backend]
 
 # -------------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture
-def backend(redis_client: Client) -> RedisCheckpointBackend:
-    return RedisCheckpointBackend(redis_client)
+def make_backend(make_frontend_backend: Factory) -> Factory:
+    """Backends of the front end under test, ``make(client=None, **kwargs)``: each on its own
+    client to the current target unless ``client`` is given (overrides conftest.py's sync-only
+    ``make_backend`` for this module)."""
+    return make_frontend_backend
+
+
+@pytest.fixture
+def backend(make_backend: Factory, frontend_client: Any) -> Backend:
+    """A backend of the front end under test on ``frontend_client`` (for the sync front end,
+    ``redis_client`` itself)."""
+    made = make_backend(client=frontend_client)
+    assert isinstance(made, Backend)  # the adapter has every member the tests use
+    return made
 
 
 @pytest.fixture
@@ -68,14 +163,15 @@ def run_id() -> uuid.UUID:
 
 
 @pytest.fixture
-def bound(backend: RedisCheckpointBackend, run_id: uuid.UUID) -> RedisCheckpointBackend:
+def bound(backend: Backend, run_id: uuid.UUID) -> Backend:
     backend.init_run(run_id, "find the bugs", "/runs/x")
     return backend
 
 
-def fresh(backend: RedisCheckpointBackend) -> RunCheckpoint:
-    """The run as another process would load it now."""
-    other = RedisCheckpointBackend(backend.client, prefix=backend.prefix)
+def fresh(backend: Backend) -> RunCheckpoint:
+    """The run as another process would load it now: a new backend of the same front end on the
+    same client, not watching, opens it."""
+    other = type(backend)(backend.client, prefix=backend.prefix, watch=False)
     assert backend.run_id is not None
     cp = other.open_run(backend.run_id)
     assert cp is not None
@@ -191,7 +287,7 @@ def every_event(run_id: uuid.UUID) -> list[t.AgentEvent]:
 
 
 def test_every_event_variant_round_trips_through_redis(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     events = every_event(run_id)
     assert {e.TYPE for e in events} == set(t.EVENT_TYPES)
@@ -202,7 +298,7 @@ def test_every_event_variant_round_trips_through_redis(
     assert [e.to_json() for e in log] == [e.to_json() for e in events]
 
 
-def test_event_log_pages_keep_order(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_event_log_pages_keep_order(bound: Backend, run_id: uuid.UUID) -> None:
     events = [Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}") for i in range(23)]
     for event in events:
         bound.append_event(event)
@@ -212,8 +308,40 @@ def test_event_log_pages_keep_order(bound: RedisCheckpointBackend, run_id: uuid.
         list(bound.iter_event_log(page_size=0))
 
 
+def test_event_log_from_a_stream_id(bound: Backend, run_id: uuid.UUID) -> None:
+    events = [Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}") for i in range(5)]
+    bound.append_events(events)
+    bound.append_events([])  # nothing to do
+    entries = list(bound.iter_events(follow=False))
+    assert [entry.event for entry in entries] == events
+    assert len({entry.id for entry in entries}) == 5
+    assert list(bound.iter_events(entries[1].id, follow=False)) == entries[2:]  # after the id
+    assert list(bound.iter_event_log(start=entries[3].id)) == events[3:]  # from the id
+    assert list(bound.iter_events("$", timeout=0.05)) == []  # nothing new
+
+
+def test_delete_run_removes_the_run_and_unbinds(
+    redis_client: Client, bound: Backend, run_id: uuid.UUID, make_backend: Factory
+) -> None:
+    for event in every_event(run_id):
+        bound.append_event(event)
+    kept = uuid.uuid4()
+    make_backend(client=bound.client, watch=False).init_run(kept, "kept", "/d")
+    assert bound.list_runs() == sorted([run_id, kept])
+    assert bound.delete_run() is True
+    assert bound.run_id is None and bound.get_checkpoint() is None
+    assert list(redis_client.scan_iter(match=f"*{run_id}*", count=1000)) == []
+    assert bound.list_runs() == [kept]
+    assert bound.delete_run(run_id) is False
+    assert bound.open_run(run_id) is None and bound.run_id is None
+    with pytest.raises(RunNotBoundError):
+        bound.delete_run()
+    assert bound.open_run(kept) is not None and bound.delete_run(kept) is True
+    assert bound.list_runs() == []
+
+
 def test_init_run_creates_an_empty_running_run(
-    redis_client: Client, backend: RedisCheckpointBackend, run_id: uuid.UUID
+    redis_client: Client, backend: Backend, run_id: uuid.UUID
 ) -> None:
     before = server_now(redis_client)
     backend.init_run(run_id, "task ü", "/runs/1")
@@ -230,7 +358,7 @@ def test_init_run_creates_an_empty_running_run(
 
 
 def test_init_run_with_meta_stores_meta_atomically(
-    backend: RedisCheckpointBackend, run_id: uuid.UUID
+    backend: Backend, run_id: uuid.UUID
 ) -> None:
     meta = {"workflow": "review", "steps": [{"n": 1}, {"n": 2}], "big": 2**64 - 1}
     backend.init_run_with_meta(run_id, "t", "/d", meta)
@@ -240,7 +368,7 @@ def test_init_run_with_meta_stores_meta_atomically(
 
 
 def test_init_of_an_existing_run_fails_and_changes_nothing(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID, make_backend: Factory
+    bound: Backend, run_id: uuid.UUID, make_backend: Factory
 ) -> None:
     bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
     before = fresh(bound)
@@ -254,13 +382,13 @@ def test_init_of_an_existing_run_fails_and_changes_nothing(
     assert len(bound.get_event_log()) == 1
 
 
-def test_open_run_of_a_missing_run_is_none(backend: RedisCheckpointBackend) -> None:
+def test_open_run_of_a_missing_run_is_none(backend: Backend) -> None:
     assert backend.open_run(uuid.uuid4()) is None
     assert backend.get_checkpoint() is None and backend.run_id is None
 
 
 def test_open_run_binds_and_loads_without_the_log(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID, make_backend: Factory
+    bound: Backend, run_id: uuid.UUID, make_backend: Factory
 ) -> None:
     for event in every_event(run_id):
         bound.append_event(event)
@@ -286,13 +414,13 @@ def test_open_run_binds_and_loads_without_the_log(
          "reset_status_to_running", "cancel"],
 )
 def test_unbound_operations_fail_clearly(
-    backend: RedisCheckpointBackend, call: Callable[[RedisCheckpointBackend], Any]
+    backend: Backend, call: Callable[[Backend], Any]
 ) -> None:
     with pytest.raises(RunNotBoundError, match="init_run"):
         call(backend)
 
 
-def test_unbound_reads_and_save(backend: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_unbound_reads_and_save(backend: Backend, run_id: uuid.UUID) -> None:
     assert backend.get_checkpoint() is None
     assert tuple(backend.get_findings()) == ()
     assert backend.can_resume() is False
@@ -305,16 +433,16 @@ def test_unbound_reads_and_save(backend: RedisCheckpointBackend, run_id: uuid.UU
         backend.save_checkpoint(cp)
 
 
-def test_list_runs(redis_client: Client, backend: RedisCheckpointBackend) -> None:
+def test_list_runs(backend: Backend, make_backend: Factory) -> None:
     ids = sorted(uuid.uuid4() for _ in range(5))
     for rid in ids:
-        RedisCheckpointBackend(redis_client).init_run(rid, "t", "/d")
-    RedisCheckpointBackend(redis_client, prefix="other").init_run(uuid.uuid4(), "t", "/d")
+        make_backend(client=backend.client).init_run(rid, "t", "/d")
+    make_backend(client=backend.client, prefix="other").init_run(uuid.uuid4(), "t", "/d")
     assert backend.list_runs() == ids
 
 
 def test_all_keys_of_a_run_share_one_slot(
-    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+    redis_client: Client, bound: Backend, run_id: uuid.UUID
 ) -> None:
     for event in every_event(run_id):
         bound.append_event(event)
@@ -329,7 +457,7 @@ def test_all_keys_of_a_run_share_one_slot(
 
 
 def test_redis_cli_sees_plain_text(
-    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+    redis_client: Client, bound: Backend, run_id: uuid.UUID
 ) -> None:
     bound.append_event(done(run_id, uuid.uuid4(), tokens=(100, 23)))
     assert bound.keys is not None
@@ -344,23 +472,32 @@ def test_redis_cli_sees_plain_text(
     assert entry[b"type"] == b"agent_done"
 
 
-def test_client_with_decode_responses_is_refused() -> None:
-    client = fakeredis.FakeRedis(decode_responses=True)
+def construct(frontend: str, *, decode_responses: bool = False, **kwargs: Any) -> object:
+    """A backend of ``frontend`` on a new fakeredis client, made directly (no loop is needed
+    to construct either)."""
+    if frontend == "sync":
+        return RedisCheckpointBackend(fakeredis.FakeRedis(decode_responses=decode_responses),
+                                      **kwargs)  # fmt: skip
+    return AsyncRedisCheckpointBackend(fakeredis.FakeAsyncRedis(decode_responses=decode_responses),
+                                       **kwargs)  # fmt: skip
+
+
+def test_client_with_decode_responses_is_refused(frontend: str) -> None:
     with pytest.raises(luft_redis.ConfigurationError, match="decode_responses"):
-        RedisCheckpointBackend(client)
+        construct(frontend, decode_responses=True)
 
 
 @pytest.mark.parametrize("prefix", ["", "a{b", "x y", "p*"])
-def test_bad_prefix_is_refused(prefix: str) -> None:
+def test_bad_prefix_is_refused(frontend: str, prefix: str) -> None:
     with pytest.raises(luft_redis.ConfigurationError):
-        RedisCheckpointBackend(fakeredis.FakeRedis(), prefix=prefix)
+        construct(frontend, prefix=prefix)
 
 
 # ------------------------------------------------------------------------- rules of §5
 
 
 def test_agent_started_records_first_arrival_once(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     for agent, phase in ((a, 1), (b, 1), (a, 2)):
@@ -372,7 +509,7 @@ def test_agent_started_records_first_arrival_once(
 
 
 def test_agent_done_creates_a_result_from_the_event(
-    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+    redis_client: Client, bound: Backend, run_id: uuid.UUID
 ) -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     bound.append_event(AgentStarted(run_id=run_id, phase_id=4, agent_id=a, prompt_preview="p",
@@ -395,7 +532,7 @@ def test_agent_done_creates_a_result_from_the_event(
 
 
 def test_agent_done_keeps_what_upsert_recorded(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     a = uuid.uuid4()
     kept = result(a, findings=(finding("from upsert"),), output={"from": "upsert"})
@@ -416,7 +553,7 @@ def test_agent_done_keeps_what_upsert_recorded(
 
 
 def test_agent_done_fills_what_the_existing_entry_lacks(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     a = uuid.uuid4()
     bound.upsert_agent_result(result(a))  # no output, no findings
@@ -431,7 +568,7 @@ def test_agent_done_fills_what_the_existing_entry_lacks(
 
 
 def test_agent_done_twice_counts_tokens_each_time(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     a = uuid.uuid4()
     bound.append_event(done(run_id, a, tokens=(10, 0)))
@@ -442,7 +579,7 @@ def test_agent_done_twice_counts_tokens_each_time(
 
 
 def test_upsert_agent_result_touches_no_tokens_and_adds_no_event(
-    bound: RedisCheckpointBackend,
+    bound: Backend,
 ) -> None:
     a = uuid.uuid4()
     bound.upsert_agent_result(result(a))
@@ -455,7 +592,7 @@ def test_upsert_agent_result_touches_no_tokens_and_adds_no_event(
     assert fresh(bound) == cp
 
 
-def test_upsert_agent_session_replaces(bound: RedisCheckpointBackend) -> None:
+def test_upsert_agent_session_replaces(bound: Backend) -> None:
     a = uuid.uuid4()
     first = AgentSessionCheckpoint(agent_id=a, backend_id="claude", protocol_session_id="p1",
                                    session_id="s1", status="active", updated_at=5,
@@ -470,7 +607,7 @@ def test_upsert_agent_session_replaces(bound: RedisCheckpointBackend) -> None:
     assert fresh(bound) == cp
 
 
-def test_phase_started_and_done(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_phase_started_and_done(bound: Backend, run_id: uuid.UUID) -> None:
     bound.append_event(PhaseStarted(run_id=run_id, phase_id=2, label="two", planned=4,
                                     description="d", role="r"))  # fmt: skip
     bound.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=1))
@@ -492,7 +629,7 @@ def test_phase_started_and_done(bound: RedisCheckpointBackend, run_id: uuid.UUID
     assert fresh(bound) == cp
 
 
-def test_run_done_totals(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_run_done_totals(bound: Backend, run_id: uuid.UUID) -> None:
     bound.append_event(done(run_id, uuid.uuid4(), tokens=(40, 2)))
     bound.append_event(RunDone(run_id=run_id, status=RunStatus.PARTIAL,
                                total_tokens=TokenUsage(cache_read=5)))  # fmt: skip
@@ -506,7 +643,7 @@ def test_run_done_totals(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> No
 
 
 def test_other_events_change_only_updated_at_and_the_log(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     before = bound.get_checkpoint()
     assert before is not None
@@ -522,7 +659,7 @@ def test_other_events_change_only_updated_at_and_the_log(
 
 
 def test_total_tokens_is_exact_to_u64_max_and_refuses_overflow(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     a = uuid.uuid4()
     bound.append_event(done(run_id, a, tokens=(2**63, 2**63 - 10)))
@@ -542,7 +679,7 @@ def test_total_tokens_is_exact_to_u64_max_and_refuses_overflow(
 FROM = ["running", "completed", "failed", "cancelled"]
 
 
-def _bring_to(backend: RedisCheckpointBackend, run_id: uuid.UUID, status: str) -> None:
+def _bring_to(backend: Backend, run_id: uuid.UUID, status: str) -> None:
     if status in ("completed", "failed"):
         backend.append_event(RunDone(run_id=run_id, status=RunStatus(status),
                                      total_tokens=TokenUsage(), report=None))  # fmt: skip
@@ -568,7 +705,7 @@ TABLE: dict[str, dict[str, str | type[Exception]]] = {
 @pytest.mark.parametrize("action", ["completed", "failed", "cancelled", "partial", "cancel",
                                     "reset"])  # fmt: skip
 def test_transition_table(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID, start: str, action: str,
+    bound: Backend, run_id: uuid.UUID, start: str, action: str,
     make_backend: Factory,
 ) -> None:  # fmt: skip
     _bring_to(bound, run_id, start)
@@ -597,7 +734,7 @@ def test_transition_table(
 @pytest.mark.parametrize("start", FROM)
 @pytest.mark.parametrize("saved", FROM)
 def test_save_checkpoint_sets_any_status(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID, start: str, saved: str
+    bound: Backend, run_id: uuid.UUID, start: str, saved: str
 ) -> None:
     _bring_to(bound, run_id, start)
     cp = bound.get_checkpoint()
@@ -608,7 +745,7 @@ def test_save_checkpoint_sets_any_status(
 
 
 def test_cancel_of_a_finished_run_changes_nothing(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     _bring_to(bound, run_id, "failed")
     before, version = fresh(bound), bound.version
@@ -619,7 +756,7 @@ def test_cancel_of_a_finished_run_changes_nothing(
 # ------------------------------------------------------------------------- findings (§5)
 
 
-def test_findings_follow_agents_in_place(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_findings_follow_agents_in_place(bound: Backend, run_id: uuid.UUID) -> None:
     a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     bound.append_event(done(run_id, a, findings=(finding("a1"), finding("a2"))))
     bound.append_event(done(run_id, b))  # reports none: no place in the list
@@ -640,7 +777,7 @@ def test_findings_follow_agents_in_place(bound: RedisCheckpointBackend, run_id: 
 
 
 def test_save_sets_findings_exactly_and_keeps_ownership(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     a, b = uuid.uuid4(), uuid.uuid4()
     bound.append_event(done(run_id, a, findings=(finding("a1"), finding("a2"))))
@@ -659,7 +796,7 @@ def test_save_sets_findings_exactly_and_keeps_ownership(
 
 
 def test_saving_what_get_checkpoint_returned_changes_only_updated_at(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     for event in every_event(run_id):
         bound.append_event(event)
@@ -677,7 +814,7 @@ def test_saving_what_get_checkpoint_returned_changes_only_updated_at(
 
 
 def test_save_checkpoint_replaces_everything(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     for event in every_event(run_id):
         bound.append_event(event)
@@ -698,7 +835,7 @@ def test_save_checkpoint_replaces_everything(
     assert len(bound.get_event_log()) == len(every_event(run_id))  # the log is kept
 
 
-def test_save_checkpoint_of_another_run_is_refused(bound: RedisCheckpointBackend) -> None:
+def test_save_checkpoint_of_another_run_is_refused(bound: Backend) -> None:
     cp = bound.get_checkpoint()
     assert cp is not None
     before = fresh(bound)
@@ -711,7 +848,7 @@ def test_save_checkpoint_of_another_run_is_refused(bound: RedisCheckpointBackend
     assert fresh(bound) == before
 
 
-def test_save_checkpoint_of_many_agents(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_save_checkpoint_of_many_agents(bound: Backend, run_id: uuid.UUID) -> None:
     cp = bound.get_checkpoint()
     assert cp is not None
     results = {}
@@ -734,7 +871,7 @@ def test_save_checkpoint_of_many_agents(bound: RedisCheckpointBackend, run_id: u
 # -------------------------------------------------------------------------- bad input
 
 
-def test_event_of_another_run_is_refused(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+def test_event_of_another_run_is_refused(bound: Backend, run_id: uuid.UUID) -> None:
     with pytest.raises(RunMismatchError, match="run_id"):
         bound.append_event(Log(run_id=uuid.uuid4(), level=LogLevel.INFO, msg="x"))
     with pytest.raises(ValidationError):
@@ -775,7 +912,7 @@ def test_corrupt_data_is_reported_and_other_runs_keep_working(
 
 
 def test_get_checkpoint_does_no_io_and_cannot_be_mutated(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+    bound: Backend, run_id: uuid.UUID, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a = uuid.uuid4()
     bound.append_event(done(run_id, a, output={"list": [1]}, findings=(finding("f"),)))
@@ -828,7 +965,7 @@ def test_two_backends_interleaving_lose_nothing(
 
 
 def test_random_operations_keep_the_cache_equal_to_redis(
-    bound: RedisCheckpointBackend, run_id: uuid.UUID
+    bound: Backend, run_id: uuid.UUID
 ) -> None:
     """The in-process cache applies §5 itself: after every write it must equal Redis."""
     rng = random.Random(20261130)
@@ -873,7 +1010,7 @@ def test_random_operations_keep_the_cache_equal_to_redis(
 
 
 def test_server_time_is_used_for_timestamps(
-    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+    redis_client: Client, bound: Backend, run_id: uuid.UUID
 ) -> None:
     time.sleep(1.05)
     bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
@@ -882,8 +1019,8 @@ def test_server_time_is_used_for_timestamps(
     assert abs(cp.updated_at - server_now(redis_client)) <= 2
 
 
-def test_payload_size_limit(redis_client: Client, run_id: uuid.UUID) -> None:
-    small = RedisCheckpointBackend(redis_client, max_payload_size=2048)
+def test_payload_size_limit(make_backend: Factory, run_id: uuid.UUID) -> None:
+    small = make_backend(max_payload_size=2048)
     small.init_run(run_id, "t", "/d")
     big_text = "x" * 4096
     with pytest.raises(luft_redis.PayloadTooLargeError) as info:
@@ -897,18 +1034,18 @@ def test_payload_size_limit(redis_client: Client, run_id: uuid.UUID) -> None:
     with pytest.raises(luft_redis.PayloadTooLargeError, match=r"cache\.output"):
         small.upsert_agent_result(result(a, output={"big": big_text}))
     with pytest.raises(luft_redis.PayloadTooLargeError, match="workflow_meta"):
-        RedisCheckpointBackend(redis_client, max_payload_size=2048).init_run_with_meta(
+        make_backend(max_payload_size=2048).init_run_with_meta(
             uuid.uuid4(), "t", "/d", {"big": big_text})
     assert small.get_event_log() == [] and dict(fresh(small).agent_results) == {}
     assert small.version == 1
     small.append_events(batch[:1])  # within the limit
     assert len(small.get_event_log()) == 1
     with pytest.raises(luft_redis.ConfigurationError):
-        RedisCheckpointBackend(redis_client, max_payload_size=0)
+        make_backend(max_payload_size=0)
 
 
 def test_saving_the_checkpoint_keeps_later_finding_positions(
-    bound: RedisCheckpointBackend,
+    bound: Backend,
 ) -> None:
     """Whether or not get_checkpoint() is saved in between, later updates land alike."""
     a, b = uuid.uuid4(), uuid.uuid4()
@@ -924,7 +1061,7 @@ def test_saving_the_checkpoint_keeps_later_finding_positions(
 
 
 def test_a_key_of_the_wrong_type_stops_a_write_before_it_writes(
-    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+    redis_client: Client, bound: Backend, run_id: uuid.UUID
 ) -> None:
     keys = run_keys("luft", run_id)
     bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="before"))
