@@ -535,6 +535,9 @@ def _fork_prober(backend: RedisCheckpointBackend, run_id: uuid.UUID, out: Any) -
         poller.start()
         time.sleep(0.01)
         backend.append_event(agent_done(run_id))
+        deadline = time.monotonic() + 10  # keep sampling until the child's first reload
+        while not installs and time.monotonic() < deadline:
+            time.sleep(0.002)
         time.sleep(0.01)
         stop.set()
         poller.join(timeout=5)
