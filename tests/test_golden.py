@@ -1,0 +1,138 @@
+"""Golden fixtures: data written by every released stored format is read back forever after.
+
+``tests/golden/<set>/`` holds blobs and whole runs captured by ``tests/golden/make_fixtures.py``
+with the luft-redis of that format, each with its luft JSON. These tests decode them with the
+current code and compare with that JSON; they also restore each run into Redis, open it and
+keep writing to it (a fleet upgrades while runs are in flight). Fixtures are never edited: a
+format change adds a new set.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import uuid
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from luft_redis import RedisCheckpointBackend, codec
+from luft_redis import types as t
+
+Client: TypeAlias = "redis.Redis | RedisCluster"
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SETS = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir() and (p / "blobs.json").exists())
+
+
+def raw_value(value: Any) -> bytes:
+    """A stored value of a fixture: a JSON string is UTF-8 text, ``{"base64": ...}`` bytes."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    assert isinstance(value, dict) and set(value) == {"base64"}, value
+    return base64.b64decode(value["base64"], validate=True)
+
+
+def canon(value: Any) -> str:
+    """A type-exact text form of a JSON value (tells 1, 1.0 and true apart)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+
+
+def load(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def blob_cases() -> list[Any]:
+    cases = []
+    for name in SETS:
+        for i, entry in enumerate(load(GOLDEN / name / "blobs.json")):
+            label = entry.get("type", entry["kind"])
+            cases.append(pytest.param(entry, id=f"{name}-{i}-{label}"))
+    return cases
+
+
+def run_cases() -> list[Any]:
+    return [
+        pytest.param(GOLDEN / name / "runs" / path.name, id=f"{name}-{path.stem}")
+        for name in SETS
+        for path in sorted((GOLDEN / name / "runs").glob("*.json"))
+    ]
+
+
+def test_golden_sets_exist() -> None:
+    assert "format1" in SETS  # written by 0.1.0 (unversioned blobs)
+    assert blob_cases() and run_cases()
+
+
+@pytest.mark.parametrize("entry", blob_cases())
+def test_golden_blob_decodes_to_its_json(entry: dict[str, Any]) -> None:
+    blob = raw_value(entry["blob"])
+    kind = entry["kind"]
+    if kind == "event":
+        event = codec.decode_event(
+            entry["type"], blob, uuid.UUID(entry["run_id"]), key="k", entry_id="1-0"
+        )
+        out: Any = event.to_json()
+    elif kind == "json":
+        out = t.thaw_json(codec.decode_json(blob, key="k", field="f"))
+    else:
+        assert kind == "findings"
+        out = [f.to_json() for f in codec.decode_findings(blob, key="k", field="f")]
+    assert out == entry["json"]
+    assert canon(out) == canon(entry["json"])
+
+
+def restore(client: Any, keys: dict[str, Any]) -> None:
+    for key, item in keys.items():
+        value = item["value"]
+        if item["type"] == "hash":
+            client.hset(key, mapping={k: raw_value(v) for k, v in value.items()})
+        elif item["type"] == "stream":
+            for eid, fields in value:
+                client.xadd(key, {k: raw_value(v) for k, v in fields.items()}, id=eid)
+        else:
+            assert item["type"] == "list"
+            client.rpush(key, *(raw_value(v) for v in value))
+
+
+def without_updated_at(cp: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cp.items() if k != "updated_at"}
+
+
+@pytest.mark.parametrize("path", run_cases())
+def test_golden_run_opens_reads_and_takes_writes(path: Path, redis_client: Client) -> None:
+    dump = load(path)
+    restore(redis_client, dump["keys"])
+    run_id = uuid.UUID(dump["run_id"])
+    backend = RedisCheckpointBackend(redis_client, prefix=dump["prefix"])
+    try:
+        cp = backend.open_run(run_id)
+        assert cp is not None
+        assert canon(cp.to_json()) == canon(dump["checkpoint"])
+        events = [e.to_json() for e in backend.get_event_log()]
+        assert canon(events) == canon(dump["events"])
+
+        # the current version keeps writing to a run of an older format
+        log = t.Log(run_id=run_id, level=t.LogLevel.INFO, msg="after the upgrade")
+        backend.append_event(log)
+        current = backend.get_checkpoint()
+        assert current is not None
+        backend.save_checkpoint(dataclasses.replace(current))
+        other = RedisCheckpointBackend(redis_client, prefix=dump["prefix"])
+        try:
+            again = other.open_run(run_id)
+            assert again is not None
+            assert canon(without_updated_at(again.to_json())) == canon(
+                without_updated_at(dump["checkpoint"])
+            )
+            assert canon([e.to_json() for e in other.get_event_log()]) == canon(
+                [*dump["events"], log.to_json()]
+            )
+        finally:
+            other.close()
+    finally:
+        backend.close()
