@@ -482,13 +482,36 @@ def test_phase_started_and_done(bound: RedisCheckpointBackend, run_id: uuid.UUID
     assert cp is not None
     assert [p.to_json() for p in cp.completed_phases] == [
         {"phase_id": 2, "label": "two again", "planned": 5, "ok": 3, "failed": 1,
-         "description": None, "role": None},
+         "description": "d", "role": "r"},
         {"phase_id": 1, "label": "one", "planned": 1, "ok": 0, "failed": 0,
          "description": None, "role": None},
         {"phase_id": 7, "label": "", "planned": 0, "ok": 0, "failed": 2,
          "description": None, "role": None},
     ]  # fmt: skip
     assert cp.current_phase == 7
+    assert fresh(bound) == cp
+
+
+def test_repeated_phase_started_keeps_what_it_does_not_restate(
+    bound: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    """luft's SQLite backend: ``COALESCE(excluded.description, phases.description)``."""
+    bound.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=2,
+                                    description="first", role="reviewer"))  # fmt: skip
+    bound.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=3))
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    (phase,) = cp.completed_phases
+    assert (phase.planned, phase.description, phase.role) == (3, "first", "reviewer")
+    # a value it does restate replaces the stored one; the other is kept
+    bound.append_events([
+        PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=3, role="fixer"),
+        PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=3),
+    ])  # fmt: skip
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    (phase,) = cp.completed_phases
+    assert (phase.description, phase.role) == ("first", "fixer")
     assert fresh(bound) == cp
 
 
