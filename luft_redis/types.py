@@ -72,6 +72,7 @@ __all__ = [
     "ProgressToolCall",
     "Record",
     "ReportEmitted",
+    "ResultStatus",
     "RunCheckpoint",
     "RunDone",
     "RunStarted",
@@ -255,26 +256,47 @@ class CheckpointStatus(_StrEnum):
 
 
 class AgentStatus(_StrEnum):
-    """An agent's outcome, written with its variant name in events (``"TimedOut"``)."""
+    """An agent's outcome, written with its variant name in events (``"TimedOut"``).
+
+    ``AgentResultCache.status`` holds the same outcome in snake_case (``"timed_out"``):
+    :meth:`as_str` gives that form, and :class:`ResultStatus` names it. Compare a result's
+    status with ``ResultStatus.OK`` (or ``AgentStatus.OK.as_str()``), never with
+    ``AgentStatus.OK``.
+    """
 
     OK = "Ok"
     ERROR = "Error"
     CANCELLED = "Cancelled"
     TIMED_OUT = "TimedOut"
 
+    def as_str(self) -> str:
+        """The snake_case form used in ``AgentResultCache.status`` (``"timed_out"``), as luft's
+        ``AgentStatus::as_str``."""
+        return _AGENT_STATUS_CACHE[self]
+
     @property
     def cache_str(self) -> str:
-        """The lower-case form used in ``AgentResultCache.status`` (``"timed_out"``)."""
+        """The same as :meth:`as_str` (the name of 0.1.0)."""
         return _AGENT_STATUS_CACHE[self]
 
 
-_AGENT_STATUS_CACHE = {
-    AgentStatus.OK: "ok",
-    AgentStatus.ERROR: "error",
-    AgentStatus.CANCELLED: "cancelled",
-    AgentStatus.TIMED_OUT: "timed_out",
+class ResultStatus(_StrEnum):
+    """The values of ``AgentResultCache.status``: plain strings, so ``result.status ==
+    ResultStatus.OK`` holds for a result whose status is ``"ok"``."""
+
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+_AGENT_STATUS_CACHE: dict[AgentStatus, str] = {
+    AgentStatus.OK: ResultStatus.OK.value,
+    AgentStatus.ERROR: ResultStatus.ERROR.value,
+    AgentStatus.CANCELLED: ResultStatus.CANCELLED.value,
+    AgentStatus.TIMED_OUT: ResultStatus.TIMED_OUT.value,
 }
-AGENT_RESULT_STATUSES = frozenset(_AGENT_STATUS_CACHE.values())
+AGENT_RESULT_STATUSES = frozenset(s.value for s in ResultStatus)
 
 
 class RunStatus(_StrEnum):

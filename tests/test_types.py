@@ -49,6 +49,7 @@ from luft_redis.types import (
     ProgressTokens,
     ProgressToolCall,
     Record,
+    ResultStatus,
     RunCheckpoint,
     RunDone,
     RunStarted,
@@ -1002,6 +1003,35 @@ def test_agent_status_forms(json_form: str, cache_form: str) -> None:
         assert isinstance(ev, (AgentDone, PipelineItemDone))
         assert ev.status is status
         assert_json_equal(ev.to_json(), obj)
+
+
+@pytest.mark.parametrize(("json_form", "cache_form"), AGENT_STATUSES)
+def test_agent_status_as_str_and_result_status(json_form: str, cache_form: str) -> None:
+    """luft's ``AgentStatus::as_str``; ``ResultStatus`` members equal the plain strings."""
+    status = AgentStatus(json_form)
+    assert status.as_str() == cache_form
+    assert type(status.as_str()) is str
+    assert status.cache_str == status.as_str()  # 0.1.0's name, kept
+    member = ResultStatus(cache_form)
+    assert member == cache_form and cache_form == member
+    assert hash(member) == hash(cache_form)
+    assert str(member) == cache_form and f"{member}" == cache_form
+    result = AgentResultCache.from_json({**RESULT_MIN_IN, "status": cache_form})
+    assert result.status == member
+    assert result.status == status.as_str()
+    assert result.status != status  # the trap the two names are there to avoid
+    # a member passed in Python is stored as the plain string
+    built = AgentResultCache(agent_id=uuid.UUID(AGENT), phase_id=0, status=member,
+                             output=None, findings=(), tokens=0, completed_at=0)  # fmt: skip
+    assert type(built.status) is str
+    assert built == dataclasses.replace(built, status=cache_form)
+    assert built.to_json()["status"] == cache_form
+
+
+def test_result_status_members() -> None:
+    assert [m.value for m in ResultStatus] == ["ok", "error", "cancelled", "timed_out"]
+    assert {m.value for m in ResultStatus} == {s.as_str() for s in AgentStatus}
+    rejects(lambda: AgentResultCache.from_json({**RESULT_MIN_IN, "status": "Ok"}), "status")
 
 
 def test_agent_status_members() -> None:
