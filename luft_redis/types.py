@@ -10,8 +10,8 @@ Python: a wrong type, an out-of-range number or an unknown enum string raises
 Values are immutable all the way down, so the in-process cache can hand out the same objects
 to every caller: lists are tuples, free JSON objects are :class:`FrozenDict` and arrays
 :class:`FrozenList` (read-only ``dict``/``list`` subclasses that compare equal to plain ones),
-and the checkpoint's maps are ``immutables.Map`` (a persistent map: updating one entry does not
-copy the others).
+and the checkpoint's maps are :class:`FrozenMap` (read-only, equal to a dict with the same
+items, over a persistent ``immutables.Map``: updating one entry does not copy the others).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ __all__ = [
     "Finding",
     "FrozenDict",
     "FrozenList",
+    "FrozenMap",
     "JsonValue",
     "Location",
     "Log",
@@ -153,6 +154,88 @@ class FrozenList(list[Any]):
 
     def __reduce__(self) -> tuple[type[FrozenList], tuple[list[Any]]]:
         return (FrozenList, (list(self),))
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class FrozenMap(Mapping[_K, _V]):
+    """A read-only mapping over a persistent ``immutables.Map``: the checkpoint's
+    ``agent_results`` and ``agent_sessions``.
+
+    It compares equal to any mapping with the same items (``cp.agent_results == {id: r}``),
+    is hashable when its values are, and :meth:`set`/:meth:`delete` return a changed copy in
+    O(log n) without copying the other entries.
+    """
+
+    __slots__ = ("_map",)
+    _map: immutables.Map[_K, _V]
+
+    def __init__(self, items: Mapping[_K, _V] | Iterable[tuple[_K, _V]] = ()) -> None:
+        inner = items._map if isinstance(items, FrozenMap) else items
+        object.__setattr__(self, "_map", immutables.Map(inner))
+
+    @classmethod
+    def _wrap(cls, inner: immutables.Map[_K, _V]) -> FrozenMap[_K, _V]:
+        """A FrozenMap over ``inner`` as it is: O(1), no copy."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "_map", inner)
+        return self
+
+    def __getitem__(self, key: _K) -> _V:
+        return self._map[key]
+
+    def __iter__(self) -> typing.Iterator[_K]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
+    def get(self, key: _K, default: Any = None) -> Any:
+        return self._map.get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._map == other._map
+        if isinstance(other, immutables.Map):
+            return self._map == other
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if len(other) != len(self._map):
+            return False
+        missing = object()
+        get = self._map.get
+        return all(get(k, missing) == v for k, v in other.items())
+
+    def __hash__(self) -> int:
+        return hash(self._map)
+
+    def set(self, key: _K, value: _V) -> FrozenMap[_K, _V]:
+        """A copy with ``key`` set to ``value`` (not checked: the caller builds a record)."""
+        return FrozenMap._wrap(self._map.set(key, value))
+
+    def delete(self, key: _K) -> FrozenMap[_K, _V]:
+        """A copy without ``key`` (KeyError if it is missing)."""
+        return FrozenMap._wrap(self._map.delete(key))
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise TypeError("FrozenMap is read-only")
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({dict(self._map)!r})"
+
+    def __copy__(self) -> FrozenMap[_K, _V]:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FrozenMap[_K, _V]:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenMap[Any, Any]], tuple[dict[_K, _V]]]:
+        return (FrozenMap, (dict(self._map),))
 
 
 _MAX_JSON_DEPTH = 256
@@ -560,14 +643,15 @@ class _MapKind(_Kind):
     def __init__(self, item: _RecordKind) -> None:
         self.item = item
 
-    def check(self, value: Any, path: str) -> immutables.Map[uuid.UUID, Any]:
+    def check(self, value: Any, path: str) -> FrozenMap[uuid.UUID, Any]:
         if not isinstance(value, Mapping):
             raise ValidationError(path, f"expected an object, got {_tname(value)}")
-        if isinstance(value, immutables.Map) and all(
+        inner = value._map if isinstance(value, FrozenMap) else value
+        if isinstance(inner, immutables.Map) and all(
             isinstance(v, self.item.cls) and getattr(v, "agent_id", None) == k
-            for k, v in value.items()
+            for k, v in inner.items()
         ):
-            return value
+            return value if isinstance(value, FrozenMap) else FrozenMap._wrap(inner)
         out: dict[uuid.UUID, Any] = {}
         for key, item in value.items():
             sub = f"{path}.{key}"
@@ -576,7 +660,7 @@ class _MapKind(_Kind):
             if getattr(record, "agent_id", key_id) != key_id:
                 raise ValidationError(f"{sub}.agent_id", "does not match its key")
             out[key_id] = record
-        return immutables.Map(out)
+        return FrozenMap._wrap(immutables.Map(out))
 
     def dump(self, value: Any) -> dict[str, Any]:
         return {str(k): v.to_json() for k, v in value.items()}
@@ -823,7 +907,8 @@ class AgentSessionCheckpoint(Record):
 
 @_record
 class RunCheckpoint(Record):
-    """The whole state of a run. ``agent_results``/``agent_sessions`` are persistent maps."""
+    """The whole state of a run. ``agent_results``/``agent_sessions`` are :class:`FrozenMap`
+    (read-only, equal to a dict with the same items)."""
 
     run_id: uuid.UUID
     task: str
@@ -831,7 +916,7 @@ class RunCheckpoint(Record):
     current_phase: U32
     completed_phases: tuple[PhaseSummary, ...]
     agent_results: Mapping[uuid.UUID, AgentResultCache]
-    agent_sessions: Mapping[uuid.UUID, AgentSessionCheckpoint] = immutables.Map()
+    agent_sessions: Mapping[uuid.UUID, AgentSessionCheckpoint] = FrozenMap()
     findings: tuple[Finding, ...]
     total_tokens: U64
     created_at: U64

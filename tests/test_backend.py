@@ -394,6 +394,23 @@ def test_agent_done_creates_a_result_from_the_event(
     assert fresh(bound) == cp
 
 
+def test_checkpoint_maps_from_the_cache_compare_like_dicts(
+    bound: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    a, b = uuid.uuid4(), uuid.uuid4()
+    bound.upsert_agent_result(result(a))
+    bound.append_event(done(run_id, b))
+    session = AgentSessionCheckpoint(agent_id=a, session_id="s", status="x", updated_at=1)
+    bound.upsert_agent_session(session)
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    expected = {a: result(a), b: cp.agent_results[b]}
+    assert cp.agent_results == expected and expected == cp.agent_results
+    assert cp.agent_sessions == {a: session}
+    assert fresh(bound).agent_results == expected  # loaded, not applied from deltas
+    assert bound.get_checkpoint() is cp  # the snapshot is built once, not per read
+
+
 def test_agent_done_keeps_what_upsert_recorded(
     bound: RedisCheckpointBackend, run_id: uuid.UUID
 ) -> None:

@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import pickle
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import immutables
@@ -35,6 +35,7 @@ from luft_redis.types import (
     Finding,
     FrozenDict,
     FrozenList,
+    FrozenMap,
     Location,
     Log,
     LogLevel,
@@ -1345,7 +1346,7 @@ def test_checkpoint_built_in_python_gives_contract_json() -> None:
     cp = _checkpoint_py()
     out = cp.to_json()
     assert_json_equal(out, CP_FULL)
-    assert isinstance(cp.agent_results, immutables.Map)
+    assert isinstance(cp.agent_results, FrozenMap)
     assert cp.agent_results[uuid.UUID(AGENT)].cache_key_hash == "sha256:abc"
     assert cp.started_agent_ids == (uuid.UUID(AGENT), uuid.UUID(AGENT2))
     assert cp.status is CheckpointStatus.FAILED
@@ -1586,6 +1587,44 @@ def test_value_types_are_frozen() -> None:
         cp.agent_results[uuid.UUID(AGENT2)] = cp.agent_results[uuid.UUID(AGENT)]  # type: ignore[index]
     with pytest.raises(TypeError):
         cp.agent_sessions[uuid.UUID(AGENT2)] = cp.agent_sessions[uuid.UUID(AGENT)]  # type: ignore[index]
+
+
+def test_checkpoint_maps_compare_like_dicts() -> None:
+    cp = _checkpoint_py()
+    a1, a2 = uuid.UUID(AGENT), uuid.UUID(AGENT2)
+    results = {a1: cp.agent_results[a1], a2: cp.agent_results[a2]}
+    assert cp.agent_results == results
+    assert results == cp.agent_results
+    assert (cp.agent_results != results) is False
+    assert cp.agent_sessions == {a1: cp.agent_sessions[a1]}
+    assert cp.agent_results != {a1: cp.agent_results[a1]}
+    assert cp.agent_results != {a1: cp.agent_results[a1], a2: cp.agent_results[a1]}
+    assert cp.agent_results != {**results, uuid.uuid4(): cp.agent_results[a1]}
+    assert cp.agent_results != [a1, a2]  # type: ignore[comparison-overlap]
+    assert cp.agent_results == immutables.Map(results)
+    assert cp.agent_results == FrozenMap(results)
+    assert RunCheckpoint(**{**_fields(cp), "agent_sessions": {}}).agent_sessions == {}
+    # hashable, as the immutables.Map it replaces; equal maps hash alike
+    assert hash(cp.agent_results) == hash(FrozenMap(results))
+    assert hash(cp) == hash(dataclasses.replace(cp, agent_results=dict(results)))
+    assert dataclasses.replace(cp, agent_results=dict(results)) == cp
+    # a read-only Mapping with persistent updates
+    assert isinstance(cp.agent_results, Mapping)
+    assert set(cp.agent_results) == {a1, a2} and len(cp.agent_results) == 2
+    assert a1 in cp.agent_results and cp.agent_results.get(uuid.uuid4()) is None
+    assert isinstance(cp.agent_results, FrozenMap)
+    fewer = cp.agent_results.delete(a2)
+    assert fewer == {a1: results[a1]} and cp.agent_results == results
+    assert fewer.set(a2, results[a2]) == cp.agent_results
+    with pytest.raises(TypeError):
+        cp.agent_results._map = immutables.Map()
+    assert copy.deepcopy(cp.agent_results) is cp.agent_results
+    assert pickle.loads(pickle.dumps(cp)) == cp
+    assert repr(FrozenMap({1: 2})) == "FrozenMap({1: 2})"
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
 def _mutations_dict() -> list[Callable[[Any], object]]:
