@@ -350,10 +350,20 @@ def test_client_with_decode_responses_is_refused() -> None:
         RedisCheckpointBackend(client)
 
 
-@pytest.mark.parametrize("prefix", ["", "a{b", "x y", "p*"])
+@pytest.mark.parametrize("prefix", ["", "a{b", "x y", "p*", "a\\b", "\\", "p\ud800"])
 def test_bad_prefix_is_refused(prefix: str) -> None:
     with pytest.raises(luft_redis.ConfigurationError):
         RedisCheckpointBackend(fakeredis.FakeRedis(), prefix=prefix)
+
+
+def test_list_runs_under_a_prefix_with_odd_characters(redis_client: Client) -> None:
+    """Every prefix check_prefix lets through is found again by SCAN MATCH."""
+    for prefix in ("luft", "a:b", "tenant-1.x_y", "ü/é", "a%b^c$d|e(f)"):
+        backend = RedisCheckpointBackend(redis_client, prefix=prefix)
+        run = uuid.uuid4()
+        backend.init_run(run, "t", "d")
+        assert backend.list_runs() == [run], prefix
+        backend.delete_run()
 
 
 # ------------------------------------------------------------------------- rules of §5
