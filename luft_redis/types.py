@@ -241,14 +241,34 @@ class FrozenMap(Mapping[_K, _V]):
 _MAX_JSON_DEPTH = 256
 
 
+def check_text(value: str, path: str) -> str:
+    """``value`` if it can be stored as UTF-8, else :class:`ValidationError` naming ``path``.
+
+    A ``str`` may hold lone surrogates (``json.loads('"\\ud800"')`` returns one), which UTF-8
+    cannot encode: refused here, when the value is checked, instead of failing later.
+    """
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = value[exc.start]
+            raise ValidationError(
+                path, f"contains a lone surrogate (U+{ord(char):04X} at index {exc.start})"
+            ) from None
+    return value
+
+
 def freeze_json(value: Any, path: str = "", _depth: int = 0) -> Any:
     """Check that ``value`` is JSON luft can store and return it deeply frozen.
 
     Raises :class:`ValidationError` for non-JSON values, integers outside the i64/u64 range,
-    NaN or infinite floats, non-string object keys and nesting deeper than 256.
+    NaN or infinite floats, non-string object keys, strings with lone surrogates and nesting
+    deeper than 256.
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return check_text(value, path)
     if isinstance(value, int):
         if not I64_MIN <= value <= U64_MAX:
             raise ValidationError(path, f"integer {value} is outside the i64/u64 range")
@@ -264,7 +284,8 @@ def freeze_json(value: Any, path: str = "", _depth: int = 0) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ValidationError(path, f"JSON object key {key!r} is not a string")
-            out[key] = freeze_json(item, f"{path}.{key}" if path else key, _depth + 1)
+            sub = f"{path}.{key}" if path else key
+            out[check_text(key, sub)] = freeze_json(item, sub, _depth + 1)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
         return FrozenList(
@@ -512,7 +533,7 @@ class _StrKind(_Kind):
                 raise ValidationError(path, f"expected a string, got {_tname(value)}")
             value = str(value)
         assert isinstance(value, str)
-        return value
+        return check_text(value, path)
 
 
 class _BoolKind(_Kind):

@@ -366,6 +366,22 @@ def test_list_runs_under_a_prefix_with_odd_characters(redis_client: Client) -> N
         backend.delete_run()
 
 
+def test_lone_surrogates_in_arguments_are_refused_before_anything_is_written(
+    redis_client: Client, backend: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    with pytest.raises(luft_redis.ValidationError) as info:
+        backend.init_run(run_id, "bad \ud800 task", "/tmp/run")
+    assert info.value.field == "task"
+    with pytest.raises(luft_redis.ValidationError) as info:
+        backend.init_run(run_id, "task", "/tmp/\udfff")
+    assert info.value.field == "run_dir"
+    with pytest.raises(luft_redis.ValidationError) as info:
+        backend.init_run_with_meta(run_id, "task", "/tmp", {"k": ["\ud800"]})
+    assert info.value.field == "workflow_meta.k[0]"
+    assert backend.open_run(run_id) is None
+    assert list(redis_client.scan_iter(match="*")) == []
+
+
 # ------------------------------------------------------------------------- rules of §5
 
 

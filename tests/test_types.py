@@ -751,6 +751,44 @@ def test_unicode_strings_round_trip(case: tuple[str, tuple[str | int, ...]], tex
     assert AgentEvent.from_json(json.loads(json.dumps(out, ensure_ascii=False))) == ev
 
 
+LONE_SURROGATES = ["\ud800", "a\udfff", "x\udc80y", "🚀\ud83d"]  # json.loads('"\\ud800"')
+
+
+@pytest.mark.parametrize("case", STR_FIELDS + NULLABLE_STR_FIELDS, ids=_ids)
+@pytest.mark.parametrize("text", LONE_SURROGATES)
+def test_lone_surrogates_rejected_naming_the_field(
+    case: tuple[str, tuple[str | int, ...]], text: str
+) -> None:
+    """UTF-8 cannot store them: a ValidationError now, not a UnicodeEncodeError later."""
+    tag, path = case
+    obj = setpath(FULL[tag], path, text)
+    named = [p for p in path if isinstance(p, str)]
+    err = rejects(lambda: AgentEvent.from_json(obj), *named)
+    assert "surrogate" in err.message
+
+
+@pytest.mark.parametrize("text", LONE_SURROGATES)
+def test_lone_surrogates_rejected_in_free_json_and_python(text: str) -> None:
+    assert json.loads(json.dumps(text)) == text  # what a JSON parser hands over
+    raw = {"outer": [1, {"inner": text}]}
+    rejects(lambda: AgentEvent.from_json(setpath(FULL["acp_raw"], ("raw",), raw)),
+            "raw", "outer", "inner")  # fmt: skip
+    bad_key = {"outer": {text: 1}}
+    rejects(lambda: AgentEvent.from_json(setpath(FULL["acp_raw"], ("raw",), bad_key)),
+            "raw", "outer")  # fmt: skip
+    rejects(lambda: RunStarted(run_id=uuid.UUID(RUN), task=text), "task")
+    rejects(lambda: Finding(kind="k", severity=Severity.LOW, title="t", detail="d",
+                            evidence=("ok", text)), "evidence")  # fmt: skip
+    rejects(lambda: AgentSessionCheckpoint(agent_id=uuid.UUID(AGENT), session_id=text,
+                                           status="s", updated_at=0), "session_id")  # fmt: skip
+    rejects(lambda: AgentResultCache(agent_id=uuid.UUID(AGENT), phase_id=0, status="ok",
+                                     output={"o": text}, findings=(), tokens=0,
+                                     completed_at=0, cache_key_hash=None), "output")  # fmt: skip
+    rejects(lambda: RunCheckpoint.from_json({**CP_MIN_IN, "task": text}), "task")
+    # a surrogate *pair* is one character, and fine
+    assert RunStarted(run_id=uuid.UUID(RUN), task="\U0001f680").task == "🚀"
+
+
 def _deep(depth: int) -> Any:
     value: Any = {"leaf": [U64MAX, I64MIN, 0.1]}
     for i in range(depth):
