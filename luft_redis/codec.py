@@ -1,12 +1,14 @@
 """The stored (binary) forms of contract values, and their decoding with explicit checks.
 
 Blobs are msgpack. Events use a compact positional form (field names are not stored, they are
-the schema's): a msgpack array of the variant's fields in declaration order, where
+the schema's): a msgpack array of the variant's fields in the order of :data:`FIELDS`, where
 
 * the run id is left out (it is the stream's; ``signal_received`` keeps a flag for ``null``),
 * UUIDs are 16 raw bytes, timestamps integer microseconds since the epoch,
-* enums are their index in the enumeration, nested records arrays of the same kind,
+* enums are their code in :data:`ENUM_CODES`, nested records arrays of the same kind,
 * trailing fields equal to their default are dropped.
+
+The tables fix every position and code for good; ``docs/redis-layout.md`` documents them.
 
 Decoding checks every value as :mod:`luft_redis.types` does for JSON, and reports anything that
 does not fit as :class:`~luft_redis.errors.CorruptDataError` naming the key and field. msgpack
@@ -26,7 +28,10 @@ from . import types as t
 from .errors import CorruptDataError, ValidationError
 
 __all__ = [
+    "DELTA_KIND_CODES",
     "EMPTY_LIST",
+    "ENUM_CODES",
+    "FIELDS",
     "MAX_BLOB_SIZE",
     "decode_event",
     "decode_findings",
@@ -46,6 +51,115 @@ _US = _dt.timedelta(microseconds=1)
 
 Packer = Callable[[Any], Any]
 Unpacker = Callable[[Any, str], Any]
+
+
+# --------------------------------------------------------------------------------------------
+# The tables of the stored form: field positions and enum codes, fixed once written.
+#
+# A record is stored as the array of its fields in the order given here, never in the order
+# of the Python declaration. A field added to a record is appended to its tuple (and must have
+# a default, which is what older blobs, lacking it, read as); an enum member gets the next
+# free code. Nothing is ever renumbered, reordered or removed: stored data depends on it.
+# ``_check_tables`` below refuses to import when a record or enum and its table disagree.
+# --------------------------------------------------------------------------------------------
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    # value types inside events and finding lists
+    "TokenUsage": ("input", "output", "cache_read", "cache_write"),
+    "Location": ("file", "line"),
+    "Finding": ("kind", "severity", "title", "detail", "location", "evidence", "data"),
+    "PlanPhase": ("label", "dynamic", "description"),
+    # progress deltas (after their kind code, see DELTA_KIND_CODES)
+    "ProgressMessage": ("text",),
+    "ProgressToolCall": ("name", "summary"),
+    "ProgressFileEdit": ("path",),
+    "ProgressTokens": ("usage",),
+    # events, by "type"; the run id is not stored (it is the stream's), except for
+    # signal_received, whose array starts with a flag: true = the stream's run id, false = null
+    "run_started": ("task", "ts"),
+    "phase_started": ("phase_id", "label", "planned", "description", "role", "ts"),
+    "agent_started": ("phase_id", "agent_id", "prompt_preview", "model", "description", "role",
+                      "name", "agent_seq", "ts"),
+    "agent_progress": ("agent_id", "delta"),
+    "acp_raw": ("agent_id", "kind", "raw"),
+    "acp_request": ("agent_id", "method", "raw"),
+    "agent_done": ("agent_id", "status", "tokens", "elapsed_ms", "name", "agent_seq", "ts",
+                   "output", "findings", "prompt", "retry_count"),
+    "phase_done": ("phase_id", "ok", "failed", "ts"),
+    "run_done": ("status", "total_tokens", "report", "ts"),
+    "log": ("agent_id", "level", "msg"),
+    "budget_set": ("time_limit_ms", "max_rounds"),
+    "report_emitted": ("phase_id", "report"),
+    "parallel_started": ("phase_id", "span_id", "count"),
+    "parallel_done": ("phase_id", "span_id", "ok", "failed", "results", "elapsed_ms"),
+    "workflow_started": ("span_id", "path", "args"),
+    "workflow_done": ("span_id", "path", "report", "elapsed_ms", "error"),
+    "converge_started": ("phase_id", "span_id", "items", "max_rounds"),
+    "converge_done": ("phase_id", "span_id", "rounds", "converged", "surviving", "result",
+                      "elapsed_ms", "error"),
+    "pipeline_started": ("total_stages", "items"),
+    "pipeline_stage_started": ("stage_index", "label", "agents_in_stage"),
+    "pipeline_item_done": ("stage_index", "item_index", "status", "tokens", "elapsed_ms"),
+    "pipeline_done": ("stages_completed", "total_ok", "total_failed"),
+    "schema_retry": ("agent_id", "attempt", "max"),
+    "plan_preview": ("reasoning", "phases"),
+    "signal_received": ("signal", "ts"),
+}  # fmt: skip
+"""Field positions of every record stored as an array (events by their ``"type"``)."""
+
+ENUM_CODES: dict[str, dict[str, int]] = {
+    "Severity": {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4},
+    "AgentStatus": {"Ok": 0, "Error": 1, "Cancelled": 2, "TimedOut": 3},
+    "RunStatus": {"completed": 0, "failed": 1, "cancelled": 2, "partial": 3},
+    "LogLevel": {"trace": 0, "debug": 1, "info": 2, "warn": 3, "error": 4},
+}
+"""The stored code of every enum member, by enum and JSON value."""
+
+DELTA_KIND_CODES: dict[str, int] = {"message": 0, "tool_call": 1, "file_edit": 2, "tokens": 3}
+"""The code that starts a stored progress delta, by its ``"kind"``."""
+
+_DELTA_CODE = {t._DELTA_KINDS[kind]: code for kind, code in DELTA_KIND_CODES.items()}
+_DELTA_BY_CODE = {code: cls for cls, code in _DELTA_CODE.items()}
+
+
+def _check_tables() -> None:
+    """Every stored record and enum matches its table exactly (run at import)."""
+    stored: list[type[t.Record]] = [
+        t.TokenUsage, t.Location, t.Finding, t.PlanPhase, *t._DELTA_KINDS.values(),
+        *t.EVENT_TYPES.values(),
+    ]  # fmt: skip
+    names = {_table_name(cls) for cls in stored}
+    if set(FIELDS) != names:
+        raise RuntimeError(f"codec.FIELDS lacks or has extra records: {set(FIELDS) ^ names}")
+    for cls in stored:
+        declared = {s.name for s in cls._field_specs()} - (
+            {"run_id"} if issubclass(cls, t.AgentEvent) else set()
+        )
+        table = FIELDS[_table_name(cls)]
+        if len(set(table)) != len(table) or set(table) != declared:
+            raise RuntimeError(
+                f"codec.FIELDS[{_table_name(cls)!r}] does not match the fields of "
+                f"{cls.__name__}: append a new field at the end, never reorder"
+            )
+    enums = {k.enum.__name__: k.enum for cls in stored for s in cls._field_specs()
+             for k in _kinds(s.kind) if isinstance(k, t._EnumKind)}  # fmt: skip
+    if set(ENUM_CODES) != set(enums):
+        raise RuntimeError(f"codec.ENUM_CODES lacks or has extra enums: {set(ENUM_CODES)}")
+    for name, codes in [*ENUM_CODES.items(), ("ProgressDelta", DELTA_KIND_CODES)]:
+        values = set(t._DELTA_KINDS) if name == "ProgressDelta" else {
+            m.value for m in enums[name]}  # fmt: skip
+        if set(codes) != values or len(set(codes.values())) != len(codes):
+            raise RuntimeError(f"codec codes of {name} do not match its members: give a new "
+                               "member the next free code, never renumber")  # fmt: skip
+
+
+def _kinds(kind: t._Kind) -> list[t._Kind]:
+    """``kind`` and the kinds inside it (optional, tuple)."""
+    if isinstance(kind, t._OptionalKind):
+        return [kind, *_kinds(kind.inner)]
+    if isinstance(kind, t._TupleKind):
+        return [kind, *_kinds(kind.item)]
+    return [kind]
 
 
 def _unpackb(blob: bytes) -> Any:
@@ -141,31 +255,30 @@ def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
 
 
 def _enum(enum_cls: type[t._StrEnum]) -> tuple[Packer, Unpacker]:
-    members = list(enum_cls)
-    index = {m: i for i, m in enumerate(members)}
+    codes = ENUM_CODES[enum_cls.__name__]
+    index = {enum_cls(value): code for value, code in codes.items()}
+    members = {code: member for member, code in index.items()}
 
     def enum_pack(value: Any) -> int:
         return index[value]
 
     def enum_unpack(x: Any, path: str) -> Any:
-        if type(x) is not int or not 0 <= x < len(members):
-            raise _Bad(path, f"{x!r} is not a {enum_cls.__name__} index")
-        return members[x]
+        member = members.get(x) if type(x) is int else None
+        if member is None:
+            raise _Bad(path, f"{x!r} is not a {enum_cls.__name__} code")
+        return member
 
     return enum_pack, enum_unpack
 
 
-_DELTAS = list(t._DELTA_KINDS.values())
-
-
 def _delta_pack(value: Any) -> list[Any]:
-    return [_DELTAS.index(type(value)), *_record_codec(type(value))[0](value)]
+    return [_DELTA_CODE[type(value)], *_record_codec(type(value))[0](value)]
 
 
 def _delta_unpack(x: Any, path: str) -> Any:
-    if type(x) is not list or not x or type(x[0]) is not int or not 0 <= x[0] < len(_DELTAS):
+    if type(x) is not list or not x or type(x[0]) is not int or x[0] not in _DELTA_BY_CODE:
         raise _Bad(path, "expected a progress delta")
-    return _record_codec(_DELTAS[x[0]])[1](x[1:], path)
+    return _record_codec(_DELTA_BY_CODE[x[0]])[1](x[1:], path)
 
 
 def _kind_codec(kind: t._Kind) -> tuple[Packer, Unpacker]:
@@ -198,13 +311,18 @@ def _kind_codec(kind: t._Kind) -> tuple[Packer, Unpacker]:
 _RECORD_CODECS: dict[type[t.Record], tuple[Packer, Unpacker]] = {}
 
 
+def _table_name(cls: type[t.Record]) -> str:
+    return cls.TYPE if issubclass(cls, t.AgentEvent) else cls.__name__
+
+
 def _record_codec(cls: type[t.Record]) -> tuple[Packer, Unpacker]:
-    """(pack, unpack) for a record class: a positional array, trailing defaults dropped."""
+    """(pack, unpack) for a record class: a positional array in the order of
+    :data:`FIELDS`, trailing defaults dropped."""
     codec = _RECORD_CODECS.get(cls)
     if codec is not None:
         return codec
-    is_event = issubclass(cls, t.AgentEvent)
-    specs = [s for s in cls._field_specs() if not (is_event and s.name == "run_id")]
+    by_name = {s.name: s for s in cls._field_specs()}
+    specs = [by_name[name] for name in FIELDS[_table_name(cls)]]
     names = [s.name for s in specs]
     codecs = [_kind_codec(s.kind) for s in specs]
     packers = [c[0] for c in codecs]
@@ -240,11 +358,6 @@ def _record_codec(cls: type[t.Record]) -> tuple[Packer, Unpacker]:
             else:
                 spec = specs[i]
                 values[name] = spec.default if spec.has_default else None
-        if cls is t.AgentResultCache:
-            try:
-                t._check_result_status(values["status"], "status")
-            except ValidationError as exc:
-                raise _Bad(f"{path}.status", exc.message) from None
         return cls._trusted(**values)
 
     codec = (pack, unpack)
@@ -309,6 +422,7 @@ def decode_json(blob: bytes, *, key: str, field: str) -> Any:
         raise CorruptDataError(key, field, f"not msgpack: {exc}") from None
 
 
+_check_tables()
 _FINDINGS = _tuple(*_record_codec(t.Finding))
 
 

@@ -136,3 +136,65 @@ def test_golden_run_opens_reads_and_takes_writes(path: Path, redis_client: Clien
             other.close()
     finally:
         backend.close()
+
+
+# ------------------------------------------------------------------------------ the tables
+
+
+@pytest.mark.parametrize("name", [n for n in SETS if (GOLDEN / n / "tables.json").exists()])
+def test_tables_only_ever_grow(name: str) -> None:
+    """Positions and codes once written stay: a new field or member is appended."""
+    frozen = load(GOLDEN / name / "tables.json")
+    for record, fields in frozen["FIELDS"].items():
+        now = list(codec.FIELDS[record])
+        assert now[: len(fields)] == fields, f"{record}: append new fields, never reorder"
+    for enum, codes in frozen["ENUM_CODES"].items():
+        assert {k: codec.ENUM_CODES[enum][k] for k in codes} == codes, enum
+    assert {k: codec.DELTA_KIND_CODES[k] for k in frozen["DELTA_KIND_CODES"]} == frozen[
+        "DELTA_KIND_CODES"
+    ]
+
+
+def test_enum_codes_come_from_the_table_not_the_declaration_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Shuffled(t._StrEnum):  # declared in another order than its codes
+        B = "b"
+        A = "a"
+
+    monkeypatch.setitem(codec.ENUM_CODES, "Shuffled", {"a": 0, "b": 1})
+    pack, unpack = codec._enum(Shuffled)
+    assert (pack(Shuffled.A), pack(Shuffled.B)) == (0, 1)
+    assert unpack(1, "f") is Shuffled.B
+    with pytest.raises(codec._Bad):
+        unpack(2, "f")
+
+
+def test_field_positions_come_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    @t._record
+    class Later(t.Record):  # a record whose table puts its fields in another order
+        first: str
+        second: str = ""
+
+    monkeypatch.setitem(codec.FIELDS, "Later", ("second", "first"))
+    pack, unpack = codec._record_codec(Later)
+    assert pack(Later(first="1", second="2")) == ["2", "1"]
+    assert unpack(["2", "1"], "") == Later(first="1", second="2")
+
+
+@pytest.mark.parametrize(
+    ("table", "record", "value"),
+    [
+        ("FIELDS", "Location", ("line", "file", "column")),  # a field the record lacks
+        ("FIELDS", "Location", ("file",)),  # a field left out
+        ("FIELDS", "Location", ("file", "line", "line")),
+        ("ENUM_CODES", "LogLevel", {"trace": 0, "debug": 1, "info": 2, "warn": 3}),
+        ("ENUM_CODES", "LogLevel", {"trace": 0, "debug": 1, "info": 2, "warn": 3, "error": 3}),
+    ],
+)
+def test_a_table_that_disagrees_with_its_type_is_refused(
+    monkeypatch: pytest.MonkeyPatch, table: str, record: str, value: Any
+) -> None:
+    monkeypatch.setitem(getattr(codec, table), record, value)
+    with pytest.raises(RuntimeError, match=record):
+        codec._check_tables()

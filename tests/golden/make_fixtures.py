@@ -5,6 +5,7 @@
 writes ``tests/golden/<name>/`` (it refuses to touch a directory that exists: fixtures are
 never edited, a format change adds a new set). A set holds
 
+* ``tables.json``: the field positions and enum codes of ``luft_redis.codec``;
 * ``blobs.json``: single blobs (every event type, free JSON values, finding lists), each with
   the luft JSON it was made from;
 * ``runs/<run>.json``: every key of a few runs, dumped from a Redis server (fakeredis), with
@@ -336,6 +337,12 @@ def main(name: str) -> None:
         "by": "tests/golden/make_fixtures.py",
     }
     (target / "README.json").write_text(json.dumps(meta, indent=1) + "\n")
+    tables = {
+        "FIELDS": {k: list(v) for k, v in codec.FIELDS.items()},
+        "ENUM_CODES": codec.ENUM_CODES,
+        "DELTA_KIND_CODES": codec.DELTA_KIND_CODES,
+    }
+    (target / "tables.json").write_text(json.dumps(tables, indent=1) + "\n")
     text = json.dumps(blobs(), indent=1, ensure_ascii=False)
     (target / "blobs.json").write_text(text + "\n", encoding="utf-8")
     for run_name, dump in runs.items():
