@@ -118,6 +118,13 @@ ENUM_CODES: dict[str, dict[str, int]] = {
 DELTA_KIND_CODES: dict[str, int] = {"message": 0, "tool_call": 1, "file_edit": 2, "tokens": 3}
 """The code that starts a stored progress delta, by its ``"kind"``."""
 
+_WIDER: dict[tuple[str, str], t._Kind] = {
+    ("Location", "line"): t._OptionalKind(t._IntKind("u64", t.U64_MAX)),
+    ("budget_set", "max_rounds"): t._OptionalKind(t._IntKind("u64", t.U64_MAX)),
+}
+"""Fields that luft types as u32 but 0.1.0 accepted (and stored) up to 2^64-1: read back with
+the width they were written with, so a stored run stays readable."""
+
 _DELTA_CODE = {t._DELTA_KINDS[kind]: code for kind, code in DELTA_KIND_CODES.items()}
 _DELTA_BY_CODE = {code: cls for cls, code in _DELTA_CODE.items()}
 
@@ -321,10 +328,11 @@ def _record_codec(cls: type[t.Record]) -> tuple[Packer, Unpacker]:
     codec = _RECORD_CODECS.get(cls)
     if codec is not None:
         return codec
+    table = _table_name(cls)
     by_name = {s.name: s for s in cls._field_specs()}
-    specs = [by_name[name] for name in FIELDS[_table_name(cls)]]
+    specs = [by_name[name] for name in FIELDS[table]]
     names = [s.name for s in specs]
-    codecs = [_kind_codec(s.kind) for s in specs]
+    codecs = [_kind_codec(_WIDER.get((table, s.name), s.kind)) for s in specs]
     packers = [c[0] for c in codecs]
     unpackers = [c[1] for c in codecs]
     defaults: list[Any] = []

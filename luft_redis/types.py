@@ -859,7 +859,7 @@ class TokenUsage(Record):
 @_record
 class Location(Record):
     file: str
-    line: U64 | None = None
+    line: U32 | None = None
 
 
 @_record
@@ -1156,7 +1156,7 @@ class BudgetSet(AgentEvent):
     TYPE: ClassVar[str] = "budget_set"
     run_id: uuid.UUID
     time_limit_ms: U64 | None = None
-    max_rounds: U64 | None = None
+    max_rounds: U32 | None = None
 
 
 @_record

@@ -31,6 +31,7 @@ from luft_redis.types import (
     AgentResultCache,
     AgentSessionCheckpoint,
     AgentStatus,
+    BudgetSet,
     CheckpointStatus,
     Finding,
     FrozenDict,
@@ -542,6 +543,10 @@ U32_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
     ("schema_retry", ("attempt",)),
     ("schema_retry", ("max",)),
 ]
+U32_NULLABLE_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
+    ("agent_done", ("findings", 0, "location", "line")),
+    ("budget_set", ("max_rounds",)),
+]
 U64_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
     ("phase_started", ("planned",)),
     ("agent_done", ("elapsed_ms",)),
@@ -549,12 +554,10 @@ U64_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
     ("agent_done", ("tokens", "output")),
     ("agent_done", ("tokens", "cache_read")),
     ("agent_done", ("tokens", "cache_write")),
-    ("agent_done", ("findings", 0, "location", "line")),
     ("phase_done", ("ok",)),
     ("phase_done", ("failed",)),
     ("run_done", ("total_tokens", "input")),
     ("budget_set", ("time_limit_ms",)),
-    ("budget_set", ("max_rounds",)),
     ("parallel_started", ("span_id",)),
     ("parallel_started", ("count",)),
     ("parallel_done", ("ok",)),
@@ -604,6 +607,33 @@ def test_u32_bad_values_rejected(case: tuple[str, tuple[str | int, ...]], value:
     tag, path = case
     obj = setpath(FULL[tag], path, value)
     rejects(lambda: AgentEvent.from_json(obj), *(p for p in path if isinstance(p, str)))
+
+
+@pytest.mark.parametrize("case", U32_NULLABLE_FIELDS, ids=_ids)
+@pytest.mark.parametrize("value", [0, 1, U32MAX, None])
+def test_nullable_u32_in_range_round_trips(
+    case: tuple[str, tuple[str | int, ...]], value: int | None
+) -> None:
+    tag, path = case
+    obj = setpath(FULL[tag], path, value)
+    assert_json_equal(AgentEvent.from_json(obj).to_json(), obj)
+
+
+@pytest.mark.parametrize("case", U32_NULLABLE_FIELDS, ids=_ids)
+@pytest.mark.parametrize("value", [U32MAX + 1, U64MAX, -1, True, 1.0, "1", [1]])
+def test_nullable_u32_out_of_range_rejected(
+    case: tuple[str, tuple[str | int, ...]], value: Any
+) -> None:
+    """luft types them u32: JSON wider than that is JSON luft cannot read back."""
+    tag, path = case
+    obj = setpath(FULL[tag], path, value)
+    rejects(lambda: AgentEvent.from_json(obj), *(p for p in path if isinstance(p, str)))
+
+
+def test_u32_fields_checked_in_python_too() -> None:
+    rejects(lambda: Location(file="a", line=U32MAX + 1), "line")
+    rejects(lambda: BudgetSet(run_id=uuid.UUID(RUN), max_rounds=U32MAX + 1), "max_rounds")
+    assert Location(file="a", line=U32MAX).line == U32MAX
 
 
 @pytest.mark.parametrize("case", U64_FIELDS, ids=_ids)
@@ -717,7 +747,7 @@ def test_log_agent_id_nullable() -> None:
 
 
 def test_budget_set_nullable_ints() -> None:
-    obj = {"type": "budget_set", "run_id": RUN, "time_limit_ms": None, "max_rounds": U64MAX}
+    obj = {"type": "budget_set", "run_id": RUN, "time_limit_ms": None, "max_rounds": U32MAX}
     assert_json_equal(AgentEvent.from_json(obj).to_json(), obj)
 
 
