@@ -2025,7 +2025,7 @@ findings = st.fixed_dictionaries(
         "title": texts,
         "detail": texts,
         "location": st.none()
-        | st.fixed_dictionaries({"file": texts, "line": st.none() | u64}),
+        | st.fixed_dictionaries({"file": texts, "line": st.none() | u32}),
         "evidence": st.lists(texts, max_size=3),
         "data": free_json,
     }
