@@ -573,6 +573,10 @@ class _Loader:
 
         schema = self._text(k, "schema", need("schema"))
         if schema != SCHEMA_VERSION:
+            if schema.isascii() and schema.isdigit() and int(schema) > int(SCHEMA_VERSION):
+                raise CorruptDataError(k, "schema", (
+                    f"schema {schema} was written by a newer luft-redis; this version reads "
+                    f"schema {SCHEMA_VERSION}: upgrade luft-redis to read it"))  # fmt: skip
             raise CorruptDataError(k, "schema", f"schema {schema!r} is not supported")
         stored_id = self._text(k, "run_id", need("run_id"))
         if stored_id != str(self.run_id):

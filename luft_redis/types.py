@@ -20,10 +20,11 @@ import dataclasses
 import datetime as _dt
 import enum
 import re
+import time
 import typing
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, ClassVar, NoReturn, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, NoReturn, Self, TypeVar, Union, get_args, get_origin
 
 import immutables
 
@@ -81,6 +82,7 @@ __all__ = [
     "SchemaRetry",
     "Severity",
     "SignalReceived",
+    "Timestamp",
     "TokenUsage",
     "WorkflowDone",
     "WorkflowStarted",
@@ -91,7 +93,6 @@ __all__ = [
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
 I64_MIN = -(2**63)
-EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 # Annotations that carry the contract's ranges; they read as plain ``int``/``Any`` to mypy.
 U32 = Annotated[int, "u32"]
@@ -424,19 +425,201 @@ class LogLevel(_StrEnum):
 # Timestamps
 # --------------------------------------------------------------------------------------------
 
+_NS_PER_S = 1_000_000_000
+_US = _dt.timedelta(microseconds=1)
+_PLAIN_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
+class Timestamp(_dt.datetime):
+    """An event's ``ts``: an aware datetime with nanoseconds, as luft's ``DateTime<Utc>``.
+
+    A ``datetime`` holds microseconds; :attr:`nanosecond` (0..999) carries the three digits
+    below them, so ``2026-01-02T03:04:05.123456789Z`` comes back out exactly. Every ``ts`` of
+    an event is a ``Timestamp`` in UTC, whether it was given as a string, a ``datetime`` or a
+    ``Timestamp``. It is a ``datetime`` everywhere one is expected; comparisons, ``==`` and
+    ``hash`` take the nanoseconds into account, :meth:`isoformat` and ``str()`` show them, and
+    :meth:`rfc3339` writes it as luft does. Arithmetic (``ts + timedelta``) gives microsecond
+    precision, like any ``datetime``.
+    """
+
+    __slots__ = ("_nanosecond",)
+    _nanosecond: int
+
+    def __new__(
+        cls,
+        year: int,
+        month: int,
+        day: int,
+        hour: int = 0,
+        minute: int = 0,
+        second: int = 0,
+        microsecond: int = 0,
+        tzinfo: _dt.tzinfo | None = None,
+        *,
+        fold: int = 0,
+        nanosecond: int = 0,
+    ) -> Timestamp:
+        if type(nanosecond) is not int or not 0 <= nanosecond <= 999:
+            raise ValueError(f"nanosecond must be in 0..999, not {nanosecond!r}")
+        self = super().__new__(
+            cls, year, month, day, hour, minute, second, microsecond, tzinfo, fold=fold
+        )
+        object.__setattr__(self, "_nanosecond", nanosecond)
+        return self
+
+    @classmethod
+    def from_datetime(cls, value: _dt.datetime, nanosecond: int = 0) -> Timestamp:
+        """``value`` (aware) in UTC, with ``nanosecond`` (0..999) below its microseconds."""
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("datetime must be timezone-aware")
+        if value.tzinfo is not _dt.UTC:
+            value = value.astimezone(_dt.UTC)
+        return cls(
+            value.year, value.month, value.day, value.hour, value.minute, value.second,
+            value.microsecond, _dt.UTC, nanosecond=nanosecond,
+        )  # fmt: skip
+
+    @classmethod
+    def from_unix_nanos(cls, nanos: int) -> Timestamp:
+        """The UTC time ``nanos`` nanoseconds after the Unix epoch (negative: before it)."""
+        micros, nanosecond = divmod(nanos, 1000)
+        return cls.from_datetime(_PLAIN_EPOCH + _dt.timedelta(microseconds=micros), nanosecond)
+
+    @classmethod
+    def utcnow_ns(cls) -> Timestamp:
+        """The current time in UTC, to the nanosecond the clock gives (as chrono's
+        ``Utc::now()``)."""
+        return cls.from_unix_nanos(time.time_ns())
+
+    @property
+    def nanosecond(self) -> int:
+        """Nanoseconds below :attr:`microsecond`, 0..999."""
+        return self._nanosecond
+
+    def unix_nanos(self) -> int:
+        """Nanoseconds since the Unix epoch (negative before it)."""
+        since: _dt.timedelta = _dt.datetime.__sub__(self, typing.cast(Any, _PLAIN_EPOCH))
+        return (since // _US) * 1000 + self._nanosecond
+
+    def rfc3339(self) -> str:
+        """As luft writes it: UTC, ``Z``, and 0, 3, 6 or 9 fraction digits (chrono's
+        ``to_rfc3339_opts(SecondsFormat::AutoSi, true)``)."""
+        return format_timestamp(self)
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        """As ``datetime.isoformat``, with nine fraction digits when :attr:`nanosecond` is set
+        (``timespec="auto"``) or asked for (``timespec="nanoseconds"``)."""
+        if timespec == "nanoseconds" or (timespec == "auto" and self._nanosecond):
+            text = super().isoformat(sep, "microseconds")
+            return f"{text[:26]}{self._nanosecond:03d}{text[26:]}"
+        return super().isoformat(sep, timespec)
+
+    def __str__(self) -> str:
+        return self.isoformat(" ")
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        if not self._nanosecond:
+            return base
+        return f"{base[:-1]}, nanosecond={self._nanosecond})"
+
+    def replace(self, *args: Any, nanosecond: int | None = None, **kwargs: Any) -> Self:
+        """As ``datetime.replace``; keeps :attr:`nanosecond` unless given."""
+        base = _dt.datetime.replace(self, *args, **kwargs)
+        return self._with(base, self._nanosecond if nanosecond is None else nanosecond)
+
+    def astimezone(self, tz: _dt.tzinfo | None = None) -> Self:
+        """As ``datetime.astimezone``, keeping :attr:`nanosecond`."""
+        return self._with(_dt.datetime.astimezone(self, tz), self._nanosecond)
+
+    def _with(self, base: _dt.datetime, nanosecond: int) -> Self:
+        return type(self)(
+            base.year, base.month, base.day, base.hour, base.minute, base.second,
+            base.microsecond, base.tzinfo, fold=base.fold, nanosecond=nanosecond,
+        )  # fmt: skip
+
+    # comparisons: equal microseconds are ordered by the nanoseconds below them
+
+    def _cmp(self, other: object) -> int | None:
+        if not isinstance(other, _dt.datetime):
+            return None
+        if _dt.datetime.__eq__(self, other) is True:
+            nanos = other._nanosecond if isinstance(other, Timestamp) else 0
+            return (self._nanosecond > nanos) - (self._nanosecond < nanos)
+        return -1 if _dt.datetime.__lt__(self, other) else 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _dt.datetime):
+            return NotImplemented
+        if _dt.datetime.__eq__(self, other) is not True:
+            return False
+        return self._nanosecond == (other._nanosecond if isinstance(other, Timestamp) else 0)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __lt__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c < 0
+
+    def __le__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c <= 0
+
+    def __gt__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c > 0
+
+    def __ge__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c >= 0
+
+    def __hash__(self) -> int:
+        base = _dt.datetime.__hash__(self)
+        return base if not self._nanosecond else hash((base, self._nanosecond))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (_make_timestamp, (
+            self.year, self.month, self.day, self.hour, self.minute, self.second,
+            self.microsecond, self.tzinfo, self.fold, self._nanosecond,
+        ))  # fmt: skip
+
+    def __copy__(self) -> Timestamp:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Timestamp:
+        return self
+
+
+def _make_timestamp(
+    year: int, month: int, day: int, hour: int, minute: int, second: int, microsecond: int,
+    tzinfo: _dt.tzinfo | None, fold: int, nanosecond: int,
+) -> Timestamp:  # fmt: skip
+    """Unpickle a :class:`Timestamp`."""
+    return Timestamp(year, month, day, hour, minute, second, microsecond, tzinfo, fold=fold,
+                     nanosecond=nanosecond)  # fmt: skip
+
+
+EPOCH = Timestamp(1970, 1, 1, tzinfo=_dt.UTC)
+"""``1970-01-01T00:00:00Z``: the ``ts`` of an event read from JSON without one (serde's
+default)."""
+
+
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
 )
 
 
-def parse_timestamp(text: str, path: str) -> _dt.datetime:
-    """Parse an RFC 3339 timestamp into an aware UTC datetime (sub-microseconds dropped)."""
+def parse_timestamp(text: str, path: str) -> Timestamp:
+    """Parse an RFC 3339 timestamp (up to 9 fraction digits, any offset) into a UTC
+    :class:`Timestamp`, to the nanosecond."""
     m = _RFC3339.fullmatch(text)
     if m is None:
         raise ValidationError(path, f"{text!r} is not an RFC 3339 timestamp")
     year, month, day, hour, minute, second, frac, zone = m.groups()
-    micros = int((frac or "").ljust(6, "0")[:6])
+    micros, nanos = divmod(int((frac or "").ljust(9, "0")), 1000)
     if zone in ("Z", "z"):
         tz = _dt.UTC
     else:
@@ -452,32 +635,38 @@ def parse_timestamp(text: str, path: str) -> _dt.datetime:
             int(year), int(month), int(day), int(hour), int(minute),
             min(int(second), 59), micros, tzinfo=tz,
         )  # fmt: skip
-        return value.astimezone(_dt.UTC)
+        return Timestamp.from_datetime(value, nanos)
     except (ValueError, OverflowError) as exc:
         raise ValidationError(path, f"{text!r} is not a valid timestamp: {exc}") from None
 
 
 def format_timestamp(value: _dt.datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``, fraction digits as chrono writes them (0, 3 or 6)."""
+    """RFC 3339 in UTC with a ``Z``, fraction digits as chrono writes them: 0, 3, 6 or 9
+    (``SecondsFormat::AutoSi``, what serde writes for a ``DateTime<Utc>``)."""
+    if value.tzinfo is not _dt.UTC and value.utcoffset():
+        value = value.astimezone(_dt.UTC)
     base = f"{value.year:04d}-{value.month:02d}-{value.day:02d}T" + value.strftime("%H:%M:%S")
-    us = value.microsecond
-    if us == 0:
+    nanos = value.microsecond * 1000 + (value.nanosecond if isinstance(value, Timestamp) else 0)
+    if nanos == 0:
         return base + "Z"
-    if us % 1000 == 0:
-        return f"{base}.{us // 1000:03d}Z"
-    return f"{base}.{us:06d}Z"
+    if nanos % 1_000_000 == 0:
+        return f"{base}.{nanos // 1_000_000:03d}Z"
+    if nanos % 1000 == 0:
+        return f"{base}.{nanos // 1000:06d}Z"
+    return f"{base}.{nanos:09d}Z"
 
 
-def _check_timestamp(value: Any, path: str) -> _dt.datetime:
+def _check_timestamp(value: Any, path: str) -> Timestamp:
     if isinstance(value, str):
         return parse_timestamp(value, path)
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValidationError(path, "datetime must be timezone-aware")
-        if value.tzinfo is _dt.UTC:
+        if type(value) is Timestamp and value.tzinfo is _dt.UTC:
             return value
+        nanos = value.nanosecond if isinstance(value, Timestamp) else 0
         try:
-            return value.astimezone(_dt.UTC)
+            return Timestamp.from_datetime(value, nanos)
         except OverflowError as exc:
             raise ValidationError(path, f"timestamp out of range: {exc}") from None
     raise ValidationError(path, f"expected an RFC 3339 string or datetime, got {_tname(value)}")
@@ -565,7 +754,7 @@ class _UuidKind(_Kind):
 class _TsKind(_Kind):
     __slots__ = ()
 
-    def check(self, value: Any, path: str) -> _dt.datetime:
+    def check(self, value: Any, path: str) -> Timestamp:
         return _check_timestamp(value, path)
 
     def dump(self, value: Any) -> str:

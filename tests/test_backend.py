@@ -202,6 +202,32 @@ def test_every_event_variant_round_trips_through_redis(
     assert [e.to_json() for e in log] == [e.to_json() for e in events]
 
 
+CHRONO_TS = [  # every number of fraction digits chrono writes, and the ends of the range
+    "2026-01-02T03:04:05Z", "2026-01-02T03:04:05.123Z", "2026-01-02T03:04:05.123456Z",
+    "2026-01-02T03:04:05.123456789Z", "2026-01-02T03:04:05.000000001Z",
+    "1969-12-31T23:59:59.999999999Z", "0001-01-01T00:00:00.000000001Z",
+    "9999-12-31T23:59:59.999999999Z", "1970-01-01T00:00:00Z",
+]  # fmt: skip
+
+
+def test_timestamps_keep_full_precision_through_redis(
+    redis_client: Client, bound: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    """luft's ts round-trips nine fraction digits: what goes in as JSON comes back as chrono
+    writes it, from this process and from another one."""
+    objs = [{"type": "phase_done", "run_id": str(run_id), "phase_id": 1, "ok": 0, "failed": 0,
+             "ts": ts} for ts in CHRONO_TS]  # fmt: skip
+    bound.append_events([t.AgentEvent.from_json(o) for o in objs])
+    now = t.RunStarted(run_id=run_id, task="now", ts=t.Timestamp.utcnow_ns())
+    bound.append_event(now)
+    for reader in (bound, RedisCheckpointBackend(redis_client)):
+        if reader is not bound:
+            reader.open_run(run_id)
+        log = reader.get_event_log()
+        assert [e.to_json() for e in log[:-1]] == objs
+        assert log[-1] == now and log[-1].to_json()["ts"] == now.to_json()["ts"]
+
+
 def test_event_log_pages_keep_order(bound: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
     events = [Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}") for i in range(23)]
     for event in events:

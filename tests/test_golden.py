@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -20,7 +21,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from luft_redis import RedisCheckpointBackend, codec
+from luft_redis import CorruptDataError, RedisCheckpointBackend, codec
 from luft_redis import types as t
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
@@ -65,7 +66,9 @@ def run_cases() -> list[Any]:
 
 def test_golden_sets_exist() -> None:
     assert "format1" in SETS  # written by 0.1.0 (unversioned blobs)
+    assert "format2" in SETS  # nanosecond timestamps, a format header on every blob
     assert blob_cases() and run_cases()
+    assert current_set() == f"format{codec.FORMAT}"
 
 
 @pytest.mark.parametrize("entry", blob_cases())
@@ -84,6 +87,28 @@ def test_golden_blob_decodes_to_its_json(entry: dict[str, Any]) -> None:
         out = [f.to_json() for f in codec.decode_findings(blob, key="k", field="f")]
     assert out == entry["json"]
     assert canon(out) == canon(entry["json"])
+
+
+def current_set() -> str:
+    """The set captured with the format this version writes."""
+    found = [n for n in SETS if load(GOLDEN / n / "README.json").get("format") == codec.FORMAT]
+    assert len(found) == 1, f"no golden set of format {codec.FORMAT}: capture one"
+    return found[0]
+
+
+@pytest.mark.parametrize(
+    "entry", [p for p in blob_cases() if p.id.startswith(current_set() + "-")]
+)
+def test_the_current_format_writes_its_golden_blobs_byte_for_byte(entry: dict[str, Any]) -> None:
+    """A change of the stored form fails here: it needs a new format number and a new set."""
+    blob = raw_value(entry["blob"])
+    if entry["kind"] == "event":
+        assert codec.encode_event(t.AgentEvent.from_json(entry["json"])) == blob
+    elif entry["kind"] == "json":
+        assert codec.encode_json(t.freeze_json(entry["json"])) == blob
+    else:
+        found = tuple(t.Finding.from_json(f) for f in entry["json"])
+        assert codec.encode_findings(found) == blob
 
 
 def restore(client: Any, keys: dict[str, Any]) -> None:
@@ -136,6 +161,55 @@ def test_golden_run_opens_reads_and_takes_writes(path: Path, redis_client: Clien
             other.close()
     finally:
         backend.close()
+
+
+# ------------------------------------------------------------------------- format versions
+
+SAMPLE_EVENT = t.RunStarted(run_id=uuid.uuid4(), task="t")
+DECODERS: list[Any] = [
+    lambda blob: codec.decode_event(
+        "run_started", blob, SAMPLE_EVENT.run_id, key="k", entry_id="1-0"
+    ),
+    lambda blob: codec.decode_json(blob, key="k", field="f"),
+    lambda blob: codec.decode_findings(blob, key="k", field="f"),
+]
+
+
+def test_every_blob_says_which_format_wrote_it() -> None:
+    finding = t.Finding(kind="k", severity=t.Severity.LOW, title="t", detail="d")
+    for blob in (codec.encode_event(SAMPLE_EVENT), codec.encode_json({"a": 1}),
+                 codec.encode_findings((finding,))):  # fmt: skip
+        assert blob[:2] == bytes((0xC1, codec.FORMAT))
+    assert codec.FORMAT == codec.FORMATS[-1] == 2
+    assert DECODERS[0](codec.encode_event(SAMPLE_EVENT)) == SAMPLE_EVENT
+
+
+@pytest.mark.parametrize("version", [3, 4, 255])
+@pytest.mark.parametrize("decode", DECODERS)
+def test_a_newer_format_is_refused_naming_it(decode: Any, version: int) -> None:
+    with pytest.raises(CorruptDataError) as info:
+        decode(bytes((0xC1, version)) + b"\x90")
+    assert f"stored format {version}" in str(info.value)
+    assert "newer luft-redis" in str(info.value)
+
+
+@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("decode", DECODERS)
+def test_a_header_of_a_format_never_written_is_refused(decode: Any, version: int) -> None:
+    with pytest.raises(CorruptDataError, match=f"unknown stored format {version}"):
+        decode(bytes((0xC1, version)) + b"\x90")
+
+
+def test_a_newer_run_schema_is_refused_naming_it(redis_client: Client) -> None:
+    backend = RedisCheckpointBackend(redis_client)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "t", "d")
+    keys = backend.keys
+    assert keys is not None
+    redis_client.hset(keys.run, "schema", "2")
+    with pytest.raises(CorruptDataError, match="schema 2 was written by a newer luft-redis"):
+        RedisCheckpointBackend(redis_client).open_run(run_id)
+    backend.close()
 
 
 # ------------------------------------------------------------------------------ the tables
@@ -198,3 +272,22 @@ def test_a_table_that_disagrees_with_its_type_is_refused(
     monkeypatch.setitem(getattr(codec, table), record, value)
     with pytest.raises(RuntimeError, match=record):
         codec._check_tables()
+
+
+def test_the_layout_docs_list_every_position_and_code() -> None:
+    """docs/redis-layout.md documents each blob field by field: it must match the tables."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "redis-layout.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        m = re.match(r"\| `?(\w+)`? \| (\d .*) \|$", line)
+        if m:
+            rows[m.group(1)] = re.findall(r"(\d+) `(\w+)`", m.group(2))
+    for name, fields in codec.FIELDS.items():
+        if name.startswith("Progress"):
+            continue
+        shift = 1 if name == "signal_received" else 0  # the run-id flag comes first
+        assert rows.get(name) == [(str(i + shift), f) for i, f in enumerate(fields)], name
+    for enum, codes in codec.ENUM_CODES.items():
+        assert rows.get(enum) == [(str(c), v) for v, c in codes.items()], enum
+    for kind, code in codec.DELTA_KIND_CODES.items():
+        assert f"| `{kind}` ({code}) |" in doc

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from luft_redis.errors import LuftRedisError, ValidationError
 from luft_redis.types import (
+    EPOCH,
     EVENT_TYPES,
     AcpRaw,
     AgentDone,
@@ -58,6 +59,7 @@ from luft_redis.types import (
     RunStatus,
     Severity,
     SignalReceived,
+    Timestamp,
     TokenUsage,
     thaw_json,
 )
@@ -905,9 +907,18 @@ TS_CASES = [
     ("2025-01-02T03:04:05Z", "2025-01-02T03:04:05Z"),
     ("2025-01-02T03:04:05.123Z", "2025-01-02T03:04:05.123Z"),
     ("2025-01-02T03:04:05.123456Z", "2025-01-02T03:04:05.123456Z"),
-    ("2025-01-02T03:04:05.123456789Z", "2025-01-02T03:04:05.123456Z"),
-    ("2025-01-02T03:04:05.999999999Z", "2025-01-02T03:04:05.999999Z"),
-    ("2025-01-02T03:04:05.000000001Z", "2025-01-02T03:04:05Z"),
+    ("2025-01-02T03:04:05.123456789Z", "2025-01-02T03:04:05.123456789Z"),
+    ("2025-01-02T03:04:05.999999999Z", "2025-01-02T03:04:05.999999999Z"),
+    ("2025-01-02T03:04:05.000000001Z", "2025-01-02T03:04:05.000000001Z"),
+    ("2025-01-02T03:04:05.12345678Z", "2025-01-02T03:04:05.123456780Z"),
+    ("2025-01-02T03:04:05.1234567Z", "2025-01-02T03:04:05.123456700Z"),
+    ("2025-01-02T03:04:05.123456000Z", "2025-01-02T03:04:05.123456Z"),
+    ("2025-01-02T03:04:05.120000000Z", "2025-01-02T03:04:05.120Z"),
+    ("2025-01-02T03:04:05.000000000Z", "2025-01-02T03:04:05Z"),
+    ("2025-01-02T05:04:05.000000001+02:00", "2025-01-02T03:04:05.000000001Z"),
+    ("2024-12-31T23:59:59.999999999-01:00", "2025-01-01T00:59:59.999999999Z"),
+    ("9999-12-31T23:59:59.999999999Z", "9999-12-31T23:59:59.999999999Z"),
+    ("0001-01-01T00:00:00.000000001Z", "0001-01-01T00:00:00.000000001Z"),
     ("2025-01-02T03:04:05.000Z", "2025-01-02T03:04:05Z"),
     ("2025-01-02T03:04:05.1Z", "2025-01-02T03:04:05.100Z"),
     ("2025-01-02T03:04:05.120000Z", "2025-01-02T03:04:05.120Z"),
@@ -1013,6 +1024,47 @@ def test_python_constructor_converts_aware_datetime_to_utc() -> None:
 def test_python_constructor_default_ts_is_epoch() -> None:
     ev = RunStarted(run_id=uuid.UUID(RUN), task="t")
     assert ev.to_json()["ts"] == EPOCH_S
+
+
+def test_from_json_without_ts_keeps_the_epoch() -> None:
+    obj = {"type": "run_started", "run_id": RUN, "task": "t"}
+    ev = AgentEvent.from_json(obj)
+    assert isinstance(ev, RunStarted)
+    assert ev.ts == EPOCH and ev.to_json()["ts"] == EPOCH_S
+
+
+def test_timestamp_keeps_nanoseconds() -> None:
+    obj = setpath(FULL["run_started"], ("ts",), "2026-01-02T03:04:05.123456789Z")
+    ev = AgentEvent.from_json(obj)
+    assert isinstance(ev, RunStarted)
+    ts = ev.ts
+    assert isinstance(ts, Timestamp) and isinstance(ts, dt.datetime)
+    assert (ts.microsecond, ts.nanosecond) == (123456, 789)
+    assert ts.unix_nanos() == 1767323045_123456789
+    assert ts.rfc3339() == "2026-01-02T03:04:05.123456789Z"
+    assert ts.isoformat() == "2026-01-02T03:04:05.123456789+00:00"
+    assert str(ts) == "2026-01-02 03:04:05.123456789+00:00"
+    assert ts.isoformat(timespec="seconds") == "2026-01-02T03:04:05+00:00"
+    assert repr(ts).endswith("nanosecond=789)")
+    assert Timestamp.from_unix_nanos(ts.unix_nanos()) == ts
+    # nanoseconds count in ==, ordering and hash; a plain datetime has none
+    plain = dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)
+    assert ts != plain and plain != ts and plain < ts and ts > plain and not ts < plain
+    assert ts.replace(nanosecond=0) == plain and plain == ts.replace(nanosecond=0)
+    assert hash(ts.replace(nanosecond=0)) == hash(plain)
+    assert len({ts, ts.replace(nanosecond=788), plain}) == 3
+    assert sorted([ts, plain, ts.replace(nanosecond=1)]) == [plain, ts.replace(nanosecond=1), ts]
+    # replace/astimezone keep them; pickling and copying too
+    assert ts.replace(year=2027).nanosecond == 789
+    assert ts.astimezone(dt.timezone(dt.timedelta(hours=2))) == ts
+    assert ts.astimezone(dt.timezone(dt.timedelta(hours=2))).nanosecond == 789
+    assert pickle.loads(pickle.dumps(ts)) == ts and copy.deepcopy(ts) is ts
+    assert pickle.loads(pickle.dumps(ev)) == ev
+    # a Python-built event keeps what it is given, to the nanosecond
+    again = RunStarted(run_id=uuid.UUID(RUN), task=ev.task, ts=ts)
+    assert again == ev and again.ts is ts
+    with pytest.raises(ValueError):
+        Timestamp(2026, 1, 1, tzinfo=dt.UTC, nanosecond=1000)
 
 
 def test_python_constructor_ts_with_microseconds() -> None:
@@ -2003,18 +2055,21 @@ datetimes = st.datetimes(
 )
 
 
-def _rfc3339(d: dt.datetime) -> str:
-    """chrono's form: fraction omitted, or 3 or 6 digits."""
+def _rfc3339(d: dt.datetime, nanos: int = 0) -> str:
+    """chrono's form (AutoSi): fraction omitted, or 3, 6 or 9 digits."""
     base = (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T"
             f"{d.hour:02d}:{d.minute:02d}:{d.second:02d}")  # fmt: skip
-    if d.microsecond == 0:
+    frac = d.microsecond * 1000 + nanos
+    if frac == 0:
         return base + "Z"
-    if d.microsecond % 1000 == 0:
-        return f"{base}.{d.microsecond // 1000:03d}Z"
-    return f"{base}.{d.microsecond:06d}Z"
+    if frac % 1_000_000 == 0:
+        return f"{base}.{frac // 1_000_000:03d}Z"
+    if frac % 1000 == 0:
+        return f"{base}.{frac // 1000:06d}Z"
+    return f"{base}.{frac:09d}Z"
 
 
-canonical_ts = datetimes.map(_rfc3339)
+canonical_ts = st.builds(_rfc3339, datetimes, st.sampled_from([0, 0, 1, 500, 999]))
 tokens = st.fixed_dictionaries(
     {"input": u64, "output": u64, "cache_read": u64, "cache_write": u64}
 )
@@ -2109,8 +2164,9 @@ def test_generated_timestamps_with_offsets(
     instant = d.replace(tzinfo=tz).astimezone(dt.UTC)
     ev = AgentEvent.from_json(setpath(FULL["run_started"], ("ts",), text))
     assert isinstance(ev, RunStarted)
-    assert ev.ts == instant
-    assert ev.to_json()["ts"] == _rfc3339(instant)
+    assert ev.ts == Timestamp.from_datetime(instant, nanos)
+    assert (ev.ts == instant) is (nanos == 0)
+    assert ev.to_json()["ts"] == _rfc3339(instant, nanos)
     assert AgentEvent.from_json(ev.to_json()) == ev
 
 

@@ -160,6 +160,17 @@ def event_samples(run: uuid.UUID) -> list[dict[str, Any]]:
         {"type": "signal_received", "run_id": r, "signal": "SIGINT",
          "ts": "2025-01-02T03:04:05.999999Z"},
         {"type": "signal_received", "run_id": None, "signal": "SIGTERM"},
+        # nine fraction digits, before the epoch, at the ends of the range
+        {"type": "phase_done", "run_id": r, "phase_id": 1, "ok": 0, "failed": 0,
+         "ts": "2026-01-02T03:04:05.123456789Z"},
+        {"type": "phase_done", "run_id": r, "phase_id": 1, "ok": 0, "failed": 0,
+         "ts": "1969-12-31T23:59:59.999999999Z"},
+        {"type": "phase_done", "run_id": r, "phase_id": 1, "ok": 0, "failed": 0,
+         "ts": "0001-01-01T00:00:00.000000001Z"},
+        {"type": "phase_done", "run_id": r, "phase_id": 1, "ok": 0, "failed": 0,
+         "ts": "9999-12-31T23:59:59.999999999Z"},
+        {"type": "signal_received", "run_id": None, "signal": "SIGHUP",
+         "ts": "2106-02-07T06:28:16.000000001Z"},
     ]  # fmt: skip
 
 
@@ -335,6 +346,7 @@ def main(name: str) -> None:
     meta = {
         "captured": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "by": "tests/golden/make_fixtures.py",
+        "format": getattr(codec, "FORMAT", 1),
     }
     (target / "README.json").write_text(json.dumps(meta, indent=1) + "\n")
     tables = {
