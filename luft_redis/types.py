@@ -939,6 +939,15 @@ class _Spec:
 
 _MISSING = object()
 R = TypeVar("R", bound="Record")
+_JSON_DEFAULT = "luft_redis.json_default"
+
+
+def _now() -> Any:
+    """The default of an event's ``ts``: now (to the nanosecond) for an event built in Python,
+    as luft does when it creates one; the epoch for JSON without ``ts`` (serde's default)."""
+    return dataclasses.field(
+        default_factory=Timestamp.utcnow_ns, metadata={_JSON_DEFAULT: EPOCH}
+    )
 
 
 class Record:
@@ -959,8 +968,10 @@ class Record:
             hints = typing.get_type_hints(cls, globalns=globals(), include_extras=True)
             out = []
             for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-                has_default = f.default is not dataclasses.MISSING
-                out.append(_Spec(f.name, _kind_for(hints[f.name]), has_default, f.default))
+                # the JSON default (serde's) may differ from the Python one: see _now()
+                default = f.metadata.get(_JSON_DEFAULT, f.default)
+                has_default = default is not dataclasses.MISSING
+                out.append(_Spec(f.name, _kind_for(hints[f.name]), has_default, default))
             specs = tuple(out)
             type.__setattr__(cls, "_specs_cache", specs)
         return specs
@@ -1238,7 +1249,7 @@ class RunStarted(AgentEvent):
     TYPE: ClassVar[str] = "run_started"
     run_id: uuid.UUID
     task: str
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1250,7 +1261,7 @@ class PhaseStarted(AgentEvent):
     planned: U64
     description: str | None = None
     role: str | None = None
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1265,7 +1276,7 @@ class AgentStarted(AgentEvent):
     role: str | None = None
     name: str | None = None
     agent_seq: U32 = 0
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1304,7 +1315,7 @@ class AgentDone(AgentEvent):
     elapsed_ms: U64
     name: str | None = None
     agent_seq: U32 = 0
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
     output: JsonValue = None
     findings: tuple[Finding, ...] = ()
     prompt: str = ""
@@ -1318,7 +1329,7 @@ class PhaseDone(AgentEvent):
     phase_id: U32
     ok: U64
     failed: U64
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1328,7 +1339,7 @@ class RunDone(AgentEvent):
     status: RunStatus
     total_tokens: TokenUsage
     report: JsonValue = None
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1480,7 +1491,7 @@ class SignalReceived(AgentEvent):
     TYPE: ClassVar[str] = "signal_received"
     run_id: uuid.UUID | None = None
     signal: str
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 EVENT_TYPES: dict[str, type[AgentEvent]] = {

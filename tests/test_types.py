@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import json
 import pickle
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -1021,9 +1022,24 @@ def test_python_constructor_converts_aware_datetime_to_utc() -> None:
     assert ev == AgentEvent.from_json(FULL["run_started"] | {"task": "t"})
 
 
-def test_python_constructor_default_ts_is_epoch() -> None:
-    ev = RunStarted(run_id=uuid.UUID(RUN), task="t")
-    assert ev.to_json()["ts"] == EPOCH_S
+@pytest.mark.parametrize("tag", sorted(t for t, f in CONTRACT_FIELDS.items() if "ts" in f))
+def test_python_constructor_default_ts_is_now(tag: str) -> None:
+    """As luft, which stamps an event with ``Utc::now()`` when it creates one (the README's
+    quickstart printed the epoch)."""
+    cls = EVENT_TYPES[tag]
+    full = AgentEvent.from_json(FULL[tag])
+    args = {f.name: getattr(full, f.name)
+            for f in dataclasses.fields(cls) if f.name != "ts"}  # type: ignore[arg-type]  # fmt: skip
+    before = time.time_ns()
+    ev = cls(**args)
+    after = time.time_ns()
+    ts = ev.ts  # type: ignore[attr-defined]
+    assert isinstance(ts, Timestamp) and ts.tzinfo is dt.UTC
+    assert before <= ts.unix_nanos() <= after
+    assert ev.to_json()["ts"] == ts.rfc3339()
+    assert AgentEvent.from_json(ev.to_json()) == ev  # the nanoseconds round-trip
+    # two events built one after the other are told apart, as luft's would be
+    assert cls(**args).ts >= ts  # type: ignore[attr-defined]
 
 
 def test_from_json_without_ts_keeps_the_epoch() -> None:
