@@ -275,7 +275,7 @@ def _unpack_ts_us(x: Any, path: str) -> t.Timestamp:
     if type(x) is not int:
         raise _Bad(path, "expected integer microseconds")
     try:
-        return t.Timestamp.from_datetime(t.EPOCH + _dt.timedelta(microseconds=x))
+        return t.Timestamp.from_unix_nanos(x * 1000)
     except OverflowError:
         raise _Bad(path, f"timestamp {x} out of range") from None
 

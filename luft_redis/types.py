@@ -483,7 +483,13 @@ class Timestamp(_dt.datetime):
     def from_unix_nanos(cls, nanos: int) -> Timestamp:
         """The UTC time ``nanos`` nanoseconds after the Unix epoch (negative: before it)."""
         micros, nanosecond = divmod(nanos, 1000)
-        return cls.from_datetime(_PLAIN_EPOCH + _dt.timedelta(microseconds=micros), nanosecond)
+        d = _PLAIN_EPOCH + _dt.timedelta(microseconds=micros)
+        # datetime.__new__ directly: the arguments are known good (a hot path of decoding)
+        self = _dt.datetime.__new__(
+            cls, d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond, _dt.UTC
+        )
+        object.__setattr__(self, "_nanosecond", nanosecond)
+        return self
 
     @classmethod
     def utcnow_ns(cls) -> Timestamp:
