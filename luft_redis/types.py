@@ -12,6 +12,7 @@ to every caller: lists are tuples, free JSON objects are :class:`FrozenDict` and
 :class:`FrozenList` (read-only ``dict``/``list`` subclasses that compare equal to plain ones),
 and the checkpoint's maps are :class:`FrozenMap` (read-only, equal to a dict with the same
 items, over a persistent ``immutables.Map``: updating one entry does not copy the others).
+An event's ``ts`` is a :class:`Timestamp`, a ``datetime`` that keeps nanoseconds.
 """
 
 from __future__ import annotations
