@@ -155,7 +155,7 @@ local function main()
     elseif etype == 'phase_started' or etype == 'phase_done' then
       local pid = arg_uint(a[1], 'phase_id')
       local p = pid .. ':'
-      local fields, drop = {}, {}
+      local fields = {}
       local known = phase_known(pid)
       local function put(name, value)
         fields[#fields + 1] = p .. name
@@ -174,9 +174,11 @@ local function main()
           put('ok', '0')
           put('failed', '0')
         end
+        -- a repeated phase_started keeps the stored description/role it leaves null
+        -- (luft's SQLite backend: COALESCE(excluded.x, phases.x))
         local description, role = opt(a[4], 'description'), opt(a[5], 'role')
-        if description then put('description', description) else drop[#drop + 1] = p .. 'description' end
-        if role then put('role', role) else drop[#drop + 1] = p .. 'role' end
+        if description then put('description', description) end
+        if role then put('role', role) end
       else
         if not known then
           put('label', '')
@@ -188,7 +190,6 @@ local function main()
       raise_phase(pid)
       touch_id(touched_phases, pid)
       writes[#writes + 1] = function()
-        if #drop > 0 then redis.call('HDEL', K_PHASES, unpack(drop)) end
         redis.call('HSET', K_PHASES, unpack(fields))
       end
 

@@ -14,7 +14,8 @@ Two layers, neither of which does any I/O:
 
 Reads are O(1) when nothing is pending: the state keeps an immutable
 :class:`~luft_redis.types.RunCheckpoint` snapshot built from persistent maps
-(``immutables.Map``), so a change to one agent costs O(log n).
+(``immutables.Map``, handed out wrapped in O(1) as :class:`~luft_redis.types.FrozenMap`), so a
+change to one agent costs O(log n).
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ class RunState:
             status=self.status,
             current_phase=self.current_phase,
             completed_phases=tuple(self._phases.values()),
-            agent_results=self.results,
-            agent_sessions=self.sessions,
+            agent_results=t.FrozenMap._wrap(self.results),
+            agent_sessions=t.FrozenMap._wrap(self.sessions),
             findings=self._findings,
             total_tokens=self.total_tokens,
             created_at=self.created_at,
@@ -577,6 +578,10 @@ class _Loader:
 
         schema = self._text(k, "schema", need("schema"))
         if schema != SCHEMA_VERSION:
+            if schema.isascii() and schema.isdigit() and int(schema) > int(SCHEMA_VERSION):
+                raise CorruptDataError(k, "schema", (
+                    f"schema {schema} was written by a newer luft-redis; this version reads "
+                    f"schema {SCHEMA_VERSION}: upgrade luft-redis to read it"))  # fmt: skip
             raise CorruptDataError(k, "schema", f"schema {schema!r} is not supported")
         stored_id = self._text(k, "run_id", need("run_id"))
         if stored_id != str(self.run_id):

@@ -1,12 +1,22 @@
 """The stored (binary) forms of contract values, and their decoding with explicit checks.
 
-Blobs are msgpack. Events use a compact positional form (field names are not stored, they are
-the schema's): a msgpack array of the variant's fields in declaration order, where
+Blobs are msgpack, each behind a two-byte header: ``0xC1`` (a byte msgpack never uses) and the
+number of the stored format that wrote it (:data:`FORMAT`). A blob without the header was
+written by 0.1.0: format 1. Readers accept every format this library ever wrote and refuse a
+newer one with a :class:`~luft_redis.errors.CorruptDataError` that names its number.
+
+Events use a compact positional form (field names are not stored, they are the schema's): a
+msgpack array of the variant's fields in the order of :data:`FIELDS`, where
 
 * the run id is left out (it is the stream's; ``signal_received`` keeps a flag for ``null``),
-* UUIDs are 16 raw bytes, timestamps integer microseconds since the epoch,
-* enums are their index in the enumeration, nested records arrays of the same kind,
+* UUIDs are 16 raw bytes,
+* timestamps are msgpack timestamps (extension type -1: seconds and nanoseconds) in format 2,
+  integer microseconds since the epoch in format 1,
+* enums are their code in :data:`ENUM_CODES`, nested records arrays of the same kind,
 * trailing fields equal to their default are dropped.
+
+The tables fix every position and code for good; ``docs/redis-layout.md`` documents them, and
+``tests/golden/`` holds blobs and runs of every format, read by the tests forever after.
 
 Decoding checks every value as :mod:`luft_redis.types` does for JSON, and reports anything that
 does not fit as :class:`~luft_redis.errors.CorruptDataError` naming the key and field. msgpack
@@ -26,7 +36,12 @@ from . import types as t
 from .errors import CorruptDataError, ValidationError
 
 __all__ = [
+    "DELTA_KIND_CODES",
     "EMPTY_LIST",
+    "ENUM_CODES",
+    "FIELDS",
+    "FORMAT",
+    "FORMATS",
     "MAX_BLOB_SIZE",
     "decode_event",
     "decode_findings",
@@ -40,19 +55,141 @@ MAX_BLOB_SIZE = 512 * 1024 * 1024
 """Largest blob the decoder accepts (Redis' own limit for a string)."""
 
 EMPTY_LIST = msgpack.packb([])
-"""msgpack of an empty array: the stored form of an empty findings list."""
+"""msgpack of an empty array: what the Lua scripts take for "no findings" (an argument they
+receive, never a stored blob: luft-redis sends no encoded empty finding list)."""
 
+FORMAT = 2
+"""The stored format this version writes: the byte after :data:`MARKER` in every blob."""
+
+FORMATS = (1, 2)
+"""Every stored format this version reads: 1 (0.1.0, no header) and 2."""
+
+MARKER = 0xC1
+"""First byte of a blob with a format header (msgpack never uses it)."""
+
+_HEADER = bytes((MARKER, FORMAT))
 _US = _dt.timedelta(microseconds=1)
 
 Packer = Callable[[Any], Any]
 Unpacker = Callable[[Any, str], Any]
 
 
-def _unpackb(blob: bytes) -> Any:
-    # unpackb bounds every str/bin/array/map length by len(blob); ext types are refused.
-    if len(blob) > MAX_BLOB_SIZE:
-        raise ValueError(f"blob of {len(blob)} bytes exceeds {MAX_BLOB_SIZE}")
-    return msgpack.unpackb(blob, raw=False, strict_map_key=True, use_list=True, max_ext_len=0)
+# --------------------------------------------------------------------------------------------
+# The tables of the stored form: field positions and enum codes, fixed once written.
+#
+# A record is stored as the array of its fields in the order given here, never in the order
+# of the Python declaration. A field added to a record is appended to its tuple (and must have
+# a default, which is what older blobs, lacking it, read as); an enum member gets the next
+# free code. Nothing is ever renumbered, reordered or removed: stored data depends on it.
+# ``_check_tables`` below refuses to import when a record or enum and its table disagree.
+# --------------------------------------------------------------------------------------------
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    # value types inside events and finding lists
+    "TokenUsage": ("input", "output", "cache_read", "cache_write"),
+    "Location": ("file", "line"),
+    "Finding": ("kind", "severity", "title", "detail", "location", "evidence", "data"),
+    "PlanPhase": ("label", "dynamic", "description"),
+    # progress deltas (after their kind code, see DELTA_KIND_CODES)
+    "ProgressMessage": ("text",),
+    "ProgressToolCall": ("name", "summary"),
+    "ProgressFileEdit": ("path",),
+    "ProgressTokens": ("usage",),
+    # events, by "type"; the run id is not stored (it is the stream's), except for
+    # signal_received, whose array starts with a flag: true = the stream's run id, false = null
+    "run_started": ("task", "ts"),
+    "phase_started": ("phase_id", "label", "planned", "description", "role", "ts"),
+    "agent_started": ("phase_id", "agent_id", "prompt_preview", "model", "description", "role",
+                      "name", "agent_seq", "ts"),
+    "agent_progress": ("agent_id", "delta"),
+    "acp_raw": ("agent_id", "kind", "raw"),
+    "acp_request": ("agent_id", "method", "raw"),
+    "agent_done": ("agent_id", "status", "tokens", "elapsed_ms", "name", "agent_seq", "ts",
+                   "output", "findings", "prompt", "retry_count"),
+    "phase_done": ("phase_id", "ok", "failed", "ts"),
+    "run_done": ("status", "total_tokens", "report", "ts"),
+    "log": ("agent_id", "level", "msg"),
+    "budget_set": ("time_limit_ms", "max_rounds"),
+    "report_emitted": ("phase_id", "report"),
+    "parallel_started": ("phase_id", "span_id", "count"),
+    "parallel_done": ("phase_id", "span_id", "ok", "failed", "results", "elapsed_ms"),
+    "workflow_started": ("span_id", "path", "args"),
+    "workflow_done": ("span_id", "path", "report", "elapsed_ms", "error"),
+    "converge_started": ("phase_id", "span_id", "items", "max_rounds"),
+    "converge_done": ("phase_id", "span_id", "rounds", "converged", "surviving", "result",
+                      "elapsed_ms", "error"),
+    "pipeline_started": ("total_stages", "items"),
+    "pipeline_stage_started": ("stage_index", "label", "agents_in_stage"),
+    "pipeline_item_done": ("stage_index", "item_index", "status", "tokens", "elapsed_ms"),
+    "pipeline_done": ("stages_completed", "total_ok", "total_failed"),
+    "schema_retry": ("agent_id", "attempt", "max"),
+    "plan_preview": ("reasoning", "phases"),
+    "signal_received": ("signal", "ts"),
+}  # fmt: skip
+"""Field positions of every record stored as an array (events by their ``"type"``)."""
+
+ENUM_CODES: dict[str, dict[str, int]] = {
+    "Severity": {"info": 0, "low": 1, "medium": 2, "high": 3, "critical": 4},
+    "AgentStatus": {"Ok": 0, "Error": 1, "Cancelled": 2, "TimedOut": 3},
+    "RunStatus": {"completed": 0, "failed": 1, "cancelled": 2, "partial": 3},
+    "LogLevel": {"trace": 0, "debug": 1, "info": 2, "warn": 3, "error": 4},
+}
+"""The stored code of every enum member, by enum and JSON value."""
+
+DELTA_KIND_CODES: dict[str, int] = {"message": 0, "tool_call": 1, "file_edit": 2, "tokens": 3}
+"""The code that starts a stored progress delta, by its ``"kind"``."""
+
+_WIDER: dict[int, dict[tuple[str, str], t._Kind]] = {
+    1: {
+        ("Location", "line"): t._OptionalKind(t._IntKind("u64", t.U64_MAX)),
+        ("budget_set", "max_rounds"): t._OptionalKind(t._IntKind("u64", t.U64_MAX)),
+    },
+}
+"""Per format, fields that luft types as u32 but that format accepted (and stored) up to
+2^64-1: read back with the width they were written with, so a stored run stays readable."""
+
+_DELTA_CODE = {t._DELTA_KINDS[kind]: code for kind, code in DELTA_KIND_CODES.items()}
+_DELTA_BY_CODE = {code: cls for cls, code in _DELTA_CODE.items()}
+
+
+def _check_tables() -> None:
+    """Every stored record and enum matches its table exactly (run at import)."""
+    stored: list[type[t.Record]] = [
+        t.TokenUsage, t.Location, t.Finding, t.PlanPhase, *t._DELTA_KINDS.values(),
+        *t.EVENT_TYPES.values(),
+    ]  # fmt: skip
+    names = {_table_name(cls) for cls in stored}
+    if set(FIELDS) != names:
+        raise RuntimeError(f"codec.FIELDS lacks or has extra records: {set(FIELDS) ^ names}")
+    for cls in stored:
+        declared = {s.name for s in cls._field_specs()} - (
+            {"run_id"} if issubclass(cls, t.AgentEvent) else set()
+        )
+        table = FIELDS[_table_name(cls)]
+        if len(set(table)) != len(table) or set(table) != declared:
+            raise RuntimeError(
+                f"codec.FIELDS[{_table_name(cls)!r}] does not match the fields of "
+                f"{cls.__name__}: append a new field at the end, never reorder"
+            )
+    enums = {k.enum.__name__: k.enum for cls in stored for s in cls._field_specs()
+             for k in _kinds(s.kind) if isinstance(k, t._EnumKind)}  # fmt: skip
+    if set(ENUM_CODES) != set(enums):
+        raise RuntimeError(f"codec.ENUM_CODES lacks or has extra enums: {set(ENUM_CODES)}")
+    for name, codes in [*ENUM_CODES.items(), ("ProgressDelta", DELTA_KIND_CODES)]:
+        values = set(t._DELTA_KINDS) if name == "ProgressDelta" else {
+            m.value for m in enums[name]}  # fmt: skip
+        if set(codes) != values or len(set(codes.values())) != len(codes):
+            raise RuntimeError(f"codec codes of {name} do not match its members: give a new "
+                               "member the next free code, never renumber")  # fmt: skip
+
+
+def _kinds(kind: t._Kind) -> list[t._Kind]:
+    """``kind`` and the kinds inside it (optional, tuple)."""
+    if isinstance(kind, t._OptionalKind):
+        return [kind, *_kinds(kind.inner)]
+    if isinstance(kind, t._TupleKind):
+        return [kind, *_kinds(kind.item)]
+    return [kind]
 
 
 class _Bad(Exception):
@@ -60,6 +197,37 @@ class _Bad(Exception):
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}" if path else message)
+
+
+class _Newer(Exception):
+    """A blob of a stored format newer than this version reads."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"stored format {version} was written by a newer luft-redis; this version reads "
+            f"formats {FORMATS[0]} to {FORMATS[-1]}: upgrade luft-redis to read it"
+        )
+
+
+def _open(blob: bytes) -> tuple[int, Any]:
+    """(format, unpacked body) of a blob. unpackb bounds every str/bin/array/map length by
+    len(blob); extension types other than msgpack's timestamp (at most 12 bytes) come back as
+    ``ExtType`` and fail the type checks."""
+    if len(blob) > MAX_BLOB_SIZE:
+        raise ValueError(f"blob of {len(blob)} bytes exceeds {MAX_BLOB_SIZE}")
+    fmt, body = 1, memoryview(blob)
+    if blob[:1] == b"\xc1":
+        if len(blob) < 2:
+            raise _Bad("", "truncated format header")
+        fmt = blob[1]
+        if fmt > FORMATS[-1]:
+            raise _Newer(fmt)
+        if fmt not in FORMATS or fmt == 1:  # format 1 has no header
+            raise _Bad("", f"unknown stored format {fmt}")
+        body = body[2:]
+    return fmt, msgpack.unpackb(
+        body, raw=False, strict_map_key=True, use_list=True, max_ext_len=12
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,17 +266,39 @@ def _unpack_uuid(x: Any, path: str) -> uuid.UUID:
     return uuid.UUID(bytes=x)
 
 
-def _pack_ts(value: _dt.datetime) -> int:
+def _pack_ts_us(value: t.Timestamp) -> int:
+    """Format 1: integer microseconds since the epoch (nanoseconds dropped)."""
     return (value - t.EPOCH) // _US
 
 
-def _unpack_ts(x: Any, path: str) -> _dt.datetime:
+def _unpack_ts_us(x: Any, path: str) -> t.Timestamp:
     if type(x) is not int:
         raise _Bad(path, "expected integer microseconds")
     try:
-        return t.EPOCH + _dt.timedelta(microseconds=x)
+        return t.Timestamp.from_unix_nanos(x * 1000)
     except OverflowError:
         raise _Bad(path, f"timestamp {x} out of range") from None
+
+
+def _pack_ts_ns(value: t.Timestamp) -> msgpack.Timestamp:
+    """Format 2: a msgpack timestamp, to the nanosecond."""
+    seconds, nanos = divmod(value.unix_nanos(), 1_000_000_000)
+    return msgpack.Timestamp(seconds, nanos)
+
+
+def _unpack_ts_ns(x: Any, path: str) -> t.Timestamp:
+    if type(x) is not msgpack.Timestamp:
+        raise _Bad(path, "expected a msgpack timestamp")
+    try:
+        return t.Timestamp.from_unix_nanos(x.seconds * 1_000_000_000 + x.nanoseconds)
+    except (OverflowError, ValueError):
+        raise _Bad(path, f"timestamp {x.seconds}s {x.nanoseconds}ns is out of range") from None
+
+
+_TS_CODECS: dict[int, tuple[Packer, Unpacker]] = {
+    1: (_pack_ts_us, _unpack_ts_us),
+    2: (_pack_ts_ns, _unpack_ts_ns),
+}
 
 
 def _unpack_json(x: Any, path: str) -> Any:
@@ -141,34 +331,35 @@ def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
 
 
 def _enum(enum_cls: type[t._StrEnum]) -> tuple[Packer, Unpacker]:
-    members = list(enum_cls)
-    index = {m: i for i, m in enumerate(members)}
+    codes = ENUM_CODES[enum_cls.__name__]
+    index = {enum_cls(value): code for value, code in codes.items()}
+    members = {code: member for member, code in index.items()}
 
     def enum_pack(value: Any) -> int:
         return index[value]
 
     def enum_unpack(x: Any, path: str) -> Any:
-        if type(x) is not int or not 0 <= x < len(members):
-            raise _Bad(path, f"{x!r} is not a {enum_cls.__name__} index")
-        return members[x]
+        member = members.get(x) if type(x) is int else None
+        if member is None:
+            raise _Bad(path, f"{x!r} is not a {enum_cls.__name__} code")
+        return member
 
     return enum_pack, enum_unpack
 
 
-_DELTAS = list(t._DELTA_KINDS.values())
+def _delta(fmt: int) -> tuple[Packer, Unpacker]:
+    def delta_pack(value: Any) -> list[Any]:
+        return [_DELTA_CODE[type(value)], *_record_codec(type(value), fmt)[0](value)]
+
+    def delta_unpack(x: Any, path: str) -> Any:
+        if type(x) is not list or not x or type(x[0]) is not int or x[0] not in _DELTA_BY_CODE:
+            raise _Bad(path, "expected a progress delta")
+        return _record_codec(_DELTA_BY_CODE[x[0]], fmt)[1](x[1:], path)
+
+    return delta_pack, delta_unpack
 
 
-def _delta_pack(value: Any) -> list[Any]:
-    return [_DELTAS.index(type(value)), *_record_codec(type(value))[0](value)]
-
-
-def _delta_unpack(x: Any, path: str) -> Any:
-    if type(x) is not list or not x or type(x[0]) is not int or not 0 <= x[0] < len(_DELTAS):
-        raise _Bad(path, "expected a progress delta")
-    return _record_codec(_DELTAS[x[0]])[1](x[1:], path)
-
-
-def _kind_codec(kind: t._Kind) -> tuple[Packer, Unpacker]:
+def _kind_codec(kind: t._Kind, fmt: int) -> tuple[Packer, Unpacker]:
     if isinstance(kind, t._IntKind):
         return _ident, _unpack_int(kind.hi, kind.name)
     if isinstance(kind, t._StrKind):
@@ -178,35 +369,41 @@ def _kind_codec(kind: t._Kind) -> tuple[Packer, Unpacker]:
     if isinstance(kind, t._UuidKind):
         return (lambda v: v.bytes), _unpack_uuid
     if isinstance(kind, t._TsKind):
-        return _pack_ts, _unpack_ts
+        return _TS_CODECS[fmt]
     if isinstance(kind, t._JsonKind):
         return _ident, _unpack_json
     if isinstance(kind, t._EnumKind):
         return _enum(kind.enum)
     if isinstance(kind, t._OptionalKind):
-        return _optional(*_kind_codec(kind.inner))
+        return _optional(*_kind_codec(kind.inner, fmt))
     if isinstance(kind, t._TupleKind):
-        return _tuple(*_kind_codec(kind.item))
+        return _tuple(*_kind_codec(kind.item, fmt))
     if isinstance(kind, t._RecordKind):
-        pack, unpack = _record_codec(kind.cls)
-        return pack, unpack
+        return _record_codec(kind.cls, fmt)
     if isinstance(kind, t._DeltaKind):
-        return _delta_pack, _delta_unpack
+        return _delta(fmt)
     raise TypeError(f"no stored form for {kind!r}")
 
 
-_RECORD_CODECS: dict[type[t.Record], tuple[Packer, Unpacker]] = {}
+_RECORD_CODECS: dict[tuple[type[t.Record], int], tuple[Packer, Unpacker]] = {}
 
 
-def _record_codec(cls: type[t.Record]) -> tuple[Packer, Unpacker]:
-    """(pack, unpack) for a record class: a positional array, trailing defaults dropped."""
-    codec = _RECORD_CODECS.get(cls)
+def _table_name(cls: type[t.Record]) -> str:
+    return cls.TYPE if issubclass(cls, t.AgentEvent) else cls.__name__
+
+
+def _record_codec(cls: type[t.Record], fmt: int = FORMAT) -> tuple[Packer, Unpacker]:
+    """(pack, unpack) for a record class in stored format ``fmt``: a positional array in the
+    order of :data:`FIELDS`, trailing defaults dropped."""
+    codec = _RECORD_CODECS.get((cls, fmt))
     if codec is not None:
         return codec
-    is_event = issubclass(cls, t.AgentEvent)
-    specs = [s for s in cls._field_specs() if not (is_event and s.name == "run_id")]
+    table = _table_name(cls)
+    wider = _WIDER.get(fmt, {})
+    by_name = {s.name: s for s in cls._field_specs()}
+    specs = [by_name[name] for name in FIELDS[table]]
     names = [s.name for s in specs]
-    codecs = [_kind_codec(s.kind) for s in specs]
+    codecs = [_kind_codec(wider.get((table, s.name), s.kind), fmt) for s in specs]
     packers = [c[0] for c in codecs]
     unpackers = [c[1] for c in codecs]
     defaults: list[Any] = []
@@ -240,15 +437,10 @@ def _record_codec(cls: type[t.Record]) -> tuple[Packer, Unpacker]:
             else:
                 spec = specs[i]
                 values[name] = spec.default if spec.has_default else None
-        if cls is t.AgentResultCache:
-            try:
-                t._check_result_status(values["status"], "status")
-            except ValidationError as exc:
-                raise _Bad(f"{path}.status", exc.message) from None
         return cls._trusted(**values)
 
     codec = (pack, unpack)
-    _RECORD_CODECS[cls] = codec
+    _RECORD_CODECS[cls, fmt] = codec
     return codec
 
 
@@ -261,23 +453,24 @@ _NO_DEFAULT = object()
 
 
 def encode_event(event: t.AgentEvent) -> bytes:
-    """The compact stored form of ``event`` (its run id left out)."""
+    """The compact stored form of ``event`` (its run id left out), in format :data:`FORMAT`."""
     body = _record_codec(type(event))[0](event)
     if type(event) is t.SignalReceived:
         body.insert(0, event.run_id is not None)
-    return msgpack.packb(body)  # type: ignore[no-any-return]
+    return _HEADER + msgpack.packb(body)  # type: ignore[no-any-return]
 
 
 def decode_event(
     type_name: str, blob: bytes, run_id: uuid.UUID, *, key: str, entry_id: str
 ) -> t.AgentEvent:
-    """Decode a stream entry of ``key`` back into exactly the event appended."""
+    """Decode a stream entry of ``key`` (any format in :data:`FORMATS`) back into exactly the
+    event appended."""
     where = f"entry {entry_id}"
     cls = t.EVENT_TYPES.get(type_name)
     if cls is None:
         raise CorruptDataError(key, f"{where} type", f"unknown event type {type_name!r}")
     try:
-        body = _unpackb(blob)
+        fmt, body = _open(blob)
         if type(body) is not list:
             raise _Bad("", "expected an array")
         event_run: uuid.UUID | None = run_id
@@ -285,42 +478,46 @@ def decode_event(
             if not body or type(body[0]) is not bool:
                 raise _Bad("run_id", "expected a flag")
             event_run = run_id if body.pop(0) else None
-        event = _record_codec(cls)[1](body, "")
+        event = _record_codec(cls, fmt)[1](body, "")
         object.__setattr__(event, "run_id", event_run)
         return event  # type: ignore[no-any-return]
-    except _Bad as exc:
+    except (_Bad, _Newer) as exc:
         raise CorruptDataError(key, f"{where} data", f"{type_name}: {exc}") from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise CorruptDataError(key, f"{where} data", f"not msgpack: {exc}") from None
 
 
 def encode_json(value: Any) -> bytes:
-    """msgpack of a (checked) JSON value."""
-    return msgpack.packb(value)  # type: ignore[no-any-return]
+    """The stored form of a (checked) JSON value: msgpack, in format :data:`FORMAT`."""
+    return _HEADER + msgpack.packb(value)  # type: ignore[no-any-return]
 
 
 def decode_json(blob: bytes, *, key: str, field: str) -> Any:
-    """The frozen JSON value stored in ``key``/``field``."""
+    """The frozen JSON value stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
     try:
-        return _unpack_json(_unpackb(blob), "")
-    except _Bad as exc:
+        return _unpack_json(_open(blob)[1], "")
+    except (_Bad, _Newer) as exc:
         raise CorruptDataError(key, field, str(exc)) from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise CorruptDataError(key, field, f"not msgpack: {exc}") from None
 
 
-_FINDINGS = _tuple(*_record_codec(t.Finding))
+_check_tables()
+_FINDINGS = {fmt: _tuple(*_record_codec(t.Finding, fmt)) for fmt in FORMATS}
 
 
 def encode_findings(findings: tuple[t.Finding, ...]) -> bytes:
-    """Stored form of a list of findings (positional arrays, like events)."""
-    return msgpack.packb(_FINDINGS[0](findings))  # type: ignore[no-any-return]
+    """Stored form of a non-empty list of findings (positional arrays, like events), in format
+    :data:`FORMAT`. (An empty list is never stored: see :data:`EMPTY_LIST`.)"""
+    return _HEADER + msgpack.packb(_FINDINGS[FORMAT][0](findings))  # type: ignore[no-any-return]
 
 
 def decode_findings(blob: bytes, *, key: str, field: str) -> tuple[t.Finding, ...]:
+    """The findings stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
     try:
-        return _FINDINGS[1](_unpackb(blob), "")  # type: ignore[no-any-return]
-    except _Bad as exc:
+        fmt, body = _open(blob)
+        return _FINDINGS[fmt][1](body, "")  # type: ignore[no-any-return]
+    except (_Bad, _Newer) as exc:
         raise CorruptDataError(key, field, str(exc)) from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise CorruptDataError(key, field, f"not msgpack: {exc}") from None

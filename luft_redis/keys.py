@@ -56,10 +56,16 @@ def check_prefix(prefix: str) -> str:
     """Return ``prefix`` if usable as a key prefix, else raise :class:`ConfigurationError`."""
     if not isinstance(prefix, str) or not prefix:
         raise ConfigurationError("prefix must be a non-empty string")
-    if any(c in prefix for c in "{}*?[]") or any(c.isspace() for c in prefix):
+    # a backslash is refused too: SCAN MATCH (list_runs) reads it as an escape
+    if any(c in prefix for c in "{}*?[]\\") or any(c.isspace() for c in prefix):
         raise ConfigurationError(
-            f"prefix {prefix!r} must not contain braces, glob characters or whitespace"
+            f"prefix {prefix!r} must not contain braces, glob characters, backslashes or "
+            "whitespace"
         )
+    try:
+        prefix.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(f"prefix {prefix!r} is not valid text (lone surrogate)") from None
     return prefix
 
 

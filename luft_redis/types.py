@@ -10,8 +10,9 @@ Python: a wrong type, an out-of-range number or an unknown enum string raises
 Values are immutable all the way down, so the in-process cache can hand out the same objects
 to every caller: lists are tuples, free JSON objects are :class:`FrozenDict` and arrays
 :class:`FrozenList` (read-only ``dict``/``list`` subclasses that compare equal to plain ones),
-and the checkpoint's maps are ``immutables.Map`` (a persistent map: updating one entry does not
-copy the others).
+and the checkpoint's maps are :class:`FrozenMap` (read-only, equal to a dict with the same
+items, over a persistent ``immutables.Map``: updating one entry does not copy the others).
+An event's ``ts`` is a :class:`Timestamp`, a ``datetime`` that keeps nanoseconds.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import dataclasses
 import datetime as _dt
 import enum
 import re
+import time
 import typing
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, ClassVar, NoReturn, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, NoReturn, Self, TypeVar, Union, get_args, get_origin
 
 import immutables
 
@@ -50,6 +52,7 @@ __all__ = [
     "Finding",
     "FrozenDict",
     "FrozenList",
+    "FrozenMap",
     "JsonValue",
     "Location",
     "Log",
@@ -72,6 +75,7 @@ __all__ = [
     "ProgressToolCall",
     "Record",
     "ReportEmitted",
+    "ResultStatus",
     "RunCheckpoint",
     "RunDone",
     "RunStarted",
@@ -79,6 +83,7 @@ __all__ = [
     "SchemaRetry",
     "Severity",
     "SignalReceived",
+    "Timestamp",
     "TokenUsage",
     "WorkflowDone",
     "WorkflowStarted",
@@ -89,7 +94,6 @@ __all__ = [
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
 I64_MIN = -(2**63)
-EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 # Annotations that carry the contract's ranges; they read as plain ``int``/``Any`` to mypy.
 U32 = Annotated[int, "u32"]
@@ -154,17 +158,119 @@ class FrozenList(list[Any]):
         return (FrozenList, (list(self),))
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class FrozenMap(Mapping[_K, _V]):
+    """A read-only mapping over a persistent ``immutables.Map``: the checkpoint's
+    ``agent_results`` and ``agent_sessions``.
+
+    It compares equal to any mapping with the same items (``cp.agent_results == {id: r}``),
+    is hashable when its values are, and :meth:`set`/:meth:`delete` return a changed copy in
+    O(log n) without copying the other entries.
+    """
+
+    __slots__ = ("_map",)
+    _map: immutables.Map[_K, _V]
+
+    def __init__(self, items: Mapping[_K, _V] | Iterable[tuple[_K, _V]] = ()) -> None:
+        inner = items._map if isinstance(items, FrozenMap) else items
+        object.__setattr__(self, "_map", immutables.Map(inner))
+
+    @classmethod
+    def _wrap(cls, inner: immutables.Map[_K, _V]) -> FrozenMap[_K, _V]:
+        """A FrozenMap over ``inner`` as it is: O(1), no copy."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "_map", inner)
+        return self
+
+    def __getitem__(self, key: _K) -> _V:
+        return self._map[key]
+
+    def __iter__(self) -> typing.Iterator[_K]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
+    def get(self, key: _K, default: Any = None) -> Any:
+        return self._map.get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._map == other._map
+        if isinstance(other, immutables.Map):
+            return self._map == other
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        if len(other) != len(self._map):
+            return False
+        missing = object()
+        get = self._map.get
+        return all(get(k, missing) == v for k, v in other.items())
+
+    def __hash__(self) -> int:
+        return hash(self._map)
+
+    def set(self, key: _K, value: _V) -> FrozenMap[_K, _V]:
+        """A copy with ``key`` set to ``value`` (not checked: the caller builds a record)."""
+        return FrozenMap._wrap(self._map.set(key, value))
+
+    def delete(self, key: _K) -> FrozenMap[_K, _V]:
+        """A copy without ``key`` (KeyError if it is missing)."""
+        return FrozenMap._wrap(self._map.delete(key))
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise TypeError("FrozenMap is read-only")
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({dict(self._map)!r})"
+
+    def __copy__(self) -> FrozenMap[_K, _V]:
+        return self
+
+    def __deepcopy__(self, memo: object) -> FrozenMap[_K, _V]:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenMap[Any, Any]], tuple[dict[_K, _V]]]:
+        return (FrozenMap, (dict(self._map),))
+
+
 _MAX_JSON_DEPTH = 256
+
+
+def check_text(value: str, path: str) -> str:
+    """``value`` if it can be stored as UTF-8, else :class:`ValidationError` naming ``path``.
+
+    A ``str`` may hold lone surrogates (``json.loads('"\\ud800"')`` returns one), which UTF-8
+    cannot encode: refused here, when the value is checked, instead of failing later.
+    """
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            char = value[exc.start]
+            raise ValidationError(
+                path, f"contains a lone surrogate (U+{ord(char):04X} at index {exc.start})"
+            ) from None
+    return value
 
 
 def freeze_json(value: Any, path: str = "", _depth: int = 0) -> Any:
     """Check that ``value`` is JSON luft can store and return it deeply frozen.
 
     Raises :class:`ValidationError` for non-JSON values, integers outside the i64/u64 range,
-    NaN or infinite floats, non-string object keys and nesting deeper than 256.
+    NaN or infinite floats, non-string object keys, strings with lone surrogates and nesting
+    deeper than 256.
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return check_text(value, path)
     if isinstance(value, int):
         if not I64_MIN <= value <= U64_MAX:
             raise ValidationError(path, f"integer {value} is outside the i64/u64 range")
@@ -180,7 +286,8 @@ def freeze_json(value: Any, path: str = "", _depth: int = 0) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ValidationError(path, f"JSON object key {key!r} is not a string")
-            out[key] = freeze_json(item, f"{path}.{key}" if path else key, _depth + 1)
+            sub = f"{path}.{key}" if path else key
+            out[check_text(key, sub)] = freeze_json(item, sub, _depth + 1)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
         return FrozenList(
@@ -255,26 +362,47 @@ class CheckpointStatus(_StrEnum):
 
 
 class AgentStatus(_StrEnum):
-    """An agent's outcome, written with its variant name in events (``"TimedOut"``)."""
+    """An agent's outcome, written with its variant name in events (``"TimedOut"``).
+
+    ``AgentResultCache.status`` holds the same outcome in snake_case (``"timed_out"``):
+    :meth:`as_str` gives that form, and :class:`ResultStatus` names it. Compare a result's
+    status with ``ResultStatus.OK`` (or ``AgentStatus.OK.as_str()``), never with
+    ``AgentStatus.OK``.
+    """
 
     OK = "Ok"
     ERROR = "Error"
     CANCELLED = "Cancelled"
     TIMED_OUT = "TimedOut"
 
+    def as_str(self) -> str:
+        """The snake_case form used in ``AgentResultCache.status`` (``"timed_out"``), as luft's
+        ``AgentStatus::as_str``."""
+        return _AGENT_STATUS_CACHE[self]
+
     @property
     def cache_str(self) -> str:
-        """The lower-case form used in ``AgentResultCache.status`` (``"timed_out"``)."""
+        """The same as :meth:`as_str` (the name of 0.1.0)."""
         return _AGENT_STATUS_CACHE[self]
 
 
-_AGENT_STATUS_CACHE = {
-    AgentStatus.OK: "ok",
-    AgentStatus.ERROR: "error",
-    AgentStatus.CANCELLED: "cancelled",
-    AgentStatus.TIMED_OUT: "timed_out",
+class ResultStatus(_StrEnum):
+    """The values of ``AgentResultCache.status``: plain strings, so ``result.status ==
+    ResultStatus.OK`` holds for a result whose status is ``"ok"``."""
+
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+_AGENT_STATUS_CACHE: dict[AgentStatus, str] = {
+    AgentStatus.OK: ResultStatus.OK.value,
+    AgentStatus.ERROR: ResultStatus.ERROR.value,
+    AgentStatus.CANCELLED: ResultStatus.CANCELLED.value,
+    AgentStatus.TIMED_OUT: ResultStatus.TIMED_OUT.value,
 }
-AGENT_RESULT_STATUSES = frozenset(_AGENT_STATUS_CACHE.values())
+AGENT_RESULT_STATUSES = frozenset(s.value for s in ResultStatus)
 
 
 class RunStatus(_StrEnum):
@@ -298,19 +426,207 @@ class LogLevel(_StrEnum):
 # Timestamps
 # --------------------------------------------------------------------------------------------
 
+_NS_PER_S = 1_000_000_000
+_US = _dt.timedelta(microseconds=1)
+_PLAIN_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+
+
+class Timestamp(_dt.datetime):
+    """An event's ``ts``: an aware datetime with nanoseconds, as luft's ``DateTime<Utc>``.
+
+    A ``datetime`` holds microseconds; :attr:`nanosecond` (0..999) carries the three digits
+    below them, so ``2026-01-02T03:04:05.123456789Z`` comes back out exactly. Every ``ts`` of
+    an event is a ``Timestamp`` in UTC, whether it was given as a string, a ``datetime`` or a
+    ``Timestamp``. It is a ``datetime`` everywhere one is expected; comparisons, ``==`` and
+    ``hash`` take the nanoseconds into account, :meth:`isoformat` and ``str()`` show them, and
+    :meth:`rfc3339` writes it as luft does. Arithmetic (``ts + timedelta``) gives microsecond
+    precision, like any ``datetime``.
+    """
+
+    __slots__ = ("_nanosecond",)
+    _nanosecond: int
+
+    def __new__(
+        cls,
+        year: int,
+        month: int,
+        day: int,
+        hour: int = 0,
+        minute: int = 0,
+        second: int = 0,
+        microsecond: int = 0,
+        tzinfo: _dt.tzinfo | None = None,
+        *,
+        fold: int = 0,
+        nanosecond: int = 0,
+    ) -> Timestamp:
+        if type(nanosecond) is not int or not 0 <= nanosecond <= 999:
+            raise ValueError(f"nanosecond must be in 0..999, not {nanosecond!r}")
+        self = super().__new__(
+            cls, year, month, day, hour, minute, second, microsecond, tzinfo, fold=fold
+        )
+        object.__setattr__(self, "_nanosecond", nanosecond)
+        return self
+
+    @classmethod
+    def from_datetime(cls, value: _dt.datetime, nanosecond: int = 0) -> Timestamp:
+        """``value`` (aware) in UTC, with ``nanosecond`` (0..999) below its microseconds."""
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("datetime must be timezone-aware")
+        if value.tzinfo is not _dt.UTC:
+            value = value.astimezone(_dt.UTC)
+        return cls(
+            value.year, value.month, value.day, value.hour, value.minute, value.second,
+            value.microsecond, _dt.UTC, nanosecond=nanosecond,
+        )  # fmt: skip
+
+    @classmethod
+    def from_unix_nanos(cls, nanos: int) -> Timestamp:
+        """The UTC time ``nanos`` nanoseconds after the Unix epoch (negative: before it)."""
+        micros, nanosecond = divmod(nanos, 1000)
+        d = _PLAIN_EPOCH + _dt.timedelta(microseconds=micros)
+        # datetime.__new__ directly: the arguments are known good (a hot path of decoding)
+        self = _dt.datetime.__new__(
+            cls, d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond, _dt.UTC
+        )
+        object.__setattr__(self, "_nanosecond", nanosecond)
+        return self
+
+    @classmethod
+    def utcnow_ns(cls) -> Timestamp:
+        """The current time in UTC, to the nanosecond the clock gives (as chrono's
+        ``Utc::now()``)."""
+        return cls.from_unix_nanos(time.time_ns())
+
+    @property
+    def nanosecond(self) -> int:
+        """Nanoseconds below :attr:`microsecond`, 0..999."""
+        return self._nanosecond
+
+    def unix_nanos(self) -> int:
+        """Nanoseconds since the Unix epoch (negative before it)."""
+        since: _dt.timedelta = _dt.datetime.__sub__(self, typing.cast(Any, _PLAIN_EPOCH))
+        return (since // _US) * 1000 + self._nanosecond
+
+    def rfc3339(self) -> str:
+        """As luft writes it: UTC, ``Z``, and 0, 3, 6 or 9 fraction digits (chrono's
+        ``to_rfc3339_opts(SecondsFormat::AutoSi, true)``)."""
+        return format_timestamp(self)
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        """As ``datetime.isoformat``, with nine fraction digits when :attr:`nanosecond` is set
+        (``timespec="auto"``) or asked for (``timespec="nanoseconds"``)."""
+        if timespec == "nanoseconds" or (timespec == "auto" and self._nanosecond):
+            text = super().isoformat(sep, "microseconds")
+            return f"{text[:26]}{self._nanosecond:03d}{text[26:]}"
+        return super().isoformat(sep, timespec)
+
+    def __str__(self) -> str:
+        return self.isoformat(" ")
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        if not self._nanosecond:
+            return base
+        return f"{base[:-1]}, nanosecond={self._nanosecond})"
+
+    def replace(self, *args: Any, nanosecond: int | None = None, **kwargs: Any) -> Self:
+        """As ``datetime.replace``; keeps :attr:`nanosecond` unless given."""
+        base = _dt.datetime.replace(self, *args, **kwargs)
+        return self._with(base, self._nanosecond if nanosecond is None else nanosecond)
+
+    def astimezone(self, tz: _dt.tzinfo | None = None) -> Self:
+        """As ``datetime.astimezone``, keeping :attr:`nanosecond`."""
+        return self._with(_dt.datetime.astimezone(self, tz), self._nanosecond)
+
+    def _with(self, base: _dt.datetime, nanosecond: int) -> Self:
+        return type(self)(
+            base.year, base.month, base.day, base.hour, base.minute, base.second,
+            base.microsecond, base.tzinfo, fold=base.fold, nanosecond=nanosecond,
+        )  # fmt: skip
+
+    # comparisons: equal microseconds are ordered by the nanoseconds below them
+
+    def _cmp(self, other: object) -> int | None:
+        if not isinstance(other, _dt.datetime):
+            return None
+        if _dt.datetime.__eq__(self, other) is True:
+            nanos = other._nanosecond if isinstance(other, Timestamp) else 0
+            return (self._nanosecond > nanos) - (self._nanosecond < nanos)
+        return -1 if _dt.datetime.__lt__(self, other) else 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _dt.datetime):
+            return NotImplemented
+        if _dt.datetime.__eq__(self, other) is not True:
+            return False
+        return self._nanosecond == (other._nanosecond if isinstance(other, Timestamp) else 0)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __lt__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c < 0
+
+    def __le__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c <= 0
+
+    def __gt__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c > 0
+
+    def __ge__(self, other: _dt.date) -> bool:
+        c = self._cmp(other)
+        return NotImplemented if c is None else c >= 0
+
+    def __hash__(self) -> int:
+        base = _dt.datetime.__hash__(self)
+        return base if not self._nanosecond else hash((base, self._nanosecond))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (_make_timestamp, (
+            self.year, self.month, self.day, self.hour, self.minute, self.second,
+            self.microsecond, self.tzinfo, self.fold, self._nanosecond,
+        ))  # fmt: skip
+
+    def __copy__(self) -> Timestamp:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Timestamp:
+        return self
+
+
+def _make_timestamp(
+    year: int, month: int, day: int, hour: int, minute: int, second: int, microsecond: int,
+    tzinfo: _dt.tzinfo | None, fold: int, nanosecond: int,
+) -> Timestamp:  # fmt: skip
+    """Unpickle a :class:`Timestamp`."""
+    return Timestamp(year, month, day, hour, minute, second, microsecond, tzinfo, fold=fold,
+                     nanosecond=nanosecond)  # fmt: skip
+
+
+EPOCH = Timestamp(1970, 1, 1, tzinfo=_dt.UTC)
+"""``1970-01-01T00:00:00Z``: the ``ts`` of an event read from JSON without one (serde's
+default)."""
+
+
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})",
     re.ASCII,
 )
 
 
-def parse_timestamp(text: str, path: str) -> _dt.datetime:
-    """Parse an RFC 3339 timestamp into an aware UTC datetime (sub-microseconds dropped)."""
+def parse_timestamp(text: str, path: str) -> Timestamp:
+    """Parse an RFC 3339 timestamp (up to 9 fraction digits, any offset) into a UTC
+    :class:`Timestamp`, to the nanosecond."""
     m = _RFC3339.fullmatch(text)
     if m is None:
         raise ValidationError(path, f"{text!r} is not an RFC 3339 timestamp")
     year, month, day, hour, minute, second, frac, zone = m.groups()
-    micros = int((frac or "").ljust(6, "0")[:6])
+    micros, nanos = divmod(int((frac or "").ljust(9, "0")), 1000)
     if zone in ("Z", "z"):
         tz = _dt.UTC
     else:
@@ -326,32 +642,38 @@ def parse_timestamp(text: str, path: str) -> _dt.datetime:
             int(year), int(month), int(day), int(hour), int(minute),
             min(int(second), 59), micros, tzinfo=tz,
         )  # fmt: skip
-        return value.astimezone(_dt.UTC)
+        return Timestamp.from_datetime(value, nanos)
     except (ValueError, OverflowError) as exc:
         raise ValidationError(path, f"{text!r} is not a valid timestamp: {exc}") from None
 
 
 def format_timestamp(value: _dt.datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``, fraction digits as chrono writes them (0, 3 or 6)."""
+    """RFC 3339 in UTC with a ``Z``, fraction digits as chrono writes them: 0, 3, 6 or 9
+    (``SecondsFormat::AutoSi``, what serde writes for a ``DateTime<Utc>``)."""
+    if value.tzinfo is not _dt.UTC and value.utcoffset():
+        value = value.astimezone(_dt.UTC)
     base = f"{value.year:04d}-{value.month:02d}-{value.day:02d}T" + value.strftime("%H:%M:%S")
-    us = value.microsecond
-    if us == 0:
+    nanos = value.microsecond * 1000 + (value.nanosecond if isinstance(value, Timestamp) else 0)
+    if nanos == 0:
         return base + "Z"
-    if us % 1000 == 0:
-        return f"{base}.{us // 1000:03d}Z"
-    return f"{base}.{us:06d}Z"
+    if nanos % 1_000_000 == 0:
+        return f"{base}.{nanos // 1_000_000:03d}Z"
+    if nanos % 1000 == 0:
+        return f"{base}.{nanos // 1000:06d}Z"
+    return f"{base}.{nanos:09d}Z"
 
 
-def _check_timestamp(value: Any, path: str) -> _dt.datetime:
+def _check_timestamp(value: Any, path: str) -> Timestamp:
     if isinstance(value, str):
         return parse_timestamp(value, path)
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValidationError(path, "datetime must be timezone-aware")
-        if value.tzinfo is _dt.UTC:
+        if type(value) is Timestamp and value.tzinfo is _dt.UTC:
             return value
+        nanos = value.nanosecond if isinstance(value, Timestamp) else 0
         try:
-            return value.astimezone(_dt.UTC)
+            return Timestamp.from_datetime(value, nanos)
         except OverflowError as exc:
             raise ValidationError(path, f"timestamp out of range: {exc}") from None
     raise ValidationError(path, f"expected an RFC 3339 string or datetime, got {_tname(value)}")
@@ -407,7 +729,7 @@ class _StrKind(_Kind):
                 raise ValidationError(path, f"expected a string, got {_tname(value)}")
             value = str(value)
         assert isinstance(value, str)
-        return value
+        return check_text(value, path)
 
 
 class _BoolKind(_Kind):
@@ -439,7 +761,7 @@ class _UuidKind(_Kind):
 class _TsKind(_Kind):
     __slots__ = ()
 
-    def check(self, value: Any, path: str) -> _dt.datetime:
+    def check(self, value: Any, path: str) -> Timestamp:
         return _check_timestamp(value, path)
 
     def dump(self, value: Any) -> str:
@@ -538,14 +860,15 @@ class _MapKind(_Kind):
     def __init__(self, item: _RecordKind) -> None:
         self.item = item
 
-    def check(self, value: Any, path: str) -> immutables.Map[uuid.UUID, Any]:
+    def check(self, value: Any, path: str) -> FrozenMap[uuid.UUID, Any]:
         if not isinstance(value, Mapping):
             raise ValidationError(path, f"expected an object, got {_tname(value)}")
-        if isinstance(value, immutables.Map) and all(
+        inner = value._map if isinstance(value, FrozenMap) else value
+        if isinstance(inner, immutables.Map) and all(
             isinstance(v, self.item.cls) and getattr(v, "agent_id", None) == k
-            for k, v in value.items()
+            for k, v in inner.items()
         ):
-            return value
+            return value if isinstance(value, FrozenMap) else FrozenMap._wrap(inner)
         out: dict[uuid.UUID, Any] = {}
         for key, item in value.items():
             sub = f"{path}.{key}"
@@ -554,7 +877,7 @@ class _MapKind(_Kind):
             if getattr(record, "agent_id", key_id) != key_id:
                 raise ValidationError(f"{sub}.agent_id", "does not match its key")
             out[key_id] = record
-        return immutables.Map(out)
+        return FrozenMap._wrap(immutables.Map(out))
 
     def dump(self, value: Any) -> dict[str, Any]:
         return {str(k): v.to_json() for k, v in value.items()}
@@ -623,6 +946,15 @@ class _Spec:
 
 _MISSING = object()
 R = TypeVar("R", bound="Record")
+_JSON_DEFAULT = "luft_redis.json_default"
+
+
+def _now() -> Any:
+    """The default of an event's ``ts``: now (to the nanosecond) for an event built in Python,
+    as luft does when it creates one; the epoch for JSON without ``ts`` (serde's default)."""
+    return dataclasses.field(
+        default_factory=Timestamp.utcnow_ns, metadata={_JSON_DEFAULT: EPOCH}
+    )
 
 
 class Record:
@@ -643,8 +975,10 @@ class Record:
             hints = typing.get_type_hints(cls, globalns=globals(), include_extras=True)
             out = []
             for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-                has_default = f.default is not dataclasses.MISSING
-                out.append(_Spec(f.name, _kind_for(hints[f.name]), has_default, f.default))
+                # the JSON default (serde's) may differ from the Python one: see _now()
+                default = f.metadata.get(_JSON_DEFAULT, f.default)
+                has_default = default is not dataclasses.MISSING
+                out.append(_Spec(f.name, _kind_for(hints[f.name]), has_default, default))
             specs = tuple(out)
             type.__setattr__(cls, "_specs_cache", specs)
         return specs
@@ -732,7 +1066,7 @@ class TokenUsage(Record):
 @_record
 class Location(Record):
     file: str
-    line: U64 | None = None
+    line: U32 | None = None
 
 
 @_record
@@ -801,7 +1135,8 @@ class AgentSessionCheckpoint(Record):
 
 @_record
 class RunCheckpoint(Record):
-    """The whole state of a run. ``agent_results``/``agent_sessions`` are persistent maps."""
+    """The whole state of a run. ``agent_results``/``agent_sessions`` are :class:`FrozenMap`
+    (read-only, equal to a dict with the same items)."""
 
     run_id: uuid.UUID
     task: str
@@ -809,7 +1144,7 @@ class RunCheckpoint(Record):
     current_phase: U32
     completed_phases: tuple[PhaseSummary, ...]
     agent_results: Mapping[uuid.UUID, AgentResultCache]
-    agent_sessions: Mapping[uuid.UUID, AgentSessionCheckpoint] = immutables.Map()
+    agent_sessions: Mapping[uuid.UUID, AgentSessionCheckpoint] = FrozenMap()
     findings: tuple[Finding, ...]
     total_tokens: U64
     created_at: U64
@@ -921,7 +1256,7 @@ class RunStarted(AgentEvent):
     TYPE: ClassVar[str] = "run_started"
     run_id: uuid.UUID
     task: str
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -933,7 +1268,7 @@ class PhaseStarted(AgentEvent):
     planned: U64
     description: str | None = None
     role: str | None = None
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -948,7 +1283,7 @@ class AgentStarted(AgentEvent):
     role: str | None = None
     name: str | None = None
     agent_seq: U32 = 0
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -987,7 +1322,7 @@ class AgentDone(AgentEvent):
     elapsed_ms: U64
     name: str | None = None
     agent_seq: U32 = 0
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
     output: JsonValue = None
     findings: tuple[Finding, ...] = ()
     prompt: str = ""
@@ -1001,7 +1336,7 @@ class PhaseDone(AgentEvent):
     phase_id: U32
     ok: U64
     failed: U64
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1011,7 +1346,7 @@ class RunDone(AgentEvent):
     status: RunStatus
     total_tokens: TokenUsage
     report: JsonValue = None
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 @_record
@@ -1028,7 +1363,7 @@ class BudgetSet(AgentEvent):
     TYPE: ClassVar[str] = "budget_set"
     run_id: uuid.UUID
     time_limit_ms: U64 | None = None
-    max_rounds: U64 | None = None
+    max_rounds: U32 | None = None
 
 
 @_record
@@ -1163,7 +1498,7 @@ class SignalReceived(AgentEvent):
     TYPE: ClassVar[str] = "signal_received"
     run_id: uuid.UUID | None = None
     signal: str
-    ts: _dt.datetime = EPOCH
+    ts: _dt.datetime = _now()
 
 
 EVENT_TYPES: dict[str, type[AgentEvent]] = {

@@ -70,7 +70,7 @@ def check_uuid(value: Any, field: str) -> uuid.UUID:
 def check_str(value: Any, field: str) -> str:
     if not isinstance(value, str):
         raise ValidationError(field, f"expected a string, got {type(value).__name__}")
-    return value
+    return t.check_text(value, field)
 
 
 def check_type(value: Any, cls: type[_T], field: str) -> _T:

@@ -298,6 +298,32 @@ def test_every_event_variant_round_trips_through_redis(
     assert [e.to_json() for e in log] == [e.to_json() for e in events]
 
 
+CHRONO_TS = [  # every number of fraction digits chrono writes, and the ends of the range
+    "2026-01-02T03:04:05Z", "2026-01-02T03:04:05.123Z", "2026-01-02T03:04:05.123456Z",
+    "2026-01-02T03:04:05.123456789Z", "2026-01-02T03:04:05.000000001Z",
+    "1969-12-31T23:59:59.999999999Z", "0001-01-01T00:00:00.000000001Z",
+    "9999-12-31T23:59:59.999999999Z", "1970-01-01T00:00:00Z",
+]  # fmt: skip
+
+
+def test_timestamps_keep_full_precision_through_redis(
+    bound: Backend, run_id: uuid.UUID, make_backend: Factory
+) -> None:
+    """luft's ts round-trips nine fraction digits: what goes in as JSON comes back as chrono
+    writes it, from this process and from another one."""
+    objs = [{"type": "phase_done", "run_id": str(run_id), "phase_id": 1, "ok": 0, "failed": 0,
+             "ts": ts} for ts in CHRONO_TS]  # fmt: skip
+    bound.append_events([t.AgentEvent.from_json(o) for o in objs])
+    now = t.RunStarted(run_id=run_id, task="now")  # built in Python: now, to the nanosecond
+    bound.append_event(now)
+    for reader in (bound, make_backend()):
+        if reader is not bound:
+            reader.open_run(run_id)
+        log = reader.get_event_log()
+        assert [e.to_json() for e in log[:-1]] == objs
+        assert log[-1] == now and log[-1].to_json()["ts"] == now.to_json()["ts"]
+
+
 def test_event_log_pages_keep_order(bound: Backend, run_id: uuid.UUID) -> None:
     events = [Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}") for i in range(23)]
     for event in events:
@@ -487,10 +513,36 @@ def test_client_with_decode_responses_is_refused(frontend: str) -> None:
         construct(frontend, decode_responses=True)
 
 
-@pytest.mark.parametrize("prefix", ["", "a{b", "x y", "p*"])
+@pytest.mark.parametrize("prefix", ["", "a{b", "x y", "p*", "a\\b", "\\", "p\ud800"])
 def test_bad_prefix_is_refused(frontend: str, prefix: str) -> None:
     with pytest.raises(luft_redis.ConfigurationError):
         construct(frontend, prefix=prefix)
+
+
+def test_list_runs_under_a_prefix_with_odd_characters(redis_client: Client) -> None:
+    """Every prefix check_prefix lets through is found again by SCAN MATCH."""
+    for prefix in ("luft", "a:b", "tenant-1.x_y", "ü/é", "a%b^c$d|e(f)"):
+        backend = RedisCheckpointBackend(redis_client, prefix=prefix)
+        run = uuid.uuid4()
+        backend.init_run(run, "t", "d")
+        assert backend.list_runs() == [run], prefix
+        backend.delete_run()
+
+
+def test_lone_surrogates_in_arguments_are_refused_before_anything_is_written(
+    redis_client: Client, backend: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    with pytest.raises(luft_redis.ValidationError) as info:
+        backend.init_run(run_id, "bad \ud800 task", "/tmp/run")
+    assert info.value.field == "task"
+    with pytest.raises(luft_redis.ValidationError) as info:
+        backend.init_run(run_id, "task", "/tmp/\udfff")
+    assert info.value.field == "run_dir"
+    with pytest.raises(luft_redis.ValidationError) as info:
+        backend.init_run_with_meta(run_id, "task", "/tmp", {"k": ["\ud800"]})
+    assert info.value.field == "workflow_meta.k[0]"
+    assert backend.open_run(run_id) is None
+    assert list(redis_client.scan_iter(match="*")) == []
 
 
 # ------------------------------------------------------------------------- rules of §5
@@ -529,6 +581,23 @@ def test_agent_done_creates_a_result_from_the_event(
                                                                          None, ())  # fmt: skip
     assert cp.total_tokens == 17  # cache counters excluded
     assert fresh(bound) == cp
+
+
+def test_checkpoint_maps_from_the_cache_compare_like_dicts(
+    bound: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    a, b = uuid.uuid4(), uuid.uuid4()
+    bound.upsert_agent_result(result(a))
+    bound.append_event(done(run_id, b))
+    session = AgentSessionCheckpoint(agent_id=a, session_id="s", status="x", updated_at=1)
+    bound.upsert_agent_session(session)
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    expected = {a: result(a), b: cp.agent_results[b]}
+    assert cp.agent_results == expected and expected == cp.agent_results
+    assert cp.agent_sessions == {a: session}
+    assert fresh(bound).agent_results == expected  # loaded, not applied from deltas
+    assert bound.get_checkpoint() is cp  # the snapshot is built once, not per read
 
 
 def test_agent_done_keeps_what_upsert_recorded(
@@ -619,13 +688,36 @@ def test_phase_started_and_done(bound: Backend, run_id: uuid.UUID) -> None:
     assert cp is not None
     assert [p.to_json() for p in cp.completed_phases] == [
         {"phase_id": 2, "label": "two again", "planned": 5, "ok": 3, "failed": 1,
-         "description": None, "role": None},
+         "description": "d", "role": "r"},
         {"phase_id": 1, "label": "one", "planned": 1, "ok": 0, "failed": 0,
          "description": None, "role": None},
         {"phase_id": 7, "label": "", "planned": 0, "ok": 0, "failed": 2,
          "description": None, "role": None},
     ]  # fmt: skip
     assert cp.current_phase == 7
+    assert fresh(bound) == cp
+
+
+def test_repeated_phase_started_keeps_what_it_does_not_restate(
+    bound: Backend, run_id: uuid.UUID
+) -> None:
+    """luft's SQLite backend: ``COALESCE(excluded.description, phases.description)``."""
+    bound.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=2,
+                                    description="first", role="reviewer"))  # fmt: skip
+    bound.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=3))
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    (phase,) = cp.completed_phases
+    assert (phase.planned, phase.description, phase.role) == (3, "first", "reviewer")
+    # a value it does restate replaces the stored one; the other is kept
+    bound.append_events([
+        PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=3, role="fixer"),
+        PhaseStarted(run_id=run_id, phase_id=1, label="one", planned=3),
+    ])  # fmt: skip
+    cp = bound.get_checkpoint()
+    assert cp is not None
+    (phase,) = cp.completed_phases
+    assert (phase.description, phase.role) == ("first", "fixer")
     assert fresh(bound) == cp
 
 

@@ -70,6 +70,7 @@ _scalars = (
     | st.text(max_size=20)
     | st.binary(max_size=20)
     | st.binary(min_size=16, max_size=16)
+    | st.builds(msgpack.Timestamp, st.integers(-(2**63), 2**63 - 1), st.integers(0, 10**9 - 1))
 )
 
 msgpack_values: st.SearchStrategy[Any] = st.recursive(
@@ -85,8 +86,22 @@ msgpack_values: st.SearchStrategy[Any] = st.recursive(
 
 
 def _pack(value: Any) -> bytes:
+    """msgpack without a header: read as stored format 1 (0.1.0)."""
     packed: bytes = msgpack.packb(value, use_bin_type=True)
     return packed
+
+
+HEADER = bytes((codec.MARKER, codec.FORMAT))
+
+
+def _pack2(value: Any) -> bytes:
+    """msgpack behind the header of the current stored format."""
+    return HEADER + _pack(value)
+
+
+def _body(blob: bytes) -> Any:
+    assert blob[:2] == HEADER
+    return msgpack.unpackb(blob[2:])
 
 
 def _sample_events(run_id: uuid.UUID) -> list[t.AgentEvent]:
@@ -120,7 +135,7 @@ def _sample_events(run_id: uuid.UUID) -> list[t.AgentEvent]:
     ]
 
 
-_SAMPLES = [(type(e).TYPE, msgpack.unpackb(codec.encode_event(e))) for e in _sample_events(RUN_ID)]
+_SAMPLES = [(type(e).TYPE, _body(codec.encode_event(e))) for e in _sample_events(RUN_ID)]
 
 
 def _mutate(value: Any, data: st.DataObject) -> Any:
@@ -168,21 +183,23 @@ def test_decoders_on_random_bytes(blob: bytes) -> None:
 @given(msgpack_values)
 def test_decoders_on_random_msgpack(value: Any) -> None:
     _decode_all(_pack(value))
+    _decode_all(_pack2(value))
 
 
 @FUZZ
 @given(st.lists(msgpack_values, max_size=16))
 def test_event_decoder_on_random_arrays(fields: list[Any]) -> None:
     """Arrays of plausible length reach the per-field checks of every event type."""
-    _decode_all(_pack(fields))
-    _decode_all(_pack([True, *fields]))  # signal_received's run-id flag
+    for pack in (_pack, _pack2):
+        _decode_all(pack(fields))
+        _decode_all(pack([True, *fields]))  # signal_received's run-id flag
 
 
 @FUZZ
 @given(st.sampled_from(_SAMPLES), st.data())
 def test_event_decoder_on_mutated_events(sample: tuple[str, Any], data: st.DataObject) -> None:
     name, body = sample
-    blob = _pack(_mutate(body, data))
+    blob = data.draw(st.sampled_from([_pack, _pack2]))(_mutate(body, data))
     try:
         event = codec.decode_event(name, blob, RUN_ID, key="k", entry_id="1-0")
     except CorruptDataError as exc:
@@ -191,7 +208,7 @@ def test_event_decoder_on_mutated_events(sample: tuple[str, Any], data: st.DataO
         assert name == event.TYPE
     # A mutated AgentDone also feeds the findings decoder with almost-findings.
     if name == "agent_done" and type(body) is list and len(body) > 8:
-        _decode_all(_pack(_mutate(body[8], data)))
+        _decode_all(_pack2(_mutate(body[8], data)))
 
 
 @FUZZ
@@ -201,7 +218,7 @@ def test_event_decoder_on_corrupted_bytes(
 ) -> None:
     """Real encodings with bytes overwritten or cut off."""
     _, body = sample
-    blob = bytearray(_pack(body))
+    blob = bytearray(_pack2(body))
     at = data.draw(st.integers(0, len(blob)))
     blob[at : at + len(noise)] = noise
     cut = data.draw(st.integers(0, len(blob)))
@@ -230,6 +247,12 @@ def test_event_decoder_on_corrupted_bytes(
         _pack("\ud800".encode("utf-8", "surrogatepass")),  # str with invalid UTF-8
         b"\xa2\xed\xa0",  # fixstr with a lone surrogate
         _pack([1]) + b"\x00",  # trailing data
+        b"\xc1\x02",  # a header and nothing
+        b"\xc1\x00\x90", b"\xc1\x01\x90",  # formats never written with a header
+        b"\xc1\x03\x90", b"\xc1\xff\x90",  # newer formats
+        b"\xc1\x02\xc1\x02\x90",  # a header twice
+        b"\xc1\x02\xd7\xff" + b"\xff" * 8,  # a timestamp with 2^30-1 nanoseconds
+        b"\xc1\x02\x91\xd7\xff" + b"\xff" * 8,
     ],
 )
 def test_decoders_on_nasty_blobs(blob: bytes) -> None:
@@ -421,7 +444,7 @@ def test_garbage_in_a_blob_field(stored: Stored, name: str) -> None:
     assert stored.client.hget(key, field) is not None, f"{key} {field} is not stored"
 
     @STORE_FUZZ
-    @given(garbage | msgpack_values.map(_pack))
+    @given(garbage | msgpack_values.map(_pack) | msgpack_values.map(_pack2))
     def check(raw: bytes) -> None:
         stored.client.hset(key, field, raw)
         _open_expecting(stored, key, field, may_succeed=True)
@@ -473,7 +496,10 @@ def test_garbage_in_a_stream_entry(stored: Stored) -> None:
             stored.client.xdel(keys.events, entry)
 
     @STORE_FUZZ
-    @given(st.sampled_from(EVENT_TYPE_NAMES), garbage | msgpack_values.map(_pack))
+    @given(
+        st.sampled_from(EVENT_TYPE_NAMES),
+        garbage | msgpack_values.map(_pack) | msgpack_values.map(_pack2),
+    )
     def check_data(type_name: str, raw: bytes) -> None:
         entry = stored.client.xadd(keys.events, {"type": type_name, "data": raw})
         check_log(" data", entry, may_succeed=True)

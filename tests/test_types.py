@@ -12,8 +12,9 @@ import dataclasses
 import datetime as dt
 import json
 import pickle
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import immutables
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from luft_redis.errors import LuftRedisError, ValidationError
 from luft_redis.types import (
+    EPOCH,
     EVENT_TYPES,
     AcpRaw,
     AgentDone,
@@ -31,10 +33,12 @@ from luft_redis.types import (
     AgentResultCache,
     AgentSessionCheckpoint,
     AgentStatus,
+    BudgetSet,
     CheckpointStatus,
     Finding,
     FrozenDict,
     FrozenList,
+    FrozenMap,
     Location,
     Log,
     LogLevel,
@@ -49,12 +53,14 @@ from luft_redis.types import (
     ProgressTokens,
     ProgressToolCall,
     Record,
+    ResultStatus,
     RunCheckpoint,
     RunDone,
     RunStarted,
     RunStatus,
     Severity,
     SignalReceived,
+    Timestamp,
     TokenUsage,
     thaw_json,
 )
@@ -540,6 +546,10 @@ U32_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
     ("schema_retry", ("attempt",)),
     ("schema_retry", ("max",)),
 ]
+U32_NULLABLE_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
+    ("agent_done", ("findings", 0, "location", "line")),
+    ("budget_set", ("max_rounds",)),
+]
 U64_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
     ("phase_started", ("planned",)),
     ("agent_done", ("elapsed_ms",)),
@@ -547,12 +557,10 @@ U64_FIELDS: list[tuple[str, tuple[str | int, ...]]] = [
     ("agent_done", ("tokens", "output")),
     ("agent_done", ("tokens", "cache_read")),
     ("agent_done", ("tokens", "cache_write")),
-    ("agent_done", ("findings", 0, "location", "line")),
     ("phase_done", ("ok",)),
     ("phase_done", ("failed",)),
     ("run_done", ("total_tokens", "input")),
     ("budget_set", ("time_limit_ms",)),
-    ("budget_set", ("max_rounds",)),
     ("parallel_started", ("span_id",)),
     ("parallel_started", ("count",)),
     ("parallel_done", ("ok",)),
@@ -602,6 +610,33 @@ def test_u32_bad_values_rejected(case: tuple[str, tuple[str | int, ...]], value:
     tag, path = case
     obj = setpath(FULL[tag], path, value)
     rejects(lambda: AgentEvent.from_json(obj), *(p for p in path if isinstance(p, str)))
+
+
+@pytest.mark.parametrize("case", U32_NULLABLE_FIELDS, ids=_ids)
+@pytest.mark.parametrize("value", [0, 1, U32MAX, None])
+def test_nullable_u32_in_range_round_trips(
+    case: tuple[str, tuple[str | int, ...]], value: int | None
+) -> None:
+    tag, path = case
+    obj = setpath(FULL[tag], path, value)
+    assert_json_equal(AgentEvent.from_json(obj).to_json(), obj)
+
+
+@pytest.mark.parametrize("case", U32_NULLABLE_FIELDS, ids=_ids)
+@pytest.mark.parametrize("value", [U32MAX + 1, U64MAX, -1, True, 1.0, "1", [1]])
+def test_nullable_u32_out_of_range_rejected(
+    case: tuple[str, tuple[str | int, ...]], value: Any
+) -> None:
+    """luft types them u32: JSON wider than that is JSON luft cannot read back."""
+    tag, path = case
+    obj = setpath(FULL[tag], path, value)
+    rejects(lambda: AgentEvent.from_json(obj), *(p for p in path if isinstance(p, str)))
+
+
+def test_u32_fields_checked_in_python_too() -> None:
+    rejects(lambda: Location(file="a", line=U32MAX + 1), "line")
+    rejects(lambda: BudgetSet(run_id=uuid.UUID(RUN), max_rounds=U32MAX + 1), "max_rounds")
+    assert Location(file="a", line=U32MAX).line == U32MAX
 
 
 @pytest.mark.parametrize("case", U64_FIELDS, ids=_ids)
@@ -715,7 +750,7 @@ def test_log_agent_id_nullable() -> None:
 
 
 def test_budget_set_nullable_ints() -> None:
-    obj = {"type": "budget_set", "run_id": RUN, "time_limit_ms": None, "max_rounds": U64MAX}
+    obj = {"type": "budget_set", "run_id": RUN, "time_limit_ms": None, "max_rounds": U32MAX}
     assert_json_equal(AgentEvent.from_json(obj).to_json(), obj)
 
 
@@ -747,6 +782,44 @@ def test_unicode_strings_round_trip(case: tuple[str, tuple[str | int, ...]], tex
     assert _get(out, path) == text
     assert AgentEvent.from_json(json.loads(json.dumps(out))) == ev
     assert AgentEvent.from_json(json.loads(json.dumps(out, ensure_ascii=False))) == ev
+
+
+LONE_SURROGATES = ["\ud800", "a\udfff", "x\udc80y", "🚀\ud83d"]  # json.loads('"\\ud800"')
+
+
+@pytest.mark.parametrize("case", STR_FIELDS + NULLABLE_STR_FIELDS, ids=_ids)
+@pytest.mark.parametrize("text", LONE_SURROGATES)
+def test_lone_surrogates_rejected_naming_the_field(
+    case: tuple[str, tuple[str | int, ...]], text: str
+) -> None:
+    """UTF-8 cannot store them: a ValidationError now, not a UnicodeEncodeError later."""
+    tag, path = case
+    obj = setpath(FULL[tag], path, text)
+    named = [p for p in path if isinstance(p, str)]
+    err = rejects(lambda: AgentEvent.from_json(obj), *named)
+    assert "surrogate" in err.message
+
+
+@pytest.mark.parametrize("text", LONE_SURROGATES)
+def test_lone_surrogates_rejected_in_free_json_and_python(text: str) -> None:
+    assert json.loads(json.dumps(text)) == text  # what a JSON parser hands over
+    raw = {"outer": [1, {"inner": text}]}
+    rejects(lambda: AgentEvent.from_json(setpath(FULL["acp_raw"], ("raw",), raw)),
+            "raw", "outer", "inner")  # fmt: skip
+    bad_key = {"outer": {text: 1}}
+    rejects(lambda: AgentEvent.from_json(setpath(FULL["acp_raw"], ("raw",), bad_key)),
+            "raw", "outer")  # fmt: skip
+    rejects(lambda: RunStarted(run_id=uuid.UUID(RUN), task=text), "task")
+    rejects(lambda: Finding(kind="k", severity=Severity.LOW, title="t", detail="d",
+                            evidence=("ok", text)), "evidence")  # fmt: skip
+    rejects(lambda: AgentSessionCheckpoint(agent_id=uuid.UUID(AGENT), session_id=text,
+                                           status="s", updated_at=0), "session_id")  # fmt: skip
+    rejects(lambda: AgentResultCache(agent_id=uuid.UUID(AGENT), phase_id=0, status="ok",
+                                     output={"o": text}, findings=(), tokens=0,
+                                     completed_at=0, cache_key_hash=None), "output")  # fmt: skip
+    rejects(lambda: RunCheckpoint.from_json({**CP_MIN_IN, "task": text}), "task")
+    # a surrogate *pair* is one character, and fine
+    assert RunStarted(run_id=uuid.UUID(RUN), task="\U0001f680").task == "🚀"
 
 
 def _deep(depth: int) -> Any:
@@ -835,9 +908,18 @@ TS_CASES = [
     ("2025-01-02T03:04:05Z", "2025-01-02T03:04:05Z"),
     ("2025-01-02T03:04:05.123Z", "2025-01-02T03:04:05.123Z"),
     ("2025-01-02T03:04:05.123456Z", "2025-01-02T03:04:05.123456Z"),
-    ("2025-01-02T03:04:05.123456789Z", "2025-01-02T03:04:05.123456Z"),
-    ("2025-01-02T03:04:05.999999999Z", "2025-01-02T03:04:05.999999Z"),
-    ("2025-01-02T03:04:05.000000001Z", "2025-01-02T03:04:05Z"),
+    ("2025-01-02T03:04:05.123456789Z", "2025-01-02T03:04:05.123456789Z"),
+    ("2025-01-02T03:04:05.999999999Z", "2025-01-02T03:04:05.999999999Z"),
+    ("2025-01-02T03:04:05.000000001Z", "2025-01-02T03:04:05.000000001Z"),
+    ("2025-01-02T03:04:05.12345678Z", "2025-01-02T03:04:05.123456780Z"),
+    ("2025-01-02T03:04:05.1234567Z", "2025-01-02T03:04:05.123456700Z"),
+    ("2025-01-02T03:04:05.123456000Z", "2025-01-02T03:04:05.123456Z"),
+    ("2025-01-02T03:04:05.120000000Z", "2025-01-02T03:04:05.120Z"),
+    ("2025-01-02T03:04:05.000000000Z", "2025-01-02T03:04:05Z"),
+    ("2025-01-02T05:04:05.000000001+02:00", "2025-01-02T03:04:05.000000001Z"),
+    ("2024-12-31T23:59:59.999999999-01:00", "2025-01-01T00:59:59.999999999Z"),
+    ("9999-12-31T23:59:59.999999999Z", "9999-12-31T23:59:59.999999999Z"),
+    ("0001-01-01T00:00:00.000000001Z", "0001-01-01T00:00:00.000000001Z"),
     ("2025-01-02T03:04:05.000Z", "2025-01-02T03:04:05Z"),
     ("2025-01-02T03:04:05.1Z", "2025-01-02T03:04:05.100Z"),
     ("2025-01-02T03:04:05.120000Z", "2025-01-02T03:04:05.120Z"),
@@ -940,9 +1022,65 @@ def test_python_constructor_converts_aware_datetime_to_utc() -> None:
     assert ev == AgentEvent.from_json(FULL["run_started"] | {"task": "t"})
 
 
-def test_python_constructor_default_ts_is_epoch() -> None:
-    ev = RunStarted(run_id=uuid.UUID(RUN), task="t")
-    assert ev.to_json()["ts"] == EPOCH_S
+@pytest.mark.parametrize("tag", sorted(t for t, f in CONTRACT_FIELDS.items() if "ts" in f))
+def test_python_constructor_default_ts_is_now(tag: str) -> None:
+    """As luft, which stamps an event with ``Utc::now()`` when it creates one (the README's
+    quickstart printed the epoch)."""
+    cls = EVENT_TYPES[tag]
+    full = AgentEvent.from_json(FULL[tag])
+    args = {f.name: getattr(full, f.name)
+            for f in dataclasses.fields(cls) if f.name != "ts"}  # type: ignore[arg-type]  # fmt: skip
+    before = time.time_ns()
+    ev = cls(**args)
+    after = time.time_ns()
+    ts = ev.ts  # type: ignore[attr-defined]
+    assert isinstance(ts, Timestamp) and ts.tzinfo is dt.UTC
+    assert before <= ts.unix_nanos() <= after
+    assert ev.to_json()["ts"] == ts.rfc3339()
+    assert AgentEvent.from_json(ev.to_json()) == ev  # the nanoseconds round-trip
+    # two events built one after the other are told apart, as luft's would be
+    assert cls(**args).ts >= ts  # type: ignore[attr-defined]
+
+
+def test_from_json_without_ts_keeps_the_epoch() -> None:
+    obj = {"type": "run_started", "run_id": RUN, "task": "t"}
+    ev = AgentEvent.from_json(obj)
+    assert isinstance(ev, RunStarted)
+    assert ev.ts == EPOCH and ev.to_json()["ts"] == EPOCH_S
+
+
+def test_timestamp_keeps_nanoseconds() -> None:
+    obj = setpath(FULL["run_started"], ("ts",), "2026-01-02T03:04:05.123456789Z")
+    ev = AgentEvent.from_json(obj)
+    assert isinstance(ev, RunStarted)
+    ts = ev.ts
+    assert isinstance(ts, Timestamp) and isinstance(ts, dt.datetime)
+    assert (ts.microsecond, ts.nanosecond) == (123456, 789)
+    assert ts.unix_nanos() == 1767323045_123456789
+    assert ts.rfc3339() == "2026-01-02T03:04:05.123456789Z"
+    assert ts.isoformat() == "2026-01-02T03:04:05.123456789+00:00"
+    assert str(ts) == "2026-01-02 03:04:05.123456789+00:00"
+    assert ts.isoformat(timespec="seconds") == "2026-01-02T03:04:05+00:00"
+    assert repr(ts).endswith("nanosecond=789)")
+    assert Timestamp.from_unix_nanos(ts.unix_nanos()) == ts
+    # nanoseconds count in ==, ordering and hash; a plain datetime has none
+    plain = dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)
+    assert ts != plain and plain != ts and plain < ts and ts > plain and not ts < plain
+    assert ts.replace(nanosecond=0) == plain and plain == ts.replace(nanosecond=0)
+    assert hash(ts.replace(nanosecond=0)) == hash(plain)
+    assert len({ts, ts.replace(nanosecond=788), plain}) == 3
+    assert sorted([ts, plain, ts.replace(nanosecond=1)]) == [plain, ts.replace(nanosecond=1), ts]
+    # replace/astimezone keep them; pickling and copying too
+    assert ts.replace(year=2027).nanosecond == 789
+    assert ts.astimezone(dt.timezone(dt.timedelta(hours=2))) == ts
+    assert ts.astimezone(dt.timezone(dt.timedelta(hours=2))).nanosecond == 789
+    assert pickle.loads(pickle.dumps(ts)) == ts and copy.deepcopy(ts) is ts
+    assert pickle.loads(pickle.dumps(ev)) == ev
+    # a Python-built event keeps what it is given, to the nanosecond
+    again = RunStarted(run_id=uuid.UUID(RUN), task=ev.task, ts=ts)
+    assert again == ev and again.ts is ts
+    with pytest.raises(ValueError):
+        Timestamp(2026, 1, 1, tzinfo=dt.UTC, nanosecond=1000)
 
 
 def test_python_constructor_ts_with_microseconds() -> None:
@@ -1002,6 +1140,35 @@ def test_agent_status_forms(json_form: str, cache_form: str) -> None:
         assert isinstance(ev, (AgentDone, PipelineItemDone))
         assert ev.status is status
         assert_json_equal(ev.to_json(), obj)
+
+
+@pytest.mark.parametrize(("json_form", "cache_form"), AGENT_STATUSES)
+def test_agent_status_as_str_and_result_status(json_form: str, cache_form: str) -> None:
+    """luft's ``AgentStatus::as_str``; ``ResultStatus`` members equal the plain strings."""
+    status = AgentStatus(json_form)
+    assert status.as_str() == cache_form
+    assert type(status.as_str()) is str
+    assert status.cache_str == status.as_str()  # 0.1.0's name, kept
+    member = ResultStatus(cache_form)
+    assert member == cache_form and cache_form == member
+    assert hash(member) == hash(cache_form)
+    assert str(member) == cache_form and f"{member}" == cache_form
+    result = AgentResultCache.from_json({**RESULT_MIN_IN, "status": cache_form})
+    assert result.status == member
+    assert result.status == status.as_str()
+    assert result.status != status  # the trap the two names are there to avoid
+    # a member passed in Python is stored as the plain string
+    built = AgentResultCache(agent_id=uuid.UUID(AGENT), phase_id=0, status=member,
+                             output=None, findings=(), tokens=0, completed_at=0)  # fmt: skip
+    assert type(built.status) is str
+    assert built == dataclasses.replace(built, status=cache_form)
+    assert built.to_json()["status"] == cache_form
+
+
+def test_result_status_members() -> None:
+    assert [m.value for m in ResultStatus] == ["ok", "error", "cancelled", "timed_out"]
+    assert {m.value for m in ResultStatus} == {s.as_str() for s in AgentStatus}
+    rejects(lambda: AgentResultCache.from_json({**RESULT_MIN_IN, "status": "Ok"}), "status")
 
 
 def test_agent_status_members() -> None:
@@ -1315,7 +1482,7 @@ def test_checkpoint_built_in_python_gives_contract_json() -> None:
     cp = _checkpoint_py()
     out = cp.to_json()
     assert_json_equal(out, CP_FULL)
-    assert isinstance(cp.agent_results, immutables.Map)
+    assert isinstance(cp.agent_results, FrozenMap)
     assert cp.agent_results[uuid.UUID(AGENT)].cache_key_hash == "sha256:abc"
     assert cp.started_agent_ids == (uuid.UUID(AGENT), uuid.UUID(AGENT2))
     assert cp.status is CheckpointStatus.FAILED
@@ -1556,6 +1723,44 @@ def test_value_types_are_frozen() -> None:
         cp.agent_results[uuid.UUID(AGENT2)] = cp.agent_results[uuid.UUID(AGENT)]  # type: ignore[index]
     with pytest.raises(TypeError):
         cp.agent_sessions[uuid.UUID(AGENT2)] = cp.agent_sessions[uuid.UUID(AGENT)]  # type: ignore[index]
+
+
+def test_checkpoint_maps_compare_like_dicts() -> None:
+    cp = _checkpoint_py()
+    a1, a2 = uuid.UUID(AGENT), uuid.UUID(AGENT2)
+    results = {a1: cp.agent_results[a1], a2: cp.agent_results[a2]}
+    assert cp.agent_results == results
+    assert results == cp.agent_results
+    assert (cp.agent_results != results) is False
+    assert cp.agent_sessions == {a1: cp.agent_sessions[a1]}
+    assert cp.agent_results != {a1: cp.agent_results[a1]}
+    assert cp.agent_results != {a1: cp.agent_results[a1], a2: cp.agent_results[a1]}
+    assert cp.agent_results != {**results, uuid.uuid4(): cp.agent_results[a1]}
+    assert cp.agent_results != [a1, a2]  # type: ignore[comparison-overlap]
+    assert cp.agent_results == immutables.Map(results)
+    assert cp.agent_results == FrozenMap(results)
+    assert RunCheckpoint(**{**_fields(cp), "agent_sessions": {}}).agent_sessions == {}
+    # hashable, as the immutables.Map it replaces; equal maps hash alike
+    assert hash(cp.agent_results) == hash(FrozenMap(results))
+    assert hash(cp) == hash(dataclasses.replace(cp, agent_results=dict(results)))
+    assert dataclasses.replace(cp, agent_results=dict(results)) == cp
+    # a read-only Mapping with persistent updates
+    assert isinstance(cp.agent_results, Mapping)
+    assert set(cp.agent_results) == {a1, a2} and len(cp.agent_results) == 2
+    assert a1 in cp.agent_results and cp.agent_results.get(uuid.uuid4()) is None
+    assert isinstance(cp.agent_results, FrozenMap)
+    fewer = cp.agent_results.delete(a2)
+    assert fewer == {a1: results[a1]} and cp.agent_results == results
+    assert fewer.set(a2, results[a2]) == cp.agent_results
+    with pytest.raises(TypeError):
+        cp.agent_results._map = immutables.Map()
+    assert copy.deepcopy(cp.agent_results) is cp.agent_results
+    assert pickle.loads(pickle.dumps(cp)) == cp
+    assert repr(FrozenMap({1: 2})) == "FrozenMap({1: 2})"
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
 def _mutations_dict() -> list[Callable[[Any], object]]:
@@ -1866,18 +2071,21 @@ datetimes = st.datetimes(
 )
 
 
-def _rfc3339(d: dt.datetime) -> str:
-    """chrono's form: fraction omitted, or 3 or 6 digits."""
+def _rfc3339(d: dt.datetime, nanos: int = 0) -> str:
+    """chrono's form (AutoSi): fraction omitted, or 3, 6 or 9 digits."""
     base = (f"{d.year:04d}-{d.month:02d}-{d.day:02d}T"
             f"{d.hour:02d}:{d.minute:02d}:{d.second:02d}")  # fmt: skip
-    if d.microsecond == 0:
+    frac = d.microsecond * 1000 + nanos
+    if frac == 0:
         return base + "Z"
-    if d.microsecond % 1000 == 0:
-        return f"{base}.{d.microsecond // 1000:03d}Z"
-    return f"{base}.{d.microsecond:06d}Z"
+    if frac % 1_000_000 == 0:
+        return f"{base}.{frac // 1_000_000:03d}Z"
+    if frac % 1000 == 0:
+        return f"{base}.{frac // 1000:06d}Z"
+    return f"{base}.{frac:09d}Z"
 
 
-canonical_ts = datetimes.map(_rfc3339)
+canonical_ts = st.builds(_rfc3339, datetimes, st.sampled_from([0, 0, 1, 500, 999]))
 tokens = st.fixed_dictionaries(
     {"input": u64, "output": u64, "cache_read": u64, "cache_write": u64}
 )
@@ -1888,7 +2096,7 @@ findings = st.fixed_dictionaries(
         "title": texts,
         "detail": texts,
         "location": st.none()
-        | st.fixed_dictionaries({"file": texts, "line": st.none() | u64}),
+        | st.fixed_dictionaries({"file": texts, "line": st.none() | u32}),
         "evidence": st.lists(texts, max_size=3),
         "data": free_json,
     }
@@ -1972,8 +2180,9 @@ def test_generated_timestamps_with_offsets(
     instant = d.replace(tzinfo=tz).astimezone(dt.UTC)
     ev = AgentEvent.from_json(setpath(FULL["run_started"], ("ts",), text))
     assert isinstance(ev, RunStarted)
-    assert ev.ts == instant
-    assert ev.to_json()["ts"] == _rfc3339(instant)
+    assert ev.ts == Timestamp.from_datetime(instant, nanos)
+    assert (ev.ts == instant) is (nanos == 0)
+    assert ev.to_json()["ts"] == _rfc3339(instant, nanos)
     assert AgentEvent.from_json(ev.to_json()) == ev
 
 
