@@ -406,6 +406,12 @@ def test_init_of_an_existing_run_fails_and_changes_nothing(
     assert other.get_checkpoint() is None
     assert fresh(bound) == before
     assert len(bound.get_event_log()) == 1
+    # the error names the run, and a bound backend stays bound exactly as it was
+    with pytest.raises(RunExistsError, match=str(run_id)):
+        bound.init_run(run_id, "again", "/again")
+    assert bound.run_id == run_id and bound.get_checkpoint() == before
+    bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="still bound"))
+    assert len(bound.get_event_log()) == 2
 
 
 def test_open_run_of_a_missing_run_is_none(backend: Backend) -> None:
