@@ -1,13 +1,17 @@
-"""Smoke run of the benchmark harness (``python -m benchmarks.run --smoke``) so it never rots.
+"""Smoke runs of the benchmarks so they never rot: ``benchmarks.run --smoke``,
+``benchmarks.staleness --smoke`` (both front ends) and ``benchmarks.compare --smoke``.
 
-It checks only that the harness completes against a real redis-server and prints every metric
-row: no timing is asserted (the figures are ratios on a shared, noisy machine).
+They check only that each completes against a real redis-server and prints every row with
+numbers where numbers belong: no timing is ever asserted (the figures come from a shared,
+noisy machine).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +65,104 @@ def test_benchmark_smoke_run(redis_server_binary: str, tmp_path: Path) -> None:
     for field in ("date", "uname", "cpu", "python", "redis-py", "hiredis", "redis-server"):
         assert field in report["header"]
     assert "appendonly no" in proc.stdout
+
+
+NUMBER = re.compile(r"^[-+]?[\d,]*\.?\d+")
+
+
+def _number(cell: str) -> float:
+    """The number a table cell starts with ("1,234 us", "0.97x", "+3%", "-1.25")."""
+    match = NUMBER.match(cell.strip())
+    assert match is not None, f"not a number: {cell!r}"
+    return float(match.group().replace(",", ""))
+
+
+def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+STALENESS_ROWS = ("after A's ack", "after A's call", "after ack, first quarter",
+                  "after ack, last quarter")  # fmt: skip
+
+
+@pytest.mark.server
+def test_staleness_smoke_both_front_ends(redis_server_binary: str) -> None:
+    """Both front ends run and print their tables (no timing is asserted)."""
+    proc = _run(["benchmarks.staleness", "--smoke", "--samples", "60", "--frontend", "both",
+                 "--redis-server", redis_server_binary], timeout=120)  # fmt: skip
+    out = proc.stdout
+    assert "placement:" in out
+    assert "front ends: sync, async" in out
+    for frontend in ("sync", "async"):
+        section = out.split(f"[{frontend}] process B:", 1)[1].split("\n\n", 1)[0]
+        for label in STALENESS_ROWS:
+            line = next(x for x in section.splitlines() if x.startswith(label))
+            cells = line[len(label) :].split()
+            assert len(cells) == 4, line
+            for cell in cells:
+                _number(cell)
+    summary = out.split("front end ", 1)[1].splitlines()
+    for frontend in ("sync", "async"):
+        line = next(x for x in summary if x.startswith(frontend))
+        p50, p99, verdict = line.split()[1:4]
+        _number(p50), _number(p99)
+        assert verdict in ("met", "MISSED")
+
+
+COMPARE_ROWS = (
+    "PING p50 (baseline)",
+    "append_event p50",
+    "append_event p99",
+    "upsert_agent_result p50",
+    "append_event + get_checkpoint p50",
+    "append_events, batches of 100",
+    "get_checkpoint(),",
+    "open_run,",
+)
+COST_ROWS = ("append_event ", "upsert_agent_result ", "append_event + get_checkpoint ",
+             "append_events(100 events) ", "open_run ")  # fmt: skip
+
+
+@pytest.mark.server
+def test_compare_smoke(redis_server_binary: str) -> None:
+    """benchmarks.compare --smoke measures before (a worktree of 9103c9c) and after, prints
+    every row and a verdict, and removes its worktree (no timing is asserted)."""
+    has_before = (
+        shutil.which("git") is not None
+        and subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "9103c9c^{commit}"],
+                           capture_output=True, check=False).returncode == 0
+    )  # fmt: skip
+    proc = _run(["benchmarks.compare", "--smoke", "--redis-server", redis_server_binary],
+                timeout=180)  # fmt: skip
+    out = proc.stdout
+    for field in ("placement:", "before:", "after:", "redis-server"):
+        assert field in out
+    if has_before:
+        match = re.search(r"\(worktree (\S+)\)", out)
+        assert match is not None, out
+        assert not Path(match.group(1)).exists(), "the worktree was not removed"
+        worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"],
+                                   capture_output=True, text=True, check=False).stdout
+        assert match.group(1) not in worktrees  # fmt: skip
+    lines = out.splitlines()
+    for label in COMPARE_ROWS:
+        line = next(x for x in lines if x.startswith(label))
+        cells = re.split(r"\s{2,}", line.strip())
+        assert len(cells) == 7, line
+        _number(cells[2])  # after
+        if has_before:
+            _number(cells[1]), _number(cells[3]), _number(cells[4])
+            assert cells[6] in ("ok", "WORSE", "baseline")
+    verdict = next(x for x in lines if x.startswith("no row more than 15% worse? "))
+    expected = ("yes", "NO") if has_before else ("n/a",)
+    assert verdict.split("? ", 1)[1].startswith(expected)
+    costs = out.split("where the time goes", 1)[1].splitlines()
+    for label in COST_ROWS:
+        line = next(x for x in costs if x.startswith(label))
+        for cell in re.split(r"\s{2,}", line.strip())[1:3]:
+            _number(cell)
