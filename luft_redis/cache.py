@@ -341,7 +341,8 @@ class RunCache:
             return state
 
     def snapshot(self) -> t.RunCheckpoint | None:
-        state = self.state()
+        """The checkpoint with every queued delta applied (O(1) when nothing is queued)."""
+        state = self._state if not self._pending else self.state()
         return None if state is None else state.snapshot
 
     # -- changes (no I/O) ------------------------------------------------------------------

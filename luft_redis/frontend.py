@@ -14,6 +14,7 @@ from typing import Any
 
 import redis
 
+from . import coherence
 from . import types as t
 from .cache import RunCache
 from .coherence import Watch
@@ -73,6 +74,8 @@ class FrontEnd:
     """The I/O-free half of a backend; see the module docstring."""
 
     _binding: Binding | None
+    _fork: int
+    """The fork generation (coherence.fork_generation()) this backend last adopted."""
 
     def _configure(
         self,
@@ -165,9 +168,17 @@ class FrontEnd:
 
     def get_checkpoint(self) -> t.RunCheckpoint | None:
         """The current checkpoint from the in-process cache (no I/O); None when unbound."""
-        self._check_fork()
         binding = self._binding
-        return binding.cache.snapshot() if binding is not None else None
+        if binding is None or self._fork != coherence._fork_generation:
+            self._check_fork()
+            binding = self._binding
+            if binding is None:
+                return None
+        cache = binding.cache
+        if cache._pending:  # changes queued since the last read: decode them now
+            return cache.snapshot()
+        state = cache._state
+        return state.snapshot if state is not None else None
 
     def get_findings(self) -> tuple[t.Finding, ...]:
         """The run's findings (contract §5, findings) from the cache; () when unbound."""
