@@ -35,6 +35,7 @@ __all__ = [
     "check_primary",
     "fork_generation",
     "fork_lock",
+    "handle_message",
     "on_fork",
 ]
 
@@ -277,6 +278,44 @@ class Router(Generic[L]):
 
 class StaleRoute(Exception):
     """A subscriber connection went to a node that does not own the channel's slot."""
+
+
+def handle_message(message: dict[str, Any], health: LinkHealth, asked_unsub: dict[bytes, int],
+                   targets: Callable[[bytes], list[Watch]]) -> bytes | None:  # fmt: skip
+    """Apply one message of a subscriber connection (no I/O, never blocks).
+
+    Notices go to the channel's watches, PONGs to ``health``, confirmations mark the watches
+    stale. ``asked_unsub`` counts the unsubscribes this link sent and the server has not
+    confirmed yet. Returns the channel whose subscription was just confirmed (the caller wakes
+    whoever waits for it), else None; raises :class:`StaleRoute` when the server dropped a
+    channel it was not asked to (its slot moved: failover, migration).
+    """
+    kind = message.get("type")
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    raw = message.get("channel")
+    channel = raw.encode() if isinstance(raw, str) else raw if isinstance(raw, bytes) else b""
+    if kind == "smessage":
+        for watch in targets(channel):
+            watch.notice(message["data"])
+    elif kind == "pong":
+        health.pong(message.get("data"))
+    elif kind == "ssubscribe":
+        health.confirmed.add(channel)
+        for watch in targets(channel):
+            watch.subscribed()
+        return channel
+    elif kind == "sunsubscribe":
+        pending = asked_unsub.get(channel, 0)
+        if pending:  # the confirmation of our own unsubscribe (maybe resubscribed since)
+            if pending == 1:
+                del asked_unsub[channel]
+            else:
+                asked_unsub[channel] = pending - 1
+            return None
+        health.confirmed.discard(channel)
+        raise StaleRoute(f"server unsubscribed {channel!r} (slot moved)")
+    return None
 
 
 def check_primary(role: Any, name: str) -> None:

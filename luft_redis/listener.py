@@ -34,6 +34,7 @@ from .coherence import (
     Router,
     Watch,
     check_primary,
+    handle_message,
     on_fork,
 )
 
@@ -283,34 +284,11 @@ class _Link:
                 message = pubsub.get_message(timeout=0)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if isinstance(kind, bytes):
-            kind = kind.decode()
-        raw = message.get("channel")
-        channel = raw.encode() if isinstance(raw, str) else raw if isinstance(raw, bytes) else b""
-        if kind == "smessage":
-            for watch in self.listener._targets(channel):
-                watch.notice(message["data"])
-        elif kind == "pong":
-            self.health.pong(message.get("data"))
-        elif kind == "ssubscribe":
-            listener = self.listener
-            with listener._lock:
-                self.health.confirmed.add(channel)
+        listener = self.listener
+        confirmed = handle_message(message, self.health, self._asked_unsub, listener._targets)
+        if confirmed is not None:
+            with listener._subscribed:
                 listener._subscribed.notify_all()
-            for watch in listener._targets(channel):
-                watch.subscribed()
-        elif kind == "sunsubscribe":
-            pending = self._asked_unsub.get(channel, 0)
-            if pending:  # the confirmation of our own unsubscribe (maybe resubscribed since)
-                if pending == 1:
-                    del self._asked_unsub[channel]
-                else:
-                    self._asked_unsub[channel] = pending - 1
-                return
-            # the server dropped it: the slot moved (failover, migration)
-            self.health.confirmed.discard(channel)
-            raise _Reconnect(f"server unsubscribed {channel!r} (slot moved)")
 
     def _lost(self, exc: BaseException) -> None:
         watched = bool(self.listener._channels_of(self))

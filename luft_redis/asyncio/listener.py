@@ -35,6 +35,7 @@ from ..coherence import (
     Router,
     Watch,
     check_primary,
+    handle_message,
     on_fork,
 )
 
@@ -93,11 +94,6 @@ class Signal:
 
 class _Reconnect(Exception):
     """The subscriber connection can no longer be trusted: replace it."""
-
-    def __init__(self, message: str, *, moved: bool = False) -> None:
-        super().__init__(message)
-        self.moved = moved
-        """The node dropped a channel: its slot moved to another node."""
 
 
 _Registry = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Any]]
@@ -344,33 +340,9 @@ class _Link:
                 message = await pubsub.get_message(timeout=0)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if isinstance(kind, bytes):
-            kind = kind.decode()
-        raw = message.get("channel")
-        channel = raw.encode() if isinstance(raw, str) else raw if isinstance(raw, bytes) else b""
         listener = self.listener
-        if kind == "smessage":
-            for watch in listener._targets(channel):
-                watch.notice(message["data"])
-        elif kind == "pong":
-            self.health.pong(message.get("data"))
-        elif kind == "ssubscribe":
-            self.health.confirmed.add(channel)
+        if handle_message(message, self.health, self._asked_unsub, listener._targets):
             listener._subscribed.notify()
-            for watch in listener._targets(channel):
-                watch.subscribed()
-        elif kind == "sunsubscribe":
-            pending = self._asked_unsub.get(channel, 0)
-            if pending:  # the confirmation of our own unsubscribe (maybe resubscribed since)
-                if pending == 1:
-                    del self._asked_unsub[channel]
-                else:
-                    self._asked_unsub[channel] = pending - 1
-                return
-            # the server dropped it: the slot moved (failover, migration)
-            self.health.confirmed.discard(channel)
-            raise _Reconnect(f"server unsubscribed {channel!r} (slot moved)", moved=True)
 
     def _lost(self, exc: BaseException) -> None:
         watched = bool(self.listener._channels_of(self))
