@@ -29,6 +29,7 @@ from .errors import (
     ValidationError,
 )
 from .frontend import (
+    _UNBOUND,
     DEFAULT_PAGE_SIZE,
     GAP_WAIT,
     REDIS_ERRORS,
@@ -256,6 +257,7 @@ class RedisCheckpointBackend(FrontEnd):
 
     def _adopt(self, binding: Binding) -> None:
         old, self._binding = self._binding, binding
+        self._reader = binding.cache
         self._emitted = None
         if old is not None:
             self._stop_watch(old.watch)
@@ -266,6 +268,7 @@ class RedisCheckpointBackend(FrontEnd):
 
     def _unbind(self) -> None:
         old, self._binding = self._binding, None
+        self._reader = _UNBOUND
         if old is not None:
             self._stop_watch(old.watch)
             old.cache.wake()
@@ -568,22 +571,7 @@ class RedisCheckpointBackend(FrontEnd):
         args = self._encoder.save(checkpoint, binding.run_id)
         self._write(self._scripts.save_checkpoint, args, binding)
 
-    # -- reads -----------------------------------------------------------------------------
-
-    def get_checkpoint(self) -> t.RunCheckpoint | None:
-        """The current checkpoint from the in-process cache (no I/O); None when unbound."""
-        binding = self._binding
-        return binding.cache.snapshot() if binding is not None else None
-
-    def get_findings(self) -> tuple[t.Finding, ...]:
-        """The run's findings (contract §5, findings) from the cache; () when unbound."""
-        snapshot = self.get_checkpoint()
-        return snapshot.findings if snapshot is not None else ()
-
-    def can_resume(self) -> bool:
-        """Status is running, failed or cancelled (from the cache); False when unbound."""
-        snapshot = self.get_checkpoint()
-        return snapshot is not None and snapshot.status is not t.CheckpointStatus.COMPLETED
+    # -- reads (get_checkpoint, get_findings, can_resume: FrontEnd, from the cache) --------
 
     def get_event_log(self) -> list[t.AgentEvent]:
         """Every event of the run, in append order."""

@@ -25,6 +25,7 @@ import itertools
 import logging
 import threading
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -282,6 +283,9 @@ class RunCache:
         self._synced = 0
         self._gone = False
         self._changes = 0  # counts every change of tip, for waiters
+        self.current: t.RunCheckpoint | None = None
+        """The checkpoint when nothing is queued, else None: what a read returns at once."""
+        _LIVE.add(self)
 
     # -- reads (no I/O) --------------------------------------------------------------------
 
@@ -336,14 +340,24 @@ class RunCache:
                     self._pending = []
                     self._tip = (good.incarnation, good.version)
                     self._generation += 1
+                    self.current = good.snapshot
                 return good
-            self._state = state
+            with self._lock:
+                self._state = state
+                if not self._pending:
+                    self.current = state.snapshot
             return state
 
     def snapshot(self) -> t.RunCheckpoint | None:
         """The checkpoint with every queued delta applied (O(1) when nothing is queued)."""
-        state = self._state if not self._pending else self.state()
-        return None if state is None else state.snapshot
+        state = self.state()
+        if state is None:
+            return None
+        snapshot = state.snapshot
+        with self._lock:
+            if not self._pending and self._state is state:
+                self.current = snapshot
+        return snapshot
 
     # -- changes (no I/O) ------------------------------------------------------------------
 
@@ -369,6 +383,7 @@ class RunCache:
                 return Offer.OLD
             return Offer.BEHIND if delta.inc_after == inc else Offer.FOREIGN
         if delta.inc_before == inc and delta.v_before == version:
+            self.current = None
             self._pending.append(delta)
             self._tip = (delta.inc_after, delta.v_after)
             self._bump()
@@ -376,6 +391,7 @@ class RunCache:
         if delta.inc_after == inc and delta.v_after <= version:
             return Offer.OLD
         if delta.whole and delta.inc_after == inc:  # a newer whole state: applies anywhere
+            self.current = None
             self._pending = [delta]
             self._tip = (delta.inc_after, delta.v_after)
             self._bump()
@@ -415,6 +431,7 @@ class RunCache:
             queued = self._early + self._pending
             self._early = []
             self._state = state
+            self.current = None
             self._pending = []
             self._tip = (state.incarnation, state.version)
             self._gone = False
@@ -423,8 +440,10 @@ class RunCache:
                     continue
                 if self._offer_locked(delta) is not Offer.APPLIED:
                     self._generation += 1  # something did not fit: reload again
-            if generation == self._generation or (current is None and not queued):
+            if generation == self._generation:
                 self._synced = max(self._synced, generation)
+            if not self._pending:
+                self.current = state.snapshot
             self._bump()
             return True
 
@@ -440,10 +459,21 @@ class RunCache:
 
     def reset_locks(self) -> None:
         """In a forked child: locks held by the parent's other threads are gone with them."""
+        self.current = None
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
         self._apply_lock = threading.Lock()
         self._generation += 1
+
+
+_LIVE: weakref.WeakSet[RunCache] = weakref.WeakSet()
+
+
+def forget_snapshots() -> None:
+    """In a forked child: no read may take a cache's snapshot before its backend has adopted
+    the fork (the slow path of a read does that)."""
+    for cache in list(_LIVE):
+        cache.current = None
 
 
 def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:

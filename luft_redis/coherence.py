@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from .cache import Offer, RunCache
+from .cache import Offer, RunCache, forget_snapshots
 from .delta import UnknownFormat, parse_delta
 
 __all__ = [
@@ -364,6 +364,8 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+on_fork(forget_snapshots)
 
 
 def monotonic() -> float:

@@ -14,7 +14,6 @@ from typing import Any
 
 import redis
 
-from . import coherence
 from . import types as t
 from .cache import RunCache
 from .coherence import Watch
@@ -70,6 +69,16 @@ class Binding:
         """The front end's change listener carrying ``watch`` (None with ``watch=False``)."""
 
 
+class _Unbound:
+    """Stands for the cache while no run is bound: reads find no snapshot."""
+
+    __slots__ = ()
+    current: t.RunCheckpoint | None = None
+
+
+_UNBOUND = _Unbound()
+
+
 class FrontEnd:
     """The I/O-free half of a backend; see the module docstring."""
 
@@ -105,6 +114,7 @@ class FrontEnd:
         self._watching = watch
         self._emitted: tuple[str, int] | None = None
         self._binding = None
+        self._reader: RunCache | _Unbound = _UNBOUND
         self._owns_client = False
 
     def _check_fork(self) -> None:
@@ -168,17 +178,12 @@ class FrontEnd:
 
     def get_checkpoint(self) -> t.RunCheckpoint | None:
         """The current checkpoint from the in-process cache (no I/O); None when unbound."""
+        snapshot = self._reader.current  # None when unbound, queued changes, or forked
+        if snapshot is not None:
+            return snapshot
+        self._check_fork()
         binding = self._binding
-        if binding is None or self._fork != coherence._fork_generation:
-            self._check_fork()
-            binding = self._binding
-            if binding is None:
-                return None
-        cache = binding.cache
-        if cache._pending:  # changes queued since the last read: decode them now
-            return cache.snapshot()
-        state = cache._state
-        return state.snapshot if state is not None else None
+        return binding.cache.snapshot() if binding is not None else None
 
     def get_findings(self) -> tuple[t.Finding, ...]:
         """The run's findings (contract §5, findings) from the cache; () when unbound."""

@@ -31,6 +31,7 @@ from ..errors import (
     ValidationError,
 )
 from ..frontend import (
+    _UNBOUND,
     DEFAULT_PAGE_SIZE,
     GAP_WAIT,
     REDIS_ERRORS,
@@ -202,6 +203,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     def _adopt(self, binding: Binding) -> None:
         old, self._binding = self._binding, binding
+        self._reader = binding.cache
         self._emitted = None
         if old is not None:
             self._stop_watch(old)
@@ -212,6 +214,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     def _unbind(self) -> None:
         old, self._binding = self._binding, None
+        self._reader = _UNBOUND
         if old is not None:
             self._stop_watch(old)
         self._changed.notify()
