@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from redis.crc import key_slot
+
 from .cache import Offer, RunCache, forget_snapshots
 from .delta import UnknownFormat, parse_delta
 
@@ -36,6 +38,7 @@ __all__ = [
     "fork_generation",
     "fork_lock",
     "handle_message",
+    "node_name_for",
     "on_fork",
 ]
 
@@ -274,6 +277,18 @@ class Router(Generic[L]):
     def drop_all(self) -> None:
         for link in self.links.values():
             link.request(("drop", b""))
+
+
+def node_name_for(client: Any, cluster: bool, channel: bytes) -> str:
+    """The name of the node that owns ``channel``'s slot by the client's slot map (no I/O):
+    "" for a plain server, "?" while a cluster client has no slot map yet."""
+    if not cluster:
+        return ""
+    try:
+        node = client.nodes_manager.get_node_from_slot(key_slot(channel))
+    except Exception:  # no slot map (yet): the link refreshes it when it connects
+        return "?"
+    return str(node.name)
 
 
 class StaleRoute(Exception):

@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import redis
 import redis.cluster
-from redis.crc import key_slot
 
 from .coherence import (
     DEFAULT_MAX_STALENESS,
@@ -35,6 +34,7 @@ from .coherence import (
     Watch,
     check_primary,
     handle_message,
+    node_name_for,
     on_fork,
 )
 
@@ -131,13 +131,7 @@ class ChangeListener:
     # -- routing ---------------------------------------------------------------------------
 
     def _node_name(self, channel: bytes) -> str:
-        if not self._cluster:
-            return ""
-        try:
-            node = self._client.nodes_manager.get_node_from_slot(key_slot(channel))
-        except Exception:  # no slot map (yet): the link refreshes it when it connects
-            return "?"
-        return str(node.name)
+        return node_name_for(self._client, self._cluster, channel)
 
     def _channels_of(self, link: _Link) -> list[bytes]:
         with self._lock:
