@@ -31,7 +31,6 @@ import argparse
 import datetime as dt
 import importlib
 import importlib.util
-import os
 import sqlite3
 import statistics
 import sys
@@ -48,6 +47,7 @@ import redis
 from luft_redis import RedisCheckpointBackend
 from luft_redis.tools.server import LocalRedisServer
 
+from .pinning import pin_server, plan_placement
 from .run import make_agent_done
 
 PREFIX = "peers"
@@ -82,14 +82,6 @@ def redis8_command() -> tuple[str, list[str]] | None:
     if binary is None or rejson is None or search is None:
         return None
     return str(binary), ["--loadmodule", str(rejson), "--loadmodule", str(search)]
-
-
-def pin(pid: int, core: int) -> str:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(os.sched_getaffinity(pid)) > 0 and len(cores) >= 2:
-        os.sched_setaffinity(pid, {core})
-        return f"core {core}"
-    return "unpinned (one core visible)"
 
 
 def _lg(module: str) -> Any:
@@ -276,12 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     binary, modules = command if command else ("redis-server", [])
 
     with tempfile.TemporaryDirectory(prefix="luft-peers-") as tmp:
+        placement = plan_placement()
         server = LocalRedisServer(binary=binary, extra_args=modules).start()
         try:
-            assert server.pid is not None
-            placement = f"server {pin(server.pid, 0)}, client {pin(0, 1)}"
+            pin_server(placement, server.pid)
             info = redis.Redis.from_url(server.url).info("server")
-            print(f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC, {placement}")
+            print(f"# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC")
+            print(f"# {placement.describe(server.pid)}")
             print(f"# redis-server {info.get('redis_version')} ({binary})")
             print(
                 f"# sizes: {sizes.rounds} rounds x {sizes.iters} calls;"

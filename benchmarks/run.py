@@ -55,6 +55,8 @@ from luft_redis.keys import run_keys
 from luft_redis.scripts import script_source
 from luft_redis.tools.server import LocalRedisServer, find_redis_server
 
+from .pinning import pin_server, plan_placement
+
 PREFIX = "bench"
 BATCH = "append_events"  # the batch API, looked up by name: older versions lack it
 NS = 1_000_000_000
@@ -1098,9 +1100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     rows: list[Row] = []
     raw: dict[str, Any] = {"mode": "smoke" if args.smoke else "full", "sizes": asdict(sizes)}
+    placement = plan_placement()
     with LocalRedisServer(binary=binary, appendonly=False) as server:
+        pin_server(placement, server.pid)
         client = redis.Redis.from_url(server.url)
         head = header(client, binary, bench_binary)
+        head["placement"] = placement.describe(server.pid)
         print(f"luft-redis benchmarks ({raw['mode']} mode)")
         for k, v in head.items():
             print(f"  {k}: {v}")
