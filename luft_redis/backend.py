@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from . import types as t
@@ -132,10 +133,13 @@ class RedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
     ) -> None:
         check_sync_client(client)
         self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                         max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+        self._configure_retention(expire_finished_after, max_events)
         self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
         self._next_callback = 0
         self._fork = fork_generation()
@@ -183,6 +187,8 @@ class RedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
         **client_kwargs: Any,
     ) -> RedisCheckpointBackend:
         """A backend with its own client for ``url``, closed by :meth:`close`.
@@ -194,7 +200,9 @@ class RedisCheckpointBackend(FrontEnd):
         """
         client = make_client(url, cluster=cluster, **client_kwargs)
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
-                      max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+                      max_payload_size=max_payload_size, max_staleness=max_staleness,
+                      expire_finished_after=expire_finished_after,
+                      max_events=max_events)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -346,7 +354,8 @@ class RedisCheckpointBackend(FrontEnd):
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
         try:
-            reply, acked = self._execute(script, args, binding.key_list, binding.run_id)
+            reply, acked = self._execute(
+                script, self._with_retention(args), binding.key_list, binding.run_id)
         except RunNotFoundError:
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise

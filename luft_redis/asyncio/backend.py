@@ -15,6 +15,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from .. import types as t
@@ -92,10 +93,13 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
     ) -> None:
         check_async_client(client)
         self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                         max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+        self._configure_retention(expire_finished_after, max_events)
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -119,6 +123,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
         **client_kwargs: Any,
     ) -> AsyncRedisCheckpointBackend:
         """A backend with its own asyncio client for ``url``, closed by :meth:`aclose`.
@@ -130,7 +136,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """
         client = make_client(url, cluster=cluster, asyncio=True, **client_kwargs)
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
-                      max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+                      max_payload_size=max_payload_size, max_staleness=max_staleness,
+                      expire_finished_after=expire_finished_after,
+                      max_events=max_events)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -302,7 +310,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
         try:
-            reply, acked = await self._execute(script, args, binding.key_list, binding.run_id)
+            reply, acked = await self._execute(
+                script, self._with_retention(args), binding.key_list, binding.run_id)
         except RunNotFoundError:
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise
