@@ -412,9 +412,11 @@ class RedisCheckpointBackend(FrontEnd):
 
     def sync(self) -> t.RunCheckpoint | None:
         """The checkpoint, reloaded first unless the cache can vouch for itself
-        (:attr:`cache_is_fresh`); None when the run no longer exists."""
+        (:attr:`cache_is_fresh`) and the run is running (a finished run may have expired,
+        which publishes no notice: see ``expire_finished_after``); None when the run no longer
+        exists."""
         binding = self._need_run("sync")
-        if not self.cache_is_fresh:
+        if not self.cache_is_fresh or self._may_have_expired(binding):
             self._reload(binding)
             self._emit()
         if binding.cache.gone:

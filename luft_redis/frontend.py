@@ -145,6 +145,13 @@ class FrontEnd:
         """This backend's appends trim the event log to about this many entries (None: never)."""
         return self._retention.max_events
 
+    @staticmethod
+    def _may_have_expired(binding: Binding) -> bool:
+        """The cached run is finished: Redis may have expired it since, without a notice (any
+        backend may have set a TTL), so ``sync()`` asks Redis."""
+        snapshot = binding.cache.snapshot()
+        return snapshot is not None and snapshot.status is not t.CheckpointStatus.RUNNING
+
     @property
     def log_trimmed(self) -> bool:
         """True when the bound run's event log lost its oldest entries to ``max_events``
