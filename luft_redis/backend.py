@@ -118,6 +118,11 @@ class RedisCheckpointBackend(FrontEnd):
     :class:`~luft_redis.errors.NotDurableError` when fewer did in time (the write itself is
     applied on the primary; the error says it could be lost if the primary fails now).
 
+    ``expire_finished_after=timedelta(...)``: a run this backend finishes (completed, failed,
+    cancelled) expires that long after, every key at once; resuming it removes the TTL.
+    ``max_events=N``: this backend's appends trim the run's event log to about ``N`` entries
+    (see :attr:`log_trimmed`). Both are off by default; see :mod:`luft_redis.retention`.
+
     Forking: a backend made before ``os.fork()`` works in the child, with a new writer
     identity, its own connections and listener, and a cache that reloads before it reports
     fresh.

@@ -169,16 +169,18 @@ class FinishedRun:
 
 
 def _batches(items: Iterable[uuid.UUID], size: int) -> Iterator[list[uuid.UUID]]:
+    """Lists of up to ``size`` distinct items (memory stays bounded: SCAN may still return a
+    run again in a later batch, after a rehash; it is then found again or skipped)."""
     batch: list[uuid.UUID] = []
     seen: set[uuid.UUID] = set()
     for item in items:
-        if item in seen:  # SCAN may return a key twice
+        if item in seen:
             continue
         seen.add(item)
         batch.append(item)
         if len(batch) >= size:
             yield batch
-            batch = []
+            batch, seen = [], set()
     if batch:
         yield batch
 

@@ -71,13 +71,19 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     backends may share one client. A sync client is refused
     (:class:`~luft_redis.errors.ClientTypeError`): use :class:`luft_redis.RedisCheckpointBackend`.
     The options are those of the sync backend: ``prefix``, ``watch``, ``retry``,
-    ``durability``, ``max_payload_size`` and ``max_staleness``.
+    ``durability``, ``max_payload_size``, ``max_staleness``, ``expire_finished_after`` and
+    ``max_events``.
 
     Every operation that talks to Redis is a coroutine with the sync name and semantics;
     :meth:`get_checkpoint`, :meth:`get_findings` and :meth:`can_resume` are plain methods
     answered from the cache. The change listener and the refresher are tasks on the running
     loop (one of each per client and loop). Release the backend with ``async with`` or
     :meth:`aclose`.
+
+    ``expire_finished_after=timedelta(...)``: a run this backend finishes (completed, failed,
+    cancelled) expires that long after, every key at once; resuming it removes the TTL.
+    ``max_events=N``: this backend's appends trim the run's event log to about ``N`` entries
+    (see :attr:`log_trimmed`). Both are off by default; see :mod:`luft_redis.retention`.
 
     Forking: asyncio does not survive ``os.fork()``; a backend made before a fork raises
     :class:`~luft_redis.errors.ForkedError` in the child: create the backend after the fork.

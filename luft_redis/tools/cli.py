@@ -7,6 +7,7 @@ Subcommands::
     luft-redis show   RUN_ID [--events N] ...        a run's checkpoint and its last events
     luft-redis cancel RUN_ID ...                     cancel a running run
     luft-redis delete RUN_ID ...                     delete a run and its event log
+    luft-redis gc --older-than 7d [--dry-run] ...    delete old finished runs (cli_retention)
     luft-redis demo   ...                            the demo (luft_redis.tools.demo), if installed
 
 ``--redis`` defaults to env ``LUFT_REDIS_URL``, else ``redis://127.0.0.1:6379/0``;
