@@ -592,3 +592,21 @@ def test_cli_doctor_prints_the_run_checks(
     assert line.startswith("WARN") and "1 of 1 finished run(s)" in line
     report = check_server(redis_client, prefix="luft")
     assert {"run-memory", "runs-without-ttl"} <= {c.name for c in report.checks}
+
+
+@pytest.mark.parametrize("redis_target", ["redis"], indirect=True)
+def test_cli_show_prints_log_trimmed(
+    redis_client: Any, redis_server: LocalRedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from luft_redis.tools import cli
+
+    trimming = RedisCheckpointBackend(redis_client, watch=False, max_events=10)
+    trimmed, whole = uuid.uuid4(), uuid.uuid4()
+    trimming.init_run(trimmed, "t", "/d")
+    trimming.append_events(_logs(trimmed, 0, 300))
+    trimming.init_run(whole, "t", "/d")
+    trimming.append_events(_logs(whole, 0, 5))
+    assert cli.main(["show", str(trimmed), "--redis", redis_server.url, "--events", "0"]) == 0
+    assert "log_trimmed:      True" in capsys.readouterr().out
+    assert cli.main(["show", str(whole), "--redis", redis_server.url, "--json"]) == 0
+    assert '"log_trimmed": false' in capsys.readouterr().out
