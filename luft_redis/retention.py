@@ -32,6 +32,7 @@ from .scripts import script_source, translate_error
 
 __all__ = [
     "FINAL_STATUSES",
+    "LOG_TRIMMED_NOTE",
     "FinishedRun",
     "GarbageReport",
     "RetentionOptions",
@@ -40,6 +41,7 @@ __all__ = [
     "iter_run_ids",
     "log_trimmed",
     "parse_duration",
+    "server_time",
 ]
 
 logger = logging.getLogger(__name__)
