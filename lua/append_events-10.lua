@@ -3,6 +3,9 @@
   rules of contract §5 to each, in order, as one atomic change (one version, one notice).
 
   KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
+              max_events > 0: the log is trimmed to about max_events entries, and the
+              first trim sets the run field log_trimmed = 1 (an R record)
   ARGV[1] writer id   ARGV[2] operation sequence   then ARGS (= ARGV[3..]):
   ARGS[1] number of events, then per event:
     type (plain text, the entry's "type" field), stored event (opaque msgpack, the entry's
@@ -21,6 +24,7 @@
           (total_tokens would pass 2^64-1), LUFT_BAD_ARG, LUFT_STALE; nothing is written on
           error, for any event of the batch.
 ]]
+--- @include "includes/retention"
 --- @include "includes/common"
 
 local function main()
@@ -231,7 +235,8 @@ local function main()
     fields[#fields + 1] = 'total_tokens'; fields[#fields + 1] = total
   end
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
-  return commit(run, now, 'append', fields)
+  if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
+  return retained(commit(run, now, 'append', fields), status)
 end
 
 --- @include "includes/main"

@@ -3,20 +3,22 @@
   left as it is, without error and without a new version.
 
   KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] writer id   ARGV[2] operation sequence
 
   Reply:  the delta, op "cancel": R status cancelled; when the run was not running, a delta
           that changes nothing (version before = after) and no notice
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_STALE
 ]]
+--- @include "includes/retention"
 --- @include "includes/common"
 
 local function main()
   local dup = dedup()
   if dup then return dup end
   local run = read_run()
-  if run[1] ~= 'running' then return unchanged(run, 'cancel') end
-  return commit(run, now_seconds(), 'cancel', {'status', 'cancelled'})
+  if run[1] ~= 'running' then return retained(unchanged(run, 'cancel'), run[1]) end
+  return retained(commit(run, now_seconds(), 'cancel', {'status', 'cancelled'}), 'cancelled')
 end
 
 --- @include "includes/main"

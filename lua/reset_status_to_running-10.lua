@@ -3,12 +3,14 @@
   completed run is not resumable).
 
   KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] writer id   ARGV[2] operation sequence
 
   Reply and notice: the delta, op "reset": R status running
   Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;
           LUFT_CORRUPT; LUFT_STALE
 ]]
+--- @include "includes/retention"
 --- @include "includes/common"
 
 local function main()
@@ -16,7 +18,7 @@ local function main()
   if dup then return dup end
   local run = read_run()
   if run[1] == 'completed' then fail('NOT_RESUMABLE', run[1]) end
-  return commit(run, now_seconds(), 'reset', {'status', 'running'})
+  return retained(commit(run, now_seconds(), 'reset', {'status', 'running'}), 'running')
 end
 
 --- @include "includes/main"

@@ -3,6 +3,7 @@
   (contract §4). updated_at becomes the server time; run_dir and the event log are kept.
 
   KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGS[1] writer id   ARGS[2] operation sequence   then ARGS:
   ARGS[1] task   ARGS[2] status   ARGS[3] current_phase   ARGS[4] total_tokens
   ARGS[5] created_at   ARGS[6] workflow_meta (opt msgpack)
@@ -18,6 +19,7 @@
   Reply and notice: the delta, op "save": a Z record with the whole new state
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE; nothing is written on error.
 ]]
+--- @include "includes/retention"
 --- @include "includes/common"
 
 local RESULT_OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
@@ -134,7 +136,7 @@ local function main()
     redis.call('RPUSH', K_FINDINGS_ORDER, unpack(order, i, j))
     i = j + 1
   end
-  return commit(run, now, 'save', run_fields, true)
+  return retained(commit(run, now, 'save', run_fields, true), ARGS[2])
 end
 
 --- @include "includes/main"

@@ -4,6 +4,7 @@
   no event is added.
 
   KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] phase_id   ARGS[3] status   ARGS[4] tokens   ARGS[5] completed_at
   ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
@@ -12,6 +13,7 @@
   Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
+--- @include "includes/retention"
 --- @include "includes/common"
 
 local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
@@ -37,7 +39,7 @@ local function main()
   redis.call('HSET', K_RESULTS, unpack(fields))
   set_agent_findings(aid, findings)
   rec_entity('res', K_RESULTS, aid, RESULT_ATTRS)
-  return commit(run, now, 'result')
+  return retained(commit(run, now, 'result'), run[1])
 end
 
 --- @include "includes/main"

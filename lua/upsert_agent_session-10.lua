@@ -2,6 +2,7 @@
   upsert_agent_session: insert or replace agent_sessions[agent_id] (contract §4).
 
   KEYS[1..10] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] backend_id (opt)   ARGS[3] protocol_session_id (opt)
   ARGS[4] session_id   ARGS[5] status   ARGS[6] updated_at   ARGS[7] resumable ("true"/"false")
@@ -9,6 +10,7 @@
   Reply and notice: the delta, op "session": E ses of the agent
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
+--- @include "includes/retention"
 --- @include "includes/common"
 
 local function main()
@@ -28,7 +30,7 @@ local function main()
   if #drop > 0 then redis.call('HDEL', K_SESSIONS, unpack(drop)) end
   redis.call('HSET', K_SESSIONS, unpack(fields))
   rec_entity('ses', K_SESSIONS, ARGS[1], SESSION_ATTRS)
-  return commit(run, now, 'session')
+  return retained(commit(run, now, 'session'), run[1])
 end
 
 --- @include "includes/main"

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from . import types as t
@@ -117,6 +118,11 @@ class RedisCheckpointBackend(FrontEnd):
     :class:`~luft_redis.errors.NotDurableError` when fewer did in time (the write itself is
     applied on the primary; the error says it could be lost if the primary fails now).
 
+    ``expire_finished_after=timedelta(...)``: a run this backend finishes (completed, failed,
+    cancelled) expires that long after, every key at once; resuming it removes the TTL.
+    ``max_events=N``: this backend's appends trim the run's event log to about ``N`` entries
+    (see :attr:`log_trimmed`). Both are off by default; see :mod:`luft_redis.retention`.
+
     Forking: a backend made before ``os.fork()`` works in the child, with a new writer
     identity, its own connections and listener, and a cache that reloads before it reports
     fresh.
@@ -132,10 +138,13 @@ class RedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
     ) -> None:
         check_sync_client(client)
         self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                         max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+        self._configure_retention(expire_finished_after, max_events)
         self._callbacks: dict[int, Callable[[t.RunCheckpoint], None]] = {}
         self._next_callback = 0
         self._fork = fork_generation()
@@ -183,6 +192,8 @@ class RedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
         **client_kwargs: Any,
     ) -> RedisCheckpointBackend:
         """A backend with its own client for ``url``, closed by :meth:`close`.
@@ -194,7 +205,9 @@ class RedisCheckpointBackend(FrontEnd):
         """
         client = make_client(url, cluster=cluster, **client_kwargs)
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
-                      max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+                      max_payload_size=max_payload_size, max_staleness=max_staleness,
+                      expire_finished_after=expire_finished_after,
+                      max_events=max_events)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -346,7 +359,8 @@ class RedisCheckpointBackend(FrontEnd):
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
         try:
-            reply, acked = self._execute(script, args, binding.key_list, binding.run_id)
+            reply, acked = self._execute(
+                script, self._with_retention(args), binding.key_list, binding.run_id)
         except RunNotFoundError:
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise
@@ -403,9 +417,11 @@ class RedisCheckpointBackend(FrontEnd):
 
     def sync(self) -> t.RunCheckpoint | None:
         """The checkpoint, reloaded first unless the cache can vouch for itself
-        (:attr:`cache_is_fresh`); None when the run no longer exists."""
+        (:attr:`cache_is_fresh`) and the run is running (a finished run may have expired,
+        which publishes no notice: see ``expire_finished_after``); None when the run no longer
+        exists."""
         binding = self._need_run("sync")
-        if not self.cache_is_fresh:
+        if not self.cache_is_fresh or self._may_have_expired(binding):
             self._reload(binding)
             self._emit()
         if binding.cache.gone:

@@ -56,6 +56,7 @@ class RunState:
         "current_phase",
         "incarnation",
         "keys",
+        "log_trimmed",
         "results",
         "run_dir",
         "run_id",
@@ -82,6 +83,8 @@ class RunState:
         self.total_tokens = 0
         self.created_at = 0
         self.updated_at = 0
+        self.log_trimmed = False
+        """The run field log_trimmed (retention: the event log lost its oldest entries)."""
         self.results: immutables.Map[uuid.UUID, t.AgentResultCache] = immutables.Map()
         self.sessions: immutables.Map[uuid.UUID, t.AgentSessionCheckpoint] = immutables.Map()
         self._phases: dict[int, t.PhaseSummary] = {}
@@ -219,12 +222,14 @@ class RunState:
             return loader._uint(k, name, raw)
         if name == "workflow_meta":
             return codec.decode_json(raw, key=k, field=name)
+        if name == "log_trimmed":
+            return loader._flag(k, name, raw)
         return loader._text(k, name, raw)
 
 
 _RUN_ATTRS = frozenset({
     "version", "updated_at", "status", "current_phase", "total_tokens", "incarnation",
-    "created_at", "task", "workflow_meta",
+    "created_at", "task", "workflow_meta", "log_trimmed",
 })  # fmt: skip
 """Run hash fields that are part of the cached state (others: schema, run_id, run_dir,
 phases, are not checkpoint fields)."""
@@ -570,6 +575,12 @@ class _Loader:
             out.setdefault(owner, {})[attr] = value
         return out
 
+    def _flag(self, key: str, field: str, raw: Any) -> bool:
+        """A run flag field: only ``1`` is valid (an absent field is false)."""
+        if raw != b"1":
+            raise CorruptDataError(key, field, f"{bytes(raw)[:40]!r} is not 1")
+        return True
+
     def _agent_id(self, key: str, text: str) -> uuid.UUID:
         agent_id = self._ids.get(text)
         if agent_id is not None:
@@ -633,6 +644,8 @@ class _Loader:
         state.current_phase = self._uint(k, "current_phase", need("current_phase"), t.U32_MAX)
         state.total_tokens = self._uint(k, "total_tokens", need("total_tokens"))
         state.updated_at = self._uint(k, "updated_at", need("updated_at"))
+        trimmed = run.get("log_trimmed")
+        state.log_trimmed = trimmed is not None and self._flag(k, "log_trimmed", trimmed)
         state._phases = self._phases(self._hash(keys.phases, phases_raw))
         state.results = self._results(self._hash(keys.results, results_raw))
         state.sessions = self._sessions(self._hash(keys.sessions, sessions_raw))

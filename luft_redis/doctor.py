@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
-from .tools.doctor import LEVELS, MIN_REDIS_VERSION, Check, Level, ServerReport, check_server
+from .tools.doctor import (
+    DEFAULT_RUN_SAMPLE,
+    LEVELS,
+    MIN_REDIS_VERSION,
+    Check,
+    Level,
+    ServerReport,
+    check_runs,
+    check_server,
+)
 
-__all__ = ["LEVELS", "MIN_REDIS_VERSION", "Check", "Level", "ServerReport", "check_server"]
+__all__ = [
+    "DEFAULT_RUN_SAMPLE",
+    "LEVELS",
+    "MIN_REDIS_VERSION",
+    "Check",
+    "Level",
+    "ServerReport",
+    "check_runs",
+    "check_server",
+]

@@ -9,6 +9,7 @@ locks, or with ``await``.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any
 
@@ -20,6 +21,7 @@ from .coherence import Watch
 from .connect import Durability, is_cluster
 from .errors import ConfigurationError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
+from .retention import RetentionOptions
 from .retry import NO_RETRY, RetryPolicy
 from .scripts import Scripts
 from .wire import Encoder
@@ -120,6 +122,47 @@ class FrontEnd:
     def _check_fork(self) -> None:
         """What a front end does when used in a forked child (before any operation)."""
         raise NotImplementedError
+
+    # -- retention (see luft_redis.retention) ----------------------------------------------
+
+    _retention: RetentionOptions = RetentionOptions()
+
+    def _configure_retention(self, expire_finished_after: Any, max_events: Any) -> None:
+        """Check and keep the retention options (ConfigurationError)."""
+        self._retention = RetentionOptions.make(expire_finished_after, max_events)
+
+    def _with_retention(self, args: Any) -> Any:
+        """A writing script's arguments with the retention option appended (when set)."""
+        return self._retention.with_arg(args)
+
+    @property
+    def expire_finished_after(self) -> dt.timedelta | None:
+        """The TTL a run gets when this backend finishes it (None: never expires)."""
+        return self._retention.expire_finished_after
+
+    @property
+    def max_events(self) -> int | None:
+        """This backend's appends trim the event log to about this many entries (None: never)."""
+        return self._retention.max_events
+
+    @staticmethod
+    def _may_have_expired(binding: Binding) -> bool:
+        """The cached run is finished: Redis may have expired it since, without a notice (any
+        backend may have set a TTL), so ``sync()`` asks Redis."""
+        snapshot = binding.cache.snapshot()
+        return snapshot is not None and snapshot.status is not t.CheckpointStatus.RUNNING
+
+    @property
+    def log_trimmed(self) -> bool:
+        """True when the bound run's event log lost its oldest entries to ``max_events``
+        trimming (by any backend), so :meth:`get_event_log` no longer returns the whole log.
+
+        From the cache (no I/O): the run field ``log_trimmed``, set by the append that first
+        trimmed the log and carried to every process by the change notices. False when
+        unbound."""
+        binding = self._binding
+        state = binding.cache.state() if binding is not None else None
+        return state is not None and state.log_trimmed
 
     @property
     def client(self) -> Any:

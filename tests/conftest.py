@@ -483,6 +483,10 @@ class AsyncBackendAdapter:
     def cache_is_fresh(self) -> bool:
         return self.wrapped.cache_is_fresh
 
+    @property
+    def log_trimmed(self) -> bool:
+        return self.wrapped.log_trimmed
+
     def get_checkpoint(self) -> t.RunCheckpoint | None:
         return self.wrapped.get_checkpoint()
 

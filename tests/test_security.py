@@ -44,7 +44,7 @@ pytestmark = pytest.mark.server
 ACL_COMMANDS = (
     "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset "
     "+hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
-    "+spublish +ssubscribe +sunsubscribe +ping"
+    "+xtrim +pttl +pexpire +persist +spublish +ssubscribe +sunsubscribe +ping"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 PASSWORD = "s3cret-for-tests"

@@ -15,6 +15,7 @@ import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from .. import types as t
@@ -70,13 +71,19 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     backends may share one client. A sync client is refused
     (:class:`~luft_redis.errors.ClientTypeError`): use :class:`luft_redis.RedisCheckpointBackend`.
     The options are those of the sync backend: ``prefix``, ``watch``, ``retry``,
-    ``durability``, ``max_payload_size`` and ``max_staleness``.
+    ``durability``, ``max_payload_size``, ``max_staleness``, ``expire_finished_after`` and
+    ``max_events``.
 
     Every operation that talks to Redis is a coroutine with the sync name and semantics;
     :meth:`get_checkpoint`, :meth:`get_findings` and :meth:`can_resume` are plain methods
     answered from the cache. The change listener and the refresher are tasks on the running
     loop (one of each per client and loop). Release the backend with ``async with`` or
     :meth:`aclose`.
+
+    ``expire_finished_after=timedelta(...)``: a run this backend finishes (completed, failed,
+    cancelled) expires that long after, every key at once; resuming it removes the TTL.
+    ``max_events=N``: this backend's appends trim the run's event log to about ``N`` entries
+    (see :attr:`log_trimmed`). Both are off by default; see :mod:`luft_redis.retention`.
 
     Forking: asyncio does not survive ``os.fork()``; a backend made before a fork raises
     :class:`~luft_redis.errors.ForkedError` in the child: create the backend after the fork.
@@ -92,10 +99,13 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
     ) -> None:
         check_async_client(client)
         self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                         max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+        self._configure_retention(expire_finished_after, max_events)
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -119,6 +129,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         durability: Durability | None = None,
         max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
         max_staleness: float = DEFAULT_MAX_STALENESS,
+        expire_finished_after: timedelta | None = None,
+        max_events: int | None = None,
         **client_kwargs: Any,
     ) -> AsyncRedisCheckpointBackend:
         """A backend with its own asyncio client for ``url``, closed by :meth:`aclose`.
@@ -130,7 +142,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """
         client = make_client(url, cluster=cluster, asyncio=True, **client_kwargs)
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
-                      max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
+                      max_payload_size=max_payload_size, max_staleness=max_staleness,
+                      expire_finished_after=expire_finished_after,
+                      max_events=max_events)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -302,7 +316,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
         try:
-            reply, acked = await self._execute(script, args, binding.key_list, binding.run_id)
+            reply, acked = await self._execute(
+                script, self._with_retention(args), binding.key_list, binding.run_id)
         except RunNotFoundError:
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise
@@ -381,9 +396,11 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     async def sync(self) -> t.RunCheckpoint | None:
         """The checkpoint, reloaded first unless the cache can vouch for itself
-        (:attr:`cache_is_fresh`); None when the run no longer exists."""
+        (:attr:`cache_is_fresh`) and the run is running (a finished run may have expired,
+        which publishes no notice: see ``expire_finished_after``); None when the run no longer
+        exists."""
         binding = self._need_run("sync")
-        if not self.cache_is_fresh:
+        if not self.cache_is_fresh or self._may_have_expired(binding):
             await self._reload(binding)
             self._emit()
         if binding.cache.gone:

@@ -7,6 +7,7 @@ Subcommands::
     luft-redis show   RUN_ID [--events N] ...        a run's checkpoint and its last events
     luft-redis cancel RUN_ID ...                     cancel a running run
     luft-redis delete RUN_ID ...                     delete a run and its event log
+    luft-redis gc --older-than 7d [--dry-run] ...    delete old finished runs (cli_retention)
     luft-redis demo   ...                            the demo (luft_redis.tools.demo), if installed
 
 ``--redis`` defaults to env ``LUFT_REDIS_URL``, else ``redis://127.0.0.1:6379/0``;
@@ -206,7 +207,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     client = _connect(args)
     try:
         print(f"checking {redact_url(args.redis)}", file=sys.stdout)
-        report = check_server(client)
+        report = check_server(client, prefix=args.prefix)
     except ConnectionError as exc:
         raise _Fail(
             f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
@@ -309,6 +310,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
             summary["events"] = backend.client.xlen(run_keys(args.prefix, run_id).events)
         except redis.exceptions.RedisError:
             summary["events"] = None
+        summary["log_trimmed"] = backend.log_trimmed  # retention: the log lost its oldest events
         if args.json:
             print(_dumps(summary))
         else:
@@ -417,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check eviction policy, persistence, version and cluster mode. "
         "Exit 0 when safe, 1 when something is unsafe, 2 when unreachable.",
     )
-    _add_connection(doctor, prefix=False)
+    _add_connection(doctor, prefix=True)
     doctor.set_defaults(handler=_cmd_doctor)
 
     runs = sub.add_parser("runs", help="list the stored runs")
@@ -447,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("run_id", metavar="RUN_ID", type=_run_id)
     _add_connection(delete, prefix=True)
     delete.set_defaults(handler=_cmd_delete)
+
+    from .cli_retention import add_commands as add_retention_commands  # gc
+
+    add_retention_commands(sub)
 
     sub.add_parser(
         "demo", help="run the demo (arguments go to luft_redis.tools.demo)", add_help=False

@@ -41,8 +41,19 @@ import redis.cluster
 import redis.exceptions
 
 from .. import errors
+from ..keys import run_keys
+from ..retention import FINAL_STATUSES, iter_run_ids
 
-__all__ = ["LEVELS", "MIN_REDIS_VERSION", "Check", "Level", "ServerReport", "check_server"]
+__all__ = [
+    "DEFAULT_RUN_SAMPLE",
+    "LEVELS",
+    "MIN_REDIS_VERSION",
+    "Check",
+    "Level",
+    "ServerReport",
+    "check_runs",
+    "check_server",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -416,13 +427,128 @@ def _ping(client: Any) -> None:
         logger.debug("PING refused: %s", exc)
 
 
-def check_server(client: Any) -> ServerReport:
+# ---------------------------------------------------------------------------- the runs
+
+DEFAULT_RUN_SAMPLE: Final = 50
+"""Runs whose memory ``check_runs`` measures (MEMORY USAGE of each of their keys)."""
+
+DEFAULT_SCAN_LIMIT: Final = 100_000
+"""Runs ``check_runs`` looks at, at most, to count the finished runs without a TTL."""
+
+_BATCH: Final = 200
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
+    """MEMORY USAGE summed over the keys of each sampled run."""
+    name = "run-memory"
+    if not sample:
+        return Check(name, "ok", f"no runs under prefix {prefix!r}")
+    sizes: list[tuple[int, Any]] = []
+    try:
+        for run_id in sample:
+            total = 0
+            for key in list(run_keys(prefix, run_id))[:9]:  # the 10th is the channel
+                used = _ask("MEMORY USAGE", client.memory_usage, key)
+                total += int(used or 0)
+            sizes.append((total, run_id))
+    except _Refused as exc:
+        return Check(name, "unknown", f"cannot measure the runs ({exc})")
+    mean = sum(size for size, _ in sizes) / len(sizes)
+    largest, largest_id = max(sizes, key=lambda item: item[0])
+    return Check(
+        name,
+        "ok",
+        f"{_size(mean)} per run on average over {len(sizes)} sampled run(s); largest "
+        f"{_size(largest)} (run {largest_id})",
+    )
+
+
+def check_runs(
+    client: Any,
+    prefix: str,
+    *,
+    sample: int = DEFAULT_RUN_SAMPLE,
+    scan_limit: int = DEFAULT_SCAN_LIMIT,
+) -> list[Check]:
+    """Checks of the runs stored under ``prefix``: their memory (``run-memory``: MEMORY USAGE
+    of every key of the first ``sample`` runs found) and the finished runs that will never
+    expire (``runs-without-ttl``: warn when any finished run has no TTL; set
+    ``expire_finished_after`` or run ``luft-redis gc``).
+
+    Bounded: a SCAN of at most ``scan_limit`` runs, read in pipelined batches.
+    """
+    runs = finished = no_ttl = 0
+    sampled: list[Any] = []
+    capped = False
+    batch: list[Any] = []
+
+    def count(batch: list[Any]) -> None:
+        nonlocal runs, finished, no_ttl
+        pipe = client.pipeline(transaction=False)
+        for run_id in batch:
+            key = run_keys(prefix, run_id).run
+            pipe.hget(key, "status")
+            pipe.pttl(key)
+        replies = _ask("HGET/PTTL of the runs", pipe.execute)
+        for i in range(len(batch)):
+            status, ttl = replies[2 * i], replies[2 * i + 1]
+            if status is None:
+                continue
+            runs += 1
+            if _text(status) in FINAL_STATUSES:
+                finished += 1
+                no_ttl += int(ttl) == -1
+
+    try:
+        for run_id in iter_run_ids(client, prefix):
+            if runs + len(batch) >= scan_limit:
+                capped = True
+                break
+            if len(sampled) < sample:
+                sampled.append(run_id)
+            batch.append(run_id)
+            if len(batch) >= _BATCH:
+                count(batch)
+                batch = []
+        if batch:
+            count(batch)
+    except (_Refused, errors.BackendError) as exc:
+        return [Check("runs-without-ttl", "unknown", f"cannot read the runs ({exc})")]
+    at_least = "at least " if capped else ""
+    if no_ttl:
+        ttl_check = Check(
+            "runs-without-ttl",
+            "warn",
+            f"{at_least}{no_ttl} of {finished} finished run(s) ({at_least}{runs} run(s) under "
+            f"prefix {prefix!r}) have no TTL and stay until deleted: give the backends "
+            "expire_finished_after=, or run luft-redis gc --older-than 7d",
+        )
+    else:
+        ttl_check = Check(
+            "runs-without-ttl",
+            "ok",
+            f"every finished run expires ({finished} finished of {at_least}{runs} run(s) under "
+            f"prefix {prefix!r})",
+        )
+    return [_run_memory(client, prefix, sampled), ttl_check]
+
+
+def check_server(client: Any, *, prefix: str | None = None) -> ServerReport:
     """Check the server(s) behind ``client`` and return a :class:`ServerReport`.
 
     ``client`` is a ``redis.Redis`` (or fakeredis) client or a ``RedisCluster``; on a cluster
     every primary is checked and each check names its node. Commands the server refuses give
     ``unknown`` checks; :class:`luft_redis.errors.ConnectionError` is raised only when the
-    server cannot be reached at all.
+    server cannot be reached at all. With ``prefix``, the runs under that prefix are checked
+    too (:func:`check_runs`).
     """
     _ping(client)
     checks: list[Check] = []
@@ -440,6 +566,8 @@ def check_server(client: Any) -> ServerReport:
             )
     else:
         checks.extend(_check_node(client, cluster_client=False, node=None))
+    if prefix is not None:
+        checks.extend(check_runs(client, prefix))
     ok = not any(check.level == "unsafe" for check in checks)
     for check in checks:
         log = logger.info if check.level in ("warn", "unsafe") else logger.debug

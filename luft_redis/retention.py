@@ -1,0 +1,338 @@
+"""Keep Redis bounded: expiry of finished runs, trimming of event logs, garbage collection.
+
+Three tools, from the cheapest to the most manual:
+
+- ``expire_finished_after=timedelta(...)`` (an option of both backends and of ``from_url``):
+  the script that finishes a run (status completed, failed or cancelled) sets that TTL on every
+  key of the run; keys created later get the run's remaining TTL; resuming the run removes it.
+  The rule lives in ``lua/includes/retention.lua``; this module only builds its option.
+- ``max_events=N``: every append trims the run's event log to about ``N`` entries
+  (``XTRIM MAXLEN ~``); the run field ``log_trimmed`` then says the log is no longer whole
+  (``backend.log_trimmed``, :func:`log_trimmed`).
+- :func:`collect_garbage` (``luft-redis gc``): deletes finished runs last updated longer ago
+  than a given age, in bounded batches; :func:`iter_finished_runs` finds them.
+
+See the README's "Retention" section and ``docs/redis-layout.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import redis
+
+from .errors import ConfigurationError, ValidationError
+from .keys import DEFAULT_PREFIX, check_prefix, run_id_from_key, run_keys, run_pattern
+from .scripts import script_source, translate_error
+
+__all__ = [
+    "FINAL_STATUSES",
+    "LOG_TRIMMED_NOTE",
+    "FinishedRun",
+    "GarbageReport",
+    "RetentionOptions",
+    "collect_garbage",
+    "iter_finished_runs",
+    "iter_run_ids",
+    "log_trimmed",
+    "parse_duration",
+    "server_time",
+]
+
+logger = logging.getLogger(__name__)
+
+FINAL_STATUSES: Final = ("completed", "failed", "cancelled")
+"""The statuses of a finished run (contract: every status but running)."""
+
+DEFAULT_BATCH: Final = 100
+"""Runs examined (and deleted) per round trip by :func:`collect_garbage`."""
+
+LOG_TRIMMED_NOTE: Final = (
+    "the event log was trimmed (max_events): its oldest events are gone, the checkpoint is exact"
+)
+"""What the CLI prints for a run whose log was trimmed."""
+
+_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
+# ---------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class RetentionOptions:
+    """A backend's retention options, checked, and their script argument."""
+
+    expire_finished_after: dt.timedelta | None = None
+    max_events: int | None = None
+
+    @classmethod
+    def make(cls, expire_finished_after: Any, max_events: Any) -> RetentionOptions:
+        """Check the options (ConfigurationError naming the bad one)."""
+        if expire_finished_after is not None:
+            if not isinstance(expire_finished_after, dt.timedelta):
+                raise ConfigurationError(
+                    "expire_finished_after must be a datetime.timedelta or None, got "
+                    f"{type(expire_finished_after).__name__}"
+                )
+            if expire_finished_after < dt.timedelta(milliseconds=1):
+                raise ConfigurationError("expire_finished_after must be at least 1 ms")
+            if expire_finished_after > dt.timedelta(days=365 * 100):
+                raise ConfigurationError("expire_finished_after must be at most 100 years")
+        if max_events is not None and (
+            isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1
+        ):
+            raise ConfigurationError(
+                f"max_events must be a positive int or None, got {max_events!r}"
+            )
+        if max_events is not None and max_events >= 10**15:
+            raise ConfigurationError("max_events must be below 10^15")
+        return cls(expire_finished_after, max_events)
+
+    @property
+    def ttl_ms(self) -> int:
+        """``expire_finished_after`` in whole milliseconds (0: off)."""
+        after = self.expire_finished_after
+        if after is None:
+            return 0
+        return after // dt.timedelta(milliseconds=1)
+
+    @property
+    def script_arg(self) -> str | None:
+        """The trailing argument of the writing scripts (``lua/includes/retention.lua``):
+        ``"@retention <ttl_ms> <max_events>"``, or None when both options are off."""
+        if self.expire_finished_after is None and self.max_events is None:
+            return None
+        return f"@retention {self.ttl_ms} {self.max_events or 0}"
+
+    def with_arg(self, args: Sequence[Any]) -> Sequence[Any]:
+        """``args`` of a writing script with the retention argument appended (if any)."""
+        arg = self.script_arg
+        return args if arg is None else (*args, arg)
+
+
+# ---------------------------------------------------------------------------- durations
+
+
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` (or plain seconds) as a timedelta
+    (ValidationError naming the text)."""
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _UNITS else raw
+    if not number.isdigit() or not number.isascii():
+        raise ValidationError(
+            "duration", f"{text!r} is not a duration such as 90s, 15m, 12h, 7d or 2w"
+        )
+    seconds = int(number) * _UNITS[unit]
+    if seconds > 100 * 365 * 86400:
+        raise ValidationError("duration", f"{text!r} is longer than 100 years")
+    return dt.timedelta(seconds=seconds)
+
+
+# ---------------------------------------------------------------------------- finding runs
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def iter_run_ids(client: Any, prefix: str = DEFAULT_PREFIX, *,
+                 scan_count: int = 1000) -> Iterator[uuid.UUID]:  # fmt: skip
+    """Every run id under ``prefix``, by a SCAN of the run hashes (on a cluster, of every
+    primary); memory stays bounded, a run may be seen twice when keys move meanwhile."""
+    check_prefix(prefix)
+    try:
+        for raw in client.scan_iter(match=run_pattern(prefix), count=scan_count):
+            run_id = run_id_from_key(prefix, _text(raw))
+            if run_id is not None:
+                yield run_id
+    except _REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A finished run found by :func:`iter_finished_runs`."""
+
+    run_id: uuid.UUID
+    status: str
+    updated_at: int
+    """Unix seconds of its last change (server clock)."""
+    ttl_ms: int
+    """Milliseconds before Redis expires it; -1 without a TTL."""
+
+
+def _batches(items: Iterable[uuid.UUID], size: int) -> Iterator[list[uuid.UUID]]:
+    """Lists of up to ``size`` distinct items (memory stays bounded: SCAN may still return a
+    run again in a later batch, after a rehash; it is then found again or skipped)."""
+    batch: list[uuid.UUID] = []
+    seen: set[uuid.UUID] = set()
+    for item in items:
+        if item in seen:
+            continue
+        seen.add(item)
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch, seen = [], set()
+    if batch:
+        yield batch
+
+
+def server_time(client: Any) -> int:
+    """The Redis server's clock, unix seconds (the clock of ``updated_at``)."""
+    try:
+        reply = client.time()
+    except _REDIS_ERRORS as exc:
+        raise translate_error(exc) from exc
+    if isinstance(reply, dict):  # RedisCluster: one answer per node
+        reply = next(iter(reply.values()))
+    return int(reply[0])
+
+
+def _check_statuses(statuses: Iterable[str]) -> frozenset[str]:
+    wanted = frozenset(statuses)
+    bad = sorted(wanted - set(FINAL_STATUSES))
+    if bad or not wanted:
+        raise ValidationError(
+            "statuses", f"{', '.join(bad) or 'none'}: choose among {', '.join(FINAL_STATUSES)}"
+        )
+    return wanted
+
+
+def _batch_size(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValidationError("batch_size", f"must be a positive int, got {batch_size!r}")
+    return batch_size
+
+
+def iter_finished_runs(
+    client: Any,
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    older_than: dt.timedelta = dt.timedelta(0),
+    statuses: Iterable[str] = FINAL_STATUSES,
+    now: int | None = None,
+    batch_size: int = DEFAULT_BATCH,
+) -> Iterator[FinishedRun]:
+    """The finished runs (status in ``statuses``) not updated for ``older_than``.
+
+    Bounded in memory: a SCAN of the run hashes, read ``batch_size`` runs per pipelined round
+    trip (status, updated_at, PTTL). ``now`` is unix seconds (default: the server's clock).
+    A run index (a sorted set by update time), when the CLI keeps one, can replace the SCAN
+    here without changing callers.
+    """
+    wanted = _check_statuses(statuses)
+    size = _batch_size(batch_size)
+    if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
+        raise ValidationError("older_than", f"must be a non-negative timedelta, got {older_than!r}")
+    cutoff = (server_time(client) if now is None else now) - int(older_than.total_seconds())
+    for batch in _batches(iter_run_ids(client, prefix), size):
+        try:
+            pipe = client.pipeline(transaction=False)
+            for run_id in batch:
+                key = run_keys(prefix, run_id).run
+                pipe.hmget(key, ["status", "updated_at"])
+                pipe.pttl(key)
+            replies = pipe.execute()
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc) from exc
+        for i, run_id in enumerate(batch):
+            (status_raw, updated_raw), ttl = replies[2 * i], replies[2 * i + 1]
+            if status_raw is None:
+                continue  # deleted or expired since the SCAN
+            status, updated = _text(status_raw), _text(updated_raw or b"")
+            if status not in wanted:
+                continue
+            if not updated.isdigit():
+                logger.error("run %s: updated_at %r is not a number; gc skips it",
+                             run_id, updated)  # fmt: skip
+                continue
+            if int(updated) <= cutoff:
+                yield FinishedRun(run_id, status, int(updated), int(ttl))
+
+
+# ---------------------------------------------------------------------------- garbage collection
+
+
+@dataclass
+class GarbageReport:
+    """What :func:`collect_garbage` found and did."""
+
+    dry_run: bool
+    found: list[FinishedRun] = field(default_factory=list)
+    """Every run that matched (with ``dry_run``: what would be deleted)."""
+    deleted: list[uuid.UUID] = field(default_factory=list)
+    """The runs deleted (empty with ``dry_run``)."""
+    skipped: list[uuid.UUID] = field(default_factory=list)
+    """Runs that matched but changed before their delete (resumed, updated, or gone)."""
+
+
+def collect_garbage(
+    client: Any,
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    older_than: dt.timedelta,
+    statuses: Iterable[str] = FINAL_STATUSES,
+    dry_run: bool = False,
+    batch_size: int = DEFAULT_BATCH,
+) -> GarbageReport:
+    """Delete the finished runs (status in ``statuses``) last updated more than
+    ``older_than`` ago, ``batch_size`` runs per batch.
+
+    Each delete is one script (``lua/gc_run-10.lua``) that checks again, atomically, that the
+    run is still finished and still that old, then deletes every key of the run and tells the
+    processes watching it (as ``delete_run`` does): a run resumed meanwhile is skipped, never
+    deleted. ``dry_run=True`` deletes nothing and reports what would go.
+    """
+    wanted = _check_statuses(statuses)
+    size = _batch_size(batch_size)
+    now = server_time(client)
+    report = GarbageReport(dry_run=dry_run)
+    status_arg = ",".join(sorted(wanted))
+    script = None if dry_run else client.register_script(script_source("gc_run"))
+    batch: list[FinishedRun] = []
+
+    def flush() -> None:
+        assert script is not None
+        for run in batch:
+            keys = list(run_keys(prefix, run.run_id))
+            try:
+                done = script(keys=keys, args=[status_arg, str(int(older_than.total_seconds()))])
+            except _REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run.run_id) from exc
+            (report.deleted if int(done) == 1 else report.skipped).append(run.run_id)
+        logger.info("gc: deleted %d run(s) so far", len(report.deleted))
+        batch.clear()
+
+    for run in iter_finished_runs(client, prefix, older_than=older_than, statuses=wanted,
+                                  now=now, batch_size=size):  # fmt: skip
+        report.found.append(run)
+        if not dry_run:
+            batch.append(run)
+            if len(batch) >= size:
+                flush()
+    if batch:
+        flush()
+    return report
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def log_trimmed(client: Any, prefix: str, run_id: uuid.UUID) -> bool:
+    """True when run ``run_id``'s event log was trimmed (its run field ``log_trimmed``), for
+    tools that read a run without binding a backend (``backend.log_trimmed`` otherwise)."""
+    try:
+        raw = client.hget(run_keys(prefix, run_id).run, "log_trimmed")
+    except _REDIS_ERRORS as exc:
+        raise translate_error(exc, run_id=run_id) from exc
+    return raw is not None and _text(raw) == "1"
