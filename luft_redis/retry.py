@@ -59,13 +59,18 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+_TLS_REFUSALS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRONG_VERSION_NUMBER",
+                 "TLSV1_ALERT", "tlsv1 alert", "SSLV3_ALERT", "sslv3 alert")  # fmt: skip
+
+
 def tls_failure(exc: BaseException) -> bool:
-    """A TLS handshake failed (certificate not verified, or refused by the server)."""
+    """A TLS handshake was refused: a certificate that did not verify (on either side), or TLS
+    spoken to a plain port. A connection lost during a handshake stays transient."""
     for item in _chain(exc):
-        if isinstance(item, ssl.SSLError):
+        if isinstance(item, ssl.SSLCertVerificationError):
             return True
-        if isinstance(item, redis.exceptions.ConnectionError) and (
-            "CERTIFICATE_VERIFY_FAILED" in str(item) or "[SSL" in str(item)
+        if isinstance(item, (ssl.SSLError, redis.exceptions.ConnectionError)) and any(
+            text in str(item) for text in _TLS_REFUSALS
         ):
             return True
     return False

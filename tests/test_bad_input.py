@@ -87,7 +87,7 @@ def test_access_failures_are_never_transient_and_are_typed() -> None:
         raise ssl.SSLCertVerificationError("certificate verify failed")
     except ssl.SSLError:
         try:
-            raise redis.exceptions.ConnectionError("Error 1 connecting: [SSL] verify failed")
+            raise redis.exceptions.ConnectionError("Error 1 connecting: handshake failed")
         except redis.exceptions.ConnectionError as wrapped:
             tls = wrapped
     for exc in (auth, noauth, noperm, tls):
@@ -106,5 +106,8 @@ def test_access_failures_are_never_transient_and_are_typed() -> None:
     assert isinstance(named, errors.PermissionDeniedError) and named.command == "XADD"
     assert isinstance(translate_error(tls), errors.TLSError)
     assert is_transient(redis.exceptions.ConnectionError("Connection refused"))
+    assert is_transient(  # a connection lost in the handshake may pass
+        redis.exceptions.ConnectionError("[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred")
+    )
     assert isinstance(translate_error(redis.exceptions.ConnectionError("refused")),
                       errors.ConnectionError)  # fmt: skip

@@ -6,6 +6,7 @@ certificate with the ``openssl`` binary; without it they are skipped, except und
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import shutil
@@ -25,6 +26,7 @@ from luft_redis import (
     AgentSessionCheckpoint,
     AgentStarted,
     AgentStatus,
+    AsyncRedisCheckpointBackend,
     CheckpointStatus,
     Finding,
     LuftRedisError,
@@ -266,6 +268,22 @@ def test_noperm_on_the_prefix_is_a_typed_error_at_once(acl: AclSetup, watch: boo
     if not watch:  # exactly one refused command: never retried
         assert _stat(acl.admin, "errorstats", "errorstat_NOPERM") == denied_before + 1
     assert acl.admin.keys("other:*") == []
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_noperm_on_the_prefix_is_a_typed_error_at_once_asyncio(acl: AclSetup, watch: bool) -> None:
+    async def main() -> PermissionDeniedError:
+        backend = AsyncRedisCheckpointBackend.from_url(acl.user_url, prefix="other", watch=watch)
+        try:
+            with pytest.raises(PermissionDeniedError) as info:
+                await backend.open_run(uuid.uuid4())
+            return info.value
+        finally:
+            await backend.aclose()
+
+    denied = asyncio.run(main())
+    assert denied.prefix == "other"
+    assert denied.command == ("SSUBSCRIBE" if watch else "EVALSHA (a luft-redis script)")
 
 
 @pytest.fixture(scope="module")
