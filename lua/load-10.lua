@@ -8,25 +8,24 @@
   Reply:  0 when the run does not exist, else
           {run HGETALL, phases HGETALL, results HGETALL, sessions HGETALL, started HGETALL,
            findings HGETALL, findings_order LRANGE}
-  Errors: LUFT_CORRUPT <key> type ... when a key of the run holds the wrong type
+  Errors: LUFT_CORRUPT <key> type ... when a key of the run (writers included) holds the
+          wrong type
 ]]
-local KINDS = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list'}
-for i = 1, #KINDS do
-  local found = redis.call('TYPE', KEYS[i])
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= KINDS[i] then
-    return redis.error_reply('LUFT_CORRUPT ' .. KEYS[i] .. ' type is ' .. tostring(found) ..
-      ', not a ' .. KINDS[i])
-  end
+--- @include "includes/common"
+
+local function main()
+  check_run_types()
+  local run = redis.call('HGETALL', K_RUN)
+  if #run == 0 then return 0 end
+  return {
+    run,
+    redis.call('HGETALL', K_PHASES),
+    redis.call('HGETALL', K_RESULTS),
+    redis.call('HGETALL', K_SESSIONS),
+    redis.call('HGETALL', K_STARTED),
+    redis.call('HGETALL', K_FINDINGS),
+    redis.call('LRANGE', K_FINDINGS_ORDER, 0, -1),
+  }
 end
-local run = redis.call('HGETALL', KEYS[1])
-if #run == 0 then return 0 end
-return {
-  run,
-  redis.call('HGETALL', KEYS[3]),
-  redis.call('HGETALL', KEYS[4]),
-  redis.call('HGETALL', KEYS[5]),
-  redis.call('HGETALL', KEYS[6]),
-  redis.call('HGETALL', KEYS[7]),
-  redis.call('LRANGE', KEYS[8], 0, -1),
-}
+
+--- @include "includes/main"

@@ -22,7 +22,11 @@
 --- @include "includes/retention"
 --- @include "includes/common"
 
+-- the optional attributes of each group, in argument order (a null one is simply not stored:
+-- the hashes are emptied before they are written, so optional_fields' drop list is unused)
+local PHASE_OPTIONAL = {'description', 'role'}
 local RESULT_OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
+local SESSION_OPTIONAL = {'backend_id', 'protocol_session_id'}
 
 local function main()
   local dup = dedup()
@@ -53,9 +57,7 @@ local function main()
     local f = {p .. 'seq', tostring(i + 1), p .. 'label', ARGS[a + 1],
       p .. 'planned', arg_uint(ARGS[a + 2], 'planned'), p .. 'ok', arg_uint(ARGS[a + 3], 'ok'),
       p .. 'failed', arg_uint(ARGS[a + 4], 'failed')}
-    local description, role = opt(ARGS[a + 5], 'description'), opt(ARGS[a + 6], 'role')
-    if description then f[#f + 1] = p .. 'description'; f[#f + 1] = description end
-    if role then f[#f + 1] = p .. 'role'; f[#f + 1] = role end
+    optional_fields(f, {}, p, PHASE_OPTIONAL, a + 5)
     for j = 1, #f do phases[#phases + 1] = f[j] end
   end
   run_fields[#run_fields + 1] = 'phases'
@@ -69,10 +71,7 @@ local function main()
     local f = {p .. 'phase_id', arg_uint(ARGS[a + 1], 'phase_id'), p .. 'status', ARGS[a + 2],
       p .. 'tokens', arg_uint(ARGS[a + 3], 'tokens'),
       p .. 'completed_at', arg_uint(ARGS[a + 4], 'completed_at')}
-    for j, name in ipairs(RESULT_OPTIONAL) do
-      local value = opt(ARGS[a + 4 + j], name)
-      if value then f[#f + 1] = p .. name; f[#f + 1] = value end
-    end
+    optional_fields(f, {}, p, RESULT_OPTIONAL, a + 5)
     for j = 1, #f do results[#results + 1] = f[j] end
   end
 
@@ -83,9 +82,7 @@ local function main()
     local p = ARGS[a] .. ':'
     local f = {p .. 'session_id', ARGS[a + 3], p .. 'status', ARGS[a + 4],
       p .. 'updated_at', arg_uint(ARGS[a + 5], 'updated_at'), p .. 'resumable', ARGS[a + 6]}
-    local backend, protocol = opt(ARGS[a + 1], 'backend_id'), opt(ARGS[a + 2], 'protocol_session_id')
-    if backend then f[#f + 1] = p .. 'backend_id'; f[#f + 1] = backend end
-    if protocol then f[#f + 1] = p .. 'protocol_session_id'; f[#f + 1] = protocol end
+    optional_fields(f, {}, p, SESSION_OPTIONAL, a + 1)
     for j = 1, #f do sessions[#sessions + 1] = f[j] end
   end
 

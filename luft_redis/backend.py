@@ -39,7 +39,14 @@ from .frontend import (
     Binding,
     FrontEnd,
 )
-from .keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
+from .keys import (
+    DEFAULT_PREFIX,
+    TOMBSTONE_TTL,
+    run_id_from_key,
+    run_keys,
+    run_pattern,
+    tombstone_key,
+)
 from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .scripts import translate_error
@@ -266,6 +273,10 @@ class RedisCheckpointBackend(FrontEnd):
         binding.watch = self._start_watch(cache, binding.channel)
         if binding.watch is not None and self._listener is not None:
             self._listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
+            refused = self._refused(self._listener, run_id)
+            if refused is not None:
+                self._stop_watch(binding.watch)
+                raise refused
         return binding
 
     def _adopt(self, binding: Binding) -> None:
@@ -327,7 +338,7 @@ class RedisCheckpointBackend(FrontEnd):
         try:
             return self._retry.call(lambda: script(keys=keys, args=args))
         except REDIS_ERRORS as exc:
-            raise translate_error(exc, run_id=run_id) from exc
+            raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
 
     def _execute(self, script: Any, args: Sequence[Any], keys: list[str],
                  run_id: object) -> tuple[Any, int | None]:  # fmt: skip
@@ -353,7 +364,7 @@ class RedisCheckpointBackend(FrontEnd):
             try:
                 return self._retry.call(attempt)
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
 
     def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
@@ -525,10 +536,12 @@ class RedisCheckpointBackend(FrontEnd):
         rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
         if rid is None:
             raise RunNotBoundError("delete_run")
-        keys = run_keys(self._prefix, rid)
-        existed = self._call(self._scripts.delete_run, (), list(keys), rid)
+        keys = [*run_keys(self._prefix, rid), tombstone_key(self._prefix, rid)]
+        ttl = (str(TOMBSTONE_TTL),)
+        existed, acked = self._execute(self._scripts.delete_run, ttl, keys, rid)
         if rid == self.run_id:
             self._unbind()
+        self._check_durable(acked)
         return bool(int(existed))
 
     def list_runs(self) -> list[uuid.UUID]:
@@ -541,7 +554,7 @@ class RedisCheckpointBackend(FrontEnd):
                 if run_id is not None:
                     found.add(run_id)
         except REDIS_ERRORS as exc:
-            raise translate_error(exc) from exc
+            raise translate_error(exc, prefix=self._prefix) from exc
         return sorted(found)
 
     # -- writes ----------------------------------------------------------------------------
@@ -609,7 +622,7 @@ class RedisCheckpointBackend(FrontEnd):
             try:
                 page = self._client.xrange(key, min=lower, max="+", count=page_size)
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
             for raw_id, fields in page:
                 yield decode_entry(run_id, key, entry_id(raw_id), fields)
             if len(page) < page_size:
@@ -640,7 +653,7 @@ class RedisCheckpointBackend(FrontEnd):
                 newest = self._client.xrevrange(key, count=1)
                 last = entry_id(newest[0][0]) if newest else "0-0"
         except REDIS_ERRORS as exc:
-            raise translate_error(exc, run_id=run_id) from exc
+            raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
         return self._follow(run_id, key, last, follow, timeout, block_ms, count)
 
     def _follow(
@@ -658,7 +671,7 @@ class RedisCheckpointBackend(FrontEnd):
             try:
                 reply = self._client.xread({key: last}, count=count, block=block)
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
             entries = xread_entries(reply)
             for raw_id, fields in entries:
                 last = entry_id(raw_id)

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .tools.cli import DEFAULT_URL, EXIT_FAILURE, EXIT_OK, EXIT_UNREACHABLE, main
+from .tools.cli import DEFAULT_URL, EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, main
 
-__all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "main"]
+__all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]

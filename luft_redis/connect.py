@@ -15,8 +15,11 @@ from typing import Any
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
 import redis.asyncio.sentinel
+import redis.backoff
 import redis.cluster
+import redis.retry
 import redis.sentinel
 
 from .errors import ClientTypeError, ConfigurationError
@@ -113,6 +116,15 @@ def _sentinel_parts(url: str, client_kwargs: dict[str, Any]) -> tuple[list[tuple
     return hosts, service, db
 
 
+def no_retry(*, asyncio: bool = False) -> Any:
+    """A redis-py ``Retry`` that never retries: luft-redis' own :class:`RetryPolicy` is the one
+    retry layer of the clients ``from_url`` makes (redis-py 6+ retries 3-10 times by itself,
+    which multiplied the policy's deadline)."""
+    if asyncio:
+        return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
+    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+
+
 def sentinel_client(url: str, *, asyncio: bool = False, **client_kwargs: Any) -> Any:
     """A client for the primary named in ``redis+sentinel://[:pw@]h:p[,h:p...]/<service>[/<db>]``.
 
@@ -121,19 +133,27 @@ def sentinel_client(url: str, *, asyncio: bool = False, **client_kwargs: Any) ->
     """
     hosts, service, _ = _sentinel_parts(url, client_kwargs)
     timeout = client_kwargs.get("socket_timeout")
+    sentinel_kwargs = {"retry": no_retry(asyncio=asyncio), "socket_timeout": timeout}
     if asyncio:
         async_sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-            hosts, socket_timeout=timeout
+            hosts, socket_timeout=timeout, sentinel_kwargs=sentinel_kwargs
         )
         return async_sentinel.master_for(service, **client_kwargs)
-    sentinel = redis.sentinel.Sentinel(hosts, socket_timeout=timeout)  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        hosts, socket_timeout=timeout, sentinel_kwargs=sentinel_kwargs
+    )
     return sentinel.master_for(service, **client_kwargs)  # type: ignore[no-untyped-call]
 
 
 def make_client(url: str, *, cluster: bool = False, asyncio: bool = False,
                 **client_kwargs: Any) -> Any:  # fmt: skip
-    """The client ``from_url`` makes for ``url`` (always ``decode_responses=False``)."""
+    """The client ``from_url`` makes for ``url`` (always ``decode_responses=False``).
+
+    Unless ``retry=`` is given, the client does not retry by itself (:func:`no_retry`): the
+    backend's ``RetryPolicy`` is the one retry layer, with one deadline.
+    """
     client_kwargs["decode_responses"] = False
+    client_kwargs.setdefault("retry", no_retry(asyncio=asyncio))
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
         return sentinel_client(url, asyncio=asyncio, **client_kwargs)
     if asyncio:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import builtins
 
 __all__ = [
+    "AccessError",
+    "AuthenticationError",
     "BackendError",
     "ClientTypeError",
     "ConfigurationError",
@@ -23,10 +25,12 @@ __all__ = [
     "NotDurableError",
     "NotResumableError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "RunExistsError",
     "RunMismatchError",
     "RunNotBoundError",
     "RunNotFoundError",
+    "TLSError",
     "ValidationError",
 ]
 
@@ -138,3 +142,32 @@ class NotDurableError(LuftRedisError):
 
 class BackendError(LuftRedisError):
     """Redis answered with an error luft-redis does not expect (``__cause__`` holds it)."""
+
+
+class AccessError(LuftRedisError):
+    """Redis was reached but refused this client: a wrong or missing password, an ACL that
+    does not cover the command or the keys, or a TLS handshake that failed. Never retried (it
+    does not pass by itself); ``__cause__`` holds the redis-py error."""
+
+
+class AuthenticationError(AccessError):
+    """The server wants a (different) password or user: ``AUTH``/``HELLO`` failed or was
+    missing (``NOAUTH``, ``WRONGPASS``)."""
+
+
+class PermissionDeniedError(AccessError):
+    """The ACL user may not run ``command`` on the keys or channels under ``prefix``
+    (``NOPERM``): give it ``~<prefix>:*`` and ``&<prefix>:*`` and the commands in
+    ``docs/security.md``."""
+
+    def __init__(self, prefix: str | None, command: str, detail: str) -> None:
+        self.prefix = prefix
+        self.command = command
+        self.detail = detail
+        where = f"under prefix {prefix!r}" if prefix is not None else "for this client"
+        super().__init__(f"the Redis ACL user may not run {command} {where}: {detail}")
+
+
+class TLSError(AccessError):
+    """The TLS handshake failed: the server's certificate did not verify (wrong CA, name or
+    date), or the client's was refused."""

@@ -19,11 +19,11 @@ from . import types as t
 from .cache import RunCache
 from .coherence import Watch
 from .connect import Durability, is_cluster
-from .errors import ConfigurationError, NotDurableError, RunNotBoundError
+from .errors import ConfigurationError, LuftRedisError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
 from .retention import RetentionOptions
-from .retry import NO_RETRY, RetryPolicy
-from .scripts import Scripts
+from .retry import NO_RETRY, RetryPolicy, is_access_error
+from .scripts import Scripts, translate_error
 from .wire import Encoder
 
 __all__ = [
@@ -210,6 +210,17 @@ class FrontEnd:
         if binding is None:
             raise RunNotBoundError(operation)
         return binding
+
+    def _refused(self, listener: Any, run_id: uuid.UUID) -> LuftRedisError | None:
+        """The typed error when the change subscription was refused for good (a password,
+        an ACL or TLS: see retry.is_access_error), else None (a transient failure: the
+        listener keeps trying and the load's retry policy decides)."""
+        failure = getattr(listener, "failure", None)
+        if failure is None or not is_access_error(failure):
+            return None
+        error = translate_error(failure, run_id=run_id, prefix=self._prefix, command="SSUBSCRIBE")
+        error.__cause__ = failure
+        return error
 
     def _check_durable(self, acked: int | None) -> None:
         """NotDurableError when a durable write reached fewer replicas than asked for."""

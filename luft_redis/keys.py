@@ -17,6 +17,8 @@ key                                    type    holds
 ``<prefix>:{<run>}:findings_order``    list    finding segment ids in list order
 ``<prefix>:{<run>}:writers``           hash    ``<writer id>`` -> ``<op seq> <reply>``
 ``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices
+``<prefix>:{<run>}:deleted``           hash    ``<writer id>`` -> ``<op seq> <reply>`` of a
+                                               delete_run, expiring (``TOMBSTONE_TTL``)
 =====================================  ======  ================================================
 """
 
@@ -27,7 +29,15 @@ from typing import NamedTuple
 
 from .errors import ConfigurationError
 
-__all__ = ["DEFAULT_PREFIX", "RunKeys", "check_prefix", "run_keys", "run_pattern"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "TOMBSTONE_TTL",
+    "RunKeys",
+    "check_prefix",
+    "run_keys",
+    "run_pattern",
+    "tombstone_key",
+]
 
 DEFAULT_PREFIX = "luft"
 """Key prefix used when none is given; one prefix is one namespace of runs."""
@@ -73,6 +83,17 @@ def run_keys(prefix: str, run_id: uuid.UUID) -> RunKeys:
     """The keys of run ``run_id`` under ``prefix``, all tagged ``{<run-id>}``."""
     base = f"{prefix}:{{{run_id}}}:"
     return RunKeys(*(base + name for name in RunKeys._fields))
+
+
+TOMBSTONE_TTL = 300
+"""Seconds a delete_run's tombstone is kept: a retry of the delete within that time (its
+reply was lost) gets the first answer."""
+
+
+def tombstone_key(prefix: str, run_id: uuid.UUID) -> str:
+    """The hash that remembers, per writer, the last ``delete_run`` of the run and its reply
+    (not one of :class:`RunKeys`: it outlives the run by :data:`TOMBSTONE_TTL` seconds)."""
+    return f"{prefix}:{{{run_id}}}:deleted"
 
 
 def run_pattern(prefix: str) -> str:

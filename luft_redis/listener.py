@@ -82,12 +82,15 @@ class ChangeListener:
         self._lock = threading.Lock()
         self._subscribed = threading.Condition(self._lock)
         self._router: Router[_Link] = Router(lambda name: _Link(self, name), self._node_name)
+        self.failure: BaseException | None = None
+        """Why the last subscriber connection failed, until a subscription is confirmed."""
 
     # -- used by the front end -------------------------------------------------------------
 
     def watch(self, watch: Watch, max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
         """Deliver the notices of ``watch.channel`` to ``watch``."""
         with self._lock:
+            self.failure = None
             link, already = self._router.add(watch, max_staleness)
             link.ensure_thread()
         if already:  # no confirmation will come for this watch: its load follows this
@@ -102,8 +105,18 @@ class ChangeListener:
         return self._router.healthy(channel, time.monotonic(), max_staleness)
 
     def wait_subscribed(self, channel: bytes, timeout: float) -> bool:
+        """Wait until the channel's subscription is confirmed (True), or a subscriber
+        connection failed (:attr:`failure`; False at once, the listener keeps trying) or
+        ``timeout`` passed (False)."""
         with self._subscribed:
-            return self._subscribed.wait_for(lambda: self._router.confirmed(channel), timeout)
+            return self._subscribed.wait_for(
+                lambda: self._router.confirmed(channel) or self.failure is not None, timeout
+            ) and self._router.confirmed(channel)
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._subscribed:
+            self.failure = exc
+            self._subscribed.notify_all()
 
     @property
     def connected(self) -> bool:
@@ -238,6 +251,8 @@ class _Link:
             except Exception as exc:
                 self.health.disconnect()
                 if not self._stopping:
+                    if not isinstance(exc, _Reconnect):
+                        listener._failed(exc)
                     self._lost(exc)
                     listener._refresh_topology()
                     time.sleep(backoff)
@@ -282,6 +297,7 @@ class _Link:
         confirmed = handle_message(message, self.health, self._asked_unsub, listener._targets)
         if confirmed is not None:
             with listener._subscribed:
+                listener.failure = None
                 listener._subscribed.notify_all()
 
     def _lost(self, exc: BaseException) -> None:

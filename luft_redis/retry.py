@@ -4,7 +4,13 @@ Only failures that may pass by themselves are retried: a refused, reset or timed
 connection, a server still loading its data (``LOADING``), a replica promoted or demoted during
 failover (``READONLY``, ``MASTERDOWN``), a cluster resharding (``TRYAGAIN``, ``CLUSTERDOWN``),
 and a script missing from the server's cache (``NOSCRIPT``: flushed between load and call).
-Validation and domain errors (``LUFT_*``) never are.
+Validation and domain errors (``LUFT_*``) never are, nor are refusals that do not pass by
+themselves: a missing or wrong password, an ACL ``NOPERM``, a TLS certificate that does not
+verify (see :func:`is_access_error`).
+
+This is the only retry layer: the clients ``from_url`` makes have redis-py's own retry turned
+off (``Retry(NoBackoff(), 0)``), so ``deadline`` bounds the whole wait. A client passed in keeps
+the retry it was made with, which runs inside every attempt of this policy.
 
 A write whose reply was lost may have been applied: every write carries a writer id and an
 operation number made before its first attempt, and the Lua scripts apply an operation at most
@@ -18,6 +24,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -25,7 +32,7 @@ from typing import TypeVar
 import redis.exceptions
 import tenacity
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient"]
+__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_access_error", "is_transient", "tls_failure"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +45,60 @@ _rng = random.Random()
 _TRANSIENT_PREFIXES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY ")
 
 
+_AUTH_TEXTS = ("NOAUTH", "WRONGPASS", "HELLO must be called", "AUTH failed",
+               "invalid username-password", "Authentication required")  # fmt: skip
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (redis-py wraps OS errors)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen and len(seen) < 10:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+_TLS_REFUSALS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRONG_VERSION_NUMBER",
+                 "TLSV1_ALERT", "tlsv1 alert", "SSLV3_ALERT", "sslv3 alert")  # fmt: skip
+
+
+def tls_failure(exc: BaseException) -> bool:
+    """A TLS handshake was refused: a certificate that did not verify (on either side), or TLS
+    spoken to a plain port. A connection lost during a handshake stays transient."""
+    for item in _chain(exc):
+        if isinstance(item, ssl.SSLCertVerificationError):
+            return True
+        if isinstance(item, (ssl.SSLError, redis.exceptions.ConnectionError)) and any(
+            text in str(item) for text in _TLS_REFUSALS
+        ):
+            return True
+    return False
+
+
+def is_access_error(exc: BaseException) -> bool:
+    """The server refused this client: authentication, ACL permission or TLS. Never transient."""
+    if isinstance(
+        exc,
+        (
+            redis.exceptions.AuthenticationError,
+            redis.exceptions.AuthorizationError,
+            redis.exceptions.AuthenticationWrongNumberOfArgsError,
+            redis.exceptions.NoPermissionError,
+        ),
+    ):
+        return True
+    if isinstance(exc, redis.exceptions.RedisError) and str(exc).startswith(
+        ("NOPERM", *_AUTH_TEXTS)
+    ):
+        return True
+    return tls_failure(exc)
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for a Redis failure that a later attempt may not meet."""
+    if is_access_error(exc):
+        return False
     if isinstance(
         exc,
         (

@@ -21,6 +21,7 @@ import redis
 import redis.exceptions
 
 from . import errors
+from .retry import is_access_error, tls_failure
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "lua_dir", "script_source", "translate_error"]
 
@@ -103,21 +104,58 @@ class Scripts:
         raise AttributeError(name)
 
 
-def translate_error(exc: BaseException, *, run_id: object = None) -> errors.LuftRedisError:
-    """The luft-redis error for an exception raised by redis-py while running a command."""
+def translate_error(
+    exc: BaseException, *, run_id: object = None, prefix: str | None = None,
+    command: str | None = None, key: str | None = None,
+) -> errors.LuftRedisError:  # fmt: skip
+    """The luft-redis error for an exception raised by redis-py while running a command.
+
+    ``prefix`` and ``command`` (default: the one Redis names, else the script call) go into a
+    :class:`~luft_redis.errors.PermissionDeniedError`; ``key`` (the one key a plain command
+    read) into the :class:`~luft_redis.errors.CorruptDataError` of a ``WRONGTYPE`` reply.
+    """
     if isinstance(exc, errors.LuftRedisError):
         return exc
+    access = _access_error(exc, prefix, command)
+    if access is not None:
+        return access
     if isinstance(exc, redis.exceptions.ResponseError):
         text = str(exc)
         if text.startswith("LUFT_"):
             code, _, message = text[5:].partition(" ")
             return _domain_error(code, message, run_id)
+        if text.startswith("WRONGTYPE") and key is not None:
+            return errors.CorruptDataError(key, "type", "is not the type luft-redis stores there")
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return errors.ConnectionError(f"Redis is unreachable: {exc}")
     if isinstance(exc, (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)):
         return errors.BackendError(f"Redis error: {exc}")
     return errors.BackendError(f"unexpected error talking to Redis: {exc!r}")
+
+
+_NAMED_COMMAND = re.compile(r"'([A-Za-z|_-]+)' command")
+
+
+def _access_error(exc: BaseException, prefix: str | None,
+                  command: str | None) -> errors.LuftRedisError | None:  # fmt: skip
+    """The typed error of an authentication, ACL or TLS refusal (see retry.is_access_error)."""
+    if not is_access_error(exc):
+        return None
+    text = str(exc)
+    if tls_failure(exc):
+        return errors.TLSError(f"TLS handshake with Redis failed: {text}")
+    if isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+        named = _NAMED_COMMAND.search(text)
+        what = named.group(1).upper() if named else command or "EVALSHA (a luft-redis script)"
+        detail = text.removeprefix("NOPERM").strip() or "permission denied"
+        return errors.PermissionDeniedError(prefix, what, detail)
+    if "HELLO must be called" in text or "NOAUTH" in text or "Authentication required" in text:
+        return errors.AuthenticationError(
+            "Redis requires a password: put it in the URL (redis://:PASSWORD@host:port, "
+            "redis://USER:PASSWORD@host:port) or pass password=/username="
+        )
+    return errors.AuthenticationError(f"Redis refused the credentials: {text}")
 
 
 def _domain_error(code: str, message: str, run_id: object) -> errors.LuftRedisError:

@@ -56,7 +56,7 @@ from luft_redis import (
     ValidationError,
 )
 from luft_redis import types as t
-from luft_redis.keys import RunKeys, run_keys
+from luft_redis.keys import TOMBSTONE_TTL, RunKeys, run_keys, tombstone_key
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
@@ -356,7 +356,10 @@ def test_delete_run_removes_the_run_and_unbinds(
     assert bound.list_runs() == sorted([run_id, kept])
     assert bound.delete_run() is True
     assert bound.run_id is None and bound.get_checkpoint() is None
-    assert list(redis_client.scan_iter(match=f"*{run_id}*", count=1000)) == []
+    # only the tombstone is left (a retried delete gets its first answer), and it expires
+    tombstone = tombstone_key("luft", run_id).encode()
+    assert list(redis_client.scan_iter(match=f"*{run_id}*", count=1000)) == [tombstone]
+    assert 0 < int(redis_client.ttl(tombstone)) <= TOMBSTONE_TTL
     assert bound.list_runs() == [kept]
     assert bound.delete_run(run_id) is False
     assert bound.open_run(run_id) is None and bound.run_id is None
@@ -552,6 +555,52 @@ def test_lone_surrogates_in_arguments_are_refused_before_anything_is_written(
 
 
 # ------------------------------------------------------------------------- rules of §5
+
+
+def _dump_keys(client: Any, keys: RunKeys) -> dict[str, Any]:
+    """Every key of the run as Redis holds it (DUMP), to prove nothing was written."""
+    return {name: client.dump(key) for name, key in zip(RunKeys._fields, keys, strict=True)
+            if name != "changes"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name", ["run", "events", "phases", "results", "sessions", "started", "writers"]
+)
+def test_every_operation_reports_a_key_of_the_wrong_type_by_name(
+    redis_client: Client, bound: Backend, run_id: uuid.UUID, make_backend: Factory, name: str
+) -> None:
+    """A stray key of the wrong type under the run's keys is CorruptDataError naming it, from
+    every operation and from open_run, before anything is written (issue 10, section 3)."""
+    agent = uuid.uuid4()
+    bound.append_event(AgentStarted(run_id=run_id, phase_id=0, agent_id=agent,
+                                    prompt_preview="p", model="m"))  # fmt: skip
+    saved = bound.get_checkpoint()
+    assert saved is not None
+    key = getattr(run_keys("luft", run_id), name)
+    redis_client.delete(key)
+    redis_client.set(key, b"stray string")
+    before = _dump_keys(redis_client, run_keys("luft", run_id))
+    session = AgentSessionCheckpoint(agent_id=agent, session_id="s", status="x", updated_at=1)
+    operations: list[tuple[str, Callable[[], object]]] = [
+        ("append_event", lambda: bound.append_event(done(run_id, agent))),
+        ("upsert_agent_result", lambda: bound.upsert_agent_result(result(agent))),
+        ("upsert_agent_session", lambda: bound.upsert_agent_session(session)),
+        ("cancel", bound.cancel),
+        ("reset_status_to_running", bound.reset_status_to_running),
+        ("save_checkpoint", lambda: bound.save_checkpoint(saved)),
+        ("open_run", lambda: make_backend(client=bound.client, watch=False).open_run(run_id)),
+    ]
+    if name == "events":
+        operations.append(("get_event_log", bound.get_event_log))
+    for operation, call in operations:
+        with pytest.raises(CorruptDataError) as info:
+            call()
+        assert info.value.key == key, operation
+        assert key in str(info.value), operation
+        assert _dump_keys(redis_client, run_keys("luft", run_id)) == before, operation
+    redis_client.delete(key)
+    if name != "run":  # a missing hash or stream is empty: the run works again
+        bound.append_event(done(run_id, agent))
 
 
 def test_agent_started_records_first_arrival_once(

@@ -34,6 +34,7 @@ from luft_redis import (
     Severity,
     TokenUsage,
 )
+from luft_redis.keys import tombstone_key
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 Factory: TypeAlias = Callable[..., RedisCheckpointBackend]
@@ -371,11 +372,11 @@ def test_delete_run(
     assert operator.get_checkpoint() is None and operator.run_id is None
     assert operator.list_runs() == [other]
     left = [k for k in redis_client.scan_iter(match=f"*{run_id}*", count=1000)]
-    assert left == []
+    assert left == [tombstone_key("luft", run_id).encode()]  # only the delete's tombstone
     assert eventually(lambda: not worker.cache_is_fresh)
     with pytest.raises(RunNotFoundError):
         worker.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="late"))
-    assert list(redis_client.scan_iter(match=f"*{run_id}*", count=1000)) == []
+    assert list(redis_client.scan_iter(match=f"*{run_id}*", count=1000)) == left  # no write
     assert operator.delete_run(run_id) is False
     with pytest.raises(luft_redis_errors.RunNotBoundError):
         operator.delete_run()

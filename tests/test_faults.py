@@ -55,6 +55,7 @@ from luft_redis import (
 )
 from luft_redis import errors as luft_errors
 from luft_redis import types as t
+from luft_redis.keys import run_keys
 from luft_redis.listener import ChangeListener
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer
@@ -464,6 +465,27 @@ def test_batch_retried_after_dropped_reply_applies_once(
     cp = reader.get_checkpoint()
     assert cp is not None and cp.total_tokens == total and reader.version == 61
     assert backend.get_checkpoint() == cp
+
+
+def test_delete_retried_after_a_dropped_reply_gets_its_first_answer(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """delete_run whose reply is lost 1-3 times: the retry answers True (the run existed), from
+    the tombstone the first attempt left (issue 10, section 3: exactly-once deletes)."""
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    for lost in (1, 2, 3):
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "to delete", "/tmp/delete")
+        backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
+        faults = proxy.reply_faults
+        proxy.fail_next(lost, "reply")
+        assert backend.delete_run(run_id) is True
+        assert proxy.reply_faults == faults + lost  # the delete was applied, then retried
+        assert backend.run_id is None
+        assert direct.exists(*run_keys("luft", run_id)[:9]) == 0
+        # a new delete (a new operation) of the now missing run says so
+        proxy.fail_next(1, "reply")
+        assert backend.delete_run(run_id) is False
 
 
 def test_dropped_requests_apply_exactly_once(

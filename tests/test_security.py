@@ -6,6 +6,8 @@ certificate with the ``openssl`` binary; without it they are skipped, except und
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ from luft_redis import (
     AgentSessionCheckpoint,
     AgentStarted,
     AgentStatus,
+    AsyncRedisCheckpointBackend,
     CheckpointStatus,
     Finding,
     LuftRedisError,
@@ -33,6 +36,7 @@ from luft_redis import (
     Severity,
     TokenUsage,
 )
+from luft_redis.errors import AuthenticationError, PermissionDeniedError, TLSError
 from luft_redis.scripts import SCRIPT_NAMES, script_source
 from luft_redis.tools import cli
 from luft_redis.tools.doctor import check_server
@@ -44,7 +48,7 @@ pytestmark = pytest.mark.server
 ACL_COMMANDS = (
     "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset "
     "+hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
-    "+xtrim +pttl +pexpire +persist +spublish +ssubscribe +sunsubscribe +ping"
+    "+xtrim +pttl +pexpire +persist +spublish +ssubscribe +sunsubscribe +ping +expire"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 PASSWORD = "s3cret-for-tests"
@@ -226,15 +230,93 @@ def test_acl_user_cannot_touch_other_keys(acl: AclSetup) -> None:
     assert acl.admin.keys("other:*") == [b"other:secret"]
 
 
-def test_wrong_password_is_a_connection_error(
+def test_wrong_password_is_an_authentication_error(
     acl: AclSetup, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bad = acl.user_url.replace(PASSWORD, "wrong")
-    with RedisCheckpointBackend.from_url(bad) as backend, pytest.raises(LuftRedisError):
-        backend.init_run(uuid.uuid4(), "t", "/d")
-    assert cli.main(["runs", "--redis", bad]) == 2
+    for watch in (True, False):
+        with RedisCheckpointBackend.from_url(bad, watch=watch) as backend, pytest.raises(
+            AuthenticationError, match="credentials"
+        ):
+            backend.init_run(uuid.uuid4(), "t", "/d")
+    assert cli.main(["runs", "--redis", bad]) == cli.EXIT_REFUSED
     captured = capsys.readouterr()
     assert "wrong" not in captured.err and "Traceback" not in captured.err
+    assert "refused" in captured.err and "unreachable" not in captured.err
+
+
+def _stat(admin: redis.Redis, section: str, name: str) -> int:
+    """A counter of INFO ``section`` (0 when Redis has not counted it yet)."""
+    info = admin.info(section)
+    value = info.get(name, 0)
+    return int(value["count"] if isinstance(value, dict) else value)
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_noperm_on_the_prefix_is_a_typed_error_at_once(acl: AclSetup, watch: bool) -> None:
+    """An ACL whose key/channel pattern does not cover the prefix: PermissionDeniedError naming
+    the prefix and the command, on the first attempt (no retry, no 2 s subscription wait)."""
+    denied_before = _stat(acl.admin, "errorstats", "errorstat_NOPERM")
+    with (
+        RedisCheckpointBackend.from_url(acl.user_url, prefix="other", watch=watch) as backend,
+        pytest.raises(PermissionDeniedError) as info,
+    ):
+        backend.open_run(uuid.uuid4())
+    assert info.value.prefix == "other" and "'other'" in str(info.value)
+    assert info.value.command == ("SSUBSCRIBE" if watch else "EVALSHA (a luft-redis script)")
+    assert isinstance(info.value.__cause__, redis.exceptions.NoPermissionError)
+    if not watch:  # exactly one refused command: never retried
+        assert _stat(acl.admin, "errorstats", "errorstat_NOPERM") == denied_before + 1
+    assert acl.admin.keys("other:*") == []
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_noperm_on_the_prefix_is_a_typed_error_at_once_asyncio(acl: AclSetup, watch: bool) -> None:
+    async def main() -> PermissionDeniedError:
+        backend = AsyncRedisCheckpointBackend.from_url(acl.user_url, prefix="other", watch=watch)
+        try:
+            with pytest.raises(PermissionDeniedError) as info:
+                await backend.open_run(uuid.uuid4())
+            return info.value
+        finally:
+            await backend.aclose()
+
+    denied = asyncio.run(main())
+    assert denied.prefix == "other"
+    assert denied.command == ("SSUBSCRIBE" if watch else "EVALSHA (a luft-redis script)")
+
+
+@pytest.fixture(scope="module")
+def password_server(redis_server_binary: str) -> Iterator[LocalRedisServer]:
+    server = LocalRedisServer(binary=redis_server_binary, extra_args=["--requirepass", PASSWORD])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_missing_password_is_said_plainly_and_not_retried(
+    password_server: LocalRedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = redis.Redis.from_url(password_server.url, password=PASSWORD)
+    try:
+        before = _stat(admin, "stats", "total_connections_received")
+        with (
+            RedisCheckpointBackend.from_url(password_server.url, watch=False) as backend,
+            pytest.raises(AuthenticationError) as info,
+        ):
+            backend.init_run(uuid.uuid4(), "t", "/d")
+        text = str(info.value)
+        assert "password" in text and "HELLO" not in text and "NOAUTH" not in text
+        # one connection, one refused command: the policy did not retry it
+        assert _stat(admin, "stats", "total_connections_received") == before + 1
+        assert admin.dbsize() == 0
+    finally:
+        admin.close()
+    assert cli.main(["runs", "--redis", password_server.url]) == cli.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "password" in err and "HELLO" not in err and "Traceback" not in err
 
 
 # -------------------------------------------------------------------------------- TLS
@@ -365,13 +447,19 @@ def test_tls_lifecycle(tls_server: LocalRedisServer, certs: Certs) -> None:
         assert run_id in backend.list_runs()
 
 
-def test_tls_refuses_an_unverified_server(tls_server: LocalRedisServer) -> None:
-    """Without the CA the server's certificate does not verify: no silent fallback."""
+@pytest.mark.parametrize("watch", [True, False])
+def test_tls_refuses_an_unverified_server(
+    tls_server: LocalRedisServer, watch: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the CA the server's certificate does not verify: no silent fallback, a TLSError
+    at once (never retried: the retry policy logs every retry, and logged none)."""
+    caplog.set_level(logging.INFO, logger="luft_redis.retry")
     with (
-        RedisCheckpointBackend.from_url(_tls_url(tls_server)) as backend,
-        pytest.raises(LuftRedisError),
+        RedisCheckpointBackend.from_url(_tls_url(tls_server), watch=watch) as backend,
+        pytest.raises(TLSError, match=r"(?i)certificate"),
     ):
         backend.init_run(uuid.uuid4(), "t", "/d")
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]
 
 
 def test_tls_port_refuses_plain_tcp(tls_server: LocalRedisServer) -> None:
@@ -391,5 +479,5 @@ def test_tls_cli_doctor(
     # Reachable over TLS (no persistence on this test server: unsafe, exit 1, not 2).
     assert cli.main(["doctor", "--redis", url, "--tls-ca-cert", str(certs.ca)]) == 1
     assert "persistence" in capsys.readouterr().out
-    assert cli.main(["doctor", "--redis", url]) == 2  # certificate not trusted
-    assert "cannot reach Redis" in capsys.readouterr().err
+    assert cli.main(["doctor", "--redis", url]) == cli.EXIT_REFUSED  # certificate not trusted
+    assert "TLS" in capsys.readouterr().err

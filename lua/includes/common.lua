@@ -198,11 +198,33 @@ local function delta_bytes(inc_before, v_before, inc_after, v_after, op, records
   return table.concat(out)
 end
 
+-- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
+-- called in the check phase for keys a script writes without reading them first, so a key of
+-- the wrong type never stops a script half way.
+local function check_type(key, kind)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= kind then
+    fail('CORRUPT', key .. ' type is ' .. tostring(found) .. ', not a ' .. kind)
+  end
+end
+
+-- The type every key of a run must have (KEYS[1..9]; KEYS[10] is a channel).
+local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash'}
+
+-- Fail with LUFT_CORRUPT naming the first key of the run that holds the wrong type: every
+-- script calls it (dedup does) before it reads or writes anything else, so a stray key never
+-- surfaces as an untyped WRONGTYPE error or stops a script half way.
+local function check_run_types()
+  for i = 1, #RUN_KEY_TYPES do check_type(KEYS[i], RUN_KEY_TYPES[i]) end
+end
+
 -- A "replay" delta when this writer's operation WRITER_SEQ was already applied, else nil.
 local function dedup()
   if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
     fail('BAD_ARG', 'writer id and operation sequence are required')
   end
+  check_run_types()
   local last = redis.call('HGET', K_WRITERS, WRITER)
   if not last then return nil end
   local seq, ib, vb, ia, va = string.match(last, '^(%d+) (%S*) (%d+) (%S*) (%d+)$')
@@ -249,6 +271,11 @@ local function rec_whole_state()
   end
 end
 
+-- Publish a delta as the run's change notice (every script that changes something).
+local function notify(payload)
+  redis.call('SPUBLISH', K_CHANGES, payload)
+end
+
 -- Finish a change of `run` (read_run's values): stamp updated_at with `now`, set `fields`,
 -- bump the version (a run written by 0.1.0 gets its incarnation here), publish the delta and
 -- return it. With `whole`, the delta carries the whole state (Z) instead of the records.
@@ -272,20 +299,9 @@ local function commit(run, now, op, fields, whole)
     for i = 1, #all, 2 do rec('R', all[i], all[i + 1]) end
   end
   local payload = delta_bytes(inc_before, version, inc_after, new_version, op, DELTA)
-  redis.call('SPUBLISH', K_CHANGES, payload)
+  notify(payload)
   remember(inc_before, version, inc_after, new_version)
   return payload
-end
-
--- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
--- called in the check phase for keys a script writes without reading them first, so a key of
--- the wrong type never stops a script half way.
-local function check_type(key, kind)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= kind then
-    fail('CORRUPT', key .. ' type is ' .. tostring(found) .. ', not a ' .. kind)
-  end
 end
 
 -- The finding list's keys are written after other writes: check them first.

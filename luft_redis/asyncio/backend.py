@@ -41,7 +41,14 @@ from ..frontend import (
     Binding,
     FrontEnd,
 )
-from ..keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
+from ..keys import (
+    DEFAULT_PREFIX,
+    TOMBSTONE_TTL,
+    run_id_from_key,
+    run_keys,
+    run_pattern,
+    tombstone_key,
+)
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..scripts import translate_error
 from ..wire import (
@@ -209,10 +216,14 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             try:  # the slot map, so that the listener subscribes on the right node at once
                 await self._client.initialize()
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
         self._start_watch(binding)
         if binding.listener is not None:
             await binding.listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
+            refused = self._refused(binding.listener, run_id)
+            if refused is not None:
+                self._stop_watch(binding)
+                raise refused
         return binding
 
     def _adopt(self, binding: Binding) -> None:
@@ -284,7 +295,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         try:
             return await self._retry.acall(lambda: script(keys=keys, args=args))
         except REDIS_ERRORS as exc:
-            raise translate_error(exc, run_id=run_id) from exc
+            raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
 
     async def _execute(self, script: Any, args: Sequence[Any], keys: list[str],
                        run_id: object) -> tuple[Any, int | None]:  # fmt: skip
@@ -310,7 +321,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             try:
                 return await self._retry.acall(attempt)
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
 
     async def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
@@ -511,10 +522,12 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
         if rid is None:
             raise RunNotBoundError("delete_run")
-        keys = run_keys(self._prefix, rid)
-        existed = await self._call(self._scripts.delete_run, (), list(keys), rid)
+        keys = [*run_keys(self._prefix, rid), tombstone_key(self._prefix, rid)]
+        ttl = (str(TOMBSTONE_TTL),)
+        existed, acked = await self._execute(self._scripts.delete_run, ttl, keys, rid)
         if rid == self.run_id:
             self._unbind()
+        self._check_durable(acked)
         return bool(int(existed))
 
     async def list_runs(self) -> list[uuid.UUID]:
@@ -528,7 +541,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 if run_id is not None:
                     found.add(run_id)
         except REDIS_ERRORS as exc:
-            raise translate_error(exc) from exc
+            raise translate_error(exc, prefix=self._prefix) from exc
         return sorted(found)
 
     # -- writes ----------------------------------------------------------------------------
@@ -595,7 +608,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             try:
                 page = await self._client.xrange(key, min=lower, max="+", count=page_size)
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
             for raw_id, fields in page:
                 yield decode_entry(run_id, key, entry_id(raw_id), fields)
             if len(page) < page_size:
@@ -627,7 +640,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 newest = await self._client.xrevrange(key, count=1)
                 last = entry_id(newest[0][0]) if newest else "0-0"
         except REDIS_ERRORS as exc:
-            raise translate_error(exc, run_id=run_id) from exc
+            raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
         idle_since = loop.time()
         while True:
             block = block_ms if follow else None
@@ -639,7 +652,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             try:
                 reply = await self._client.xread({key: last}, count=count, block=block)
             except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id) from exc
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
             entries = xread_entries(reply)
             for raw_id, fields in entries:
                 last = entry_id(raw_id)

@@ -131,11 +131,14 @@ class AsyncChangeListener:
         self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._subscribed = Signal()
         self._router: Router[_Link] = Router(lambda name: _Link(self, name), self._node_name)
+        self.failure: BaseException | None = None
+        """Why the last subscriber connection failed, until a subscription is confirmed."""
 
     # -- used by the front end -------------------------------------------------------------
 
     def watch(self, watch: Watch, max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
         """Deliver the notices of ``watch.channel`` to ``watch`` (call it on the loop)."""
+        self.failure = None
         link, already = self._router.add(watch, max_staleness)
         link.ensure_task()
         if already:  # no confirmation will come for this watch: its load follows this
@@ -153,7 +156,13 @@ class AsyncChangeListener:
         return self._router.confirmed(channel)
 
     async def wait_subscribed(self, channel: bytes, timeout: float) -> bool:
-        return await self._subscribed.wait_for(lambda: self.confirmed(channel), timeout)
+        """Wait until the channel's subscription is confirmed (True), or a subscriber
+        connection failed (:attr:`failure`; False at once, the listener keeps trying) or
+        ``timeout`` passed (False)."""
+        done = await self._subscribed.wait_for(
+            lambda: self.confirmed(channel) or self.failure is not None, timeout
+        )
+        return done and self.confirmed(channel)
 
     @property
     def idle(self) -> bool:
@@ -298,6 +307,9 @@ class _Link:
                 await self._serve(pubsub)
             except Exception as exc:
                 self.health.disconnect()  # not fresh while we wait to reconnect
+                if not isinstance(exc, _Reconnect):
+                    listener.failure = exc
+                    listener._subscribed.notify()
                 self._lost(exc)
                 await listener._refresh_topology()
                 await asyncio.sleep(backoff)
@@ -336,6 +348,7 @@ class _Link:
     def _dispatch(self, message: dict[str, Any]) -> None:
         listener = self.listener
         if handle_message(message, self.health, self._asked_unsub, listener._targets):
+            listener.failure = None
             listener._subscribed.notify()
 
     def _lost(self, exc: BaseException) -> None:

@@ -42,13 +42,13 @@ from redis.retry import Retry
 from .. import codec
 from .. import types as t
 from ..backend import RedisCheckpointBackend
-from ..errors import ConnectionError, CorruptDataError, LuftRedisError
+from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
 from ..keys import DEFAULT_PREFIX, run_keys
-from ..retry import NO_RETRY
+from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
 from .doctor import ServerReport, check_server
 
-__all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_UNREACHABLE", "main"]
+__all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ URL_ENV: Final = "LUFT_REDIS_URL"
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_UNREACHABLE: Final = 2
+EXIT_REFUSED: Final = 3
+"""Redis was reached but refused this client: password, ACL permission or TLS certificate."""
 
 _DEFAULT_EVENTS: Final = 10
 _TIMEOUT: Final = 10.0
@@ -484,7 +486,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_UNREACHABLE
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        try:
+            return handler(args)
+        except Exception as exc:  # a refused password, ACL or certificate first
+            refused = _refusal(exc, args)
+            if refused is None:
+                raise
+        print(f"luft-redis {args.command}: Redis refused this client: {refused}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_REFUSED
     except _Fail as exc:
         print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
         return exc.code
@@ -513,6 +523,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"luft-redis {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _refusal(exc: BaseException, args: argparse.Namespace) -> AccessError | None:
+    """The access error (password, ACL, TLS) behind ``exc``, if that is what it is."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, AccessError) and not is_access_error(cause):
+        cause = cause.__cause__
+    if cause is None or isinstance(cause, AccessError):
+        return cause
+    found = translate_error(cause, prefix=getattr(args, "prefix", None))
+    return found if isinstance(found, AccessError) else None
 
 
 if __name__ == "__main__":  # pragma: no cover

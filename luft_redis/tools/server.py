@@ -31,7 +31,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,14 +59,21 @@ _STOP_TIMEOUT = 10.0
 _LOG_TAIL_LINES = 40
 _CLUSTER_SLOTS = 16384
 
-# Every server that is running, so that the atexit hook can stop it.
-_live_servers: weakref.WeakSet[LocalRedisServer] = weakref.WeakSet()
+# Every server and cluster started and not yet stopped, held strongly: an object the caller
+# dropped without stop() keeps its redis-server and directory until the atexit hook stops it
+# (a WeakSet would let the object go and orphan both).
+_live_servers: set[LocalRedisServer] = set()
+_live_clusters: set[LocalRedisCluster] = set()
 _live_lock = threading.Lock()
 
 
 def _stop_all_at_exit() -> None:
     with _live_lock:
+        clusters = list(_live_clusters)
         servers = list(_live_servers)
+    for cluster in clusters:  # first: their nodes live in the cluster's directory
+        with contextlib.suppress(Exception):
+            cluster.stop()
     for server in servers:
         with contextlib.suppress(Exception):
             server.stop()
@@ -387,8 +393,6 @@ class LocalRedisServer:
                     proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=_STOP_TIMEOUT)
-        with _live_lock:
-            _live_servers.discard(self)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 s) and clean up.
@@ -402,6 +406,8 @@ class LocalRedisServer:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
                 self._owns_dir = False
+            with _live_lock:
+                _live_servers.discard(self)
 
     def kill(self) -> None:
         """Simulate a crash: SIGKILL the server and keep its port and directory.
@@ -632,6 +638,8 @@ class LocalRedisCluster:
         else:
             self._root = Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
             self._owns_root = True
+        with _live_lock:
+            _live_clusters.add(self)
         try:
             for index in range(self.masters * (1 + self.replicas)):
                 self._nodes.append(self._start_node(index, binary))
@@ -833,6 +841,8 @@ class LocalRedisCluster:
             shutil.rmtree(self._root, ignore_errors=True)
             self._owns_root = False
         self._root = None
+        with _live_lock:
+            _live_clusters.discard(self)
 
     def __enter__(self) -> LocalRedisCluster:
         return self.start()

@@ -1,0 +1,52 @@
+--[[
+  delete_run: delete every key of a run (its state, its event log, its writers) and tell the
+  processes watching it; exactly once per writer operation.
+
+  KEYS[1..10] the run's keys (see includes/common.lua)
+  KEYS[11]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
+              ARGS[1] seconds (a retried delete whose reply was lost gets its first answer)
+  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  ARGS[1] tombstone TTL in seconds
+
+  Reply:  1 when the run existed, 0 when it did not (any leftovers are deleted all the same);
+          a retry of the same operation gets the first attempt's reply and changes nothing
+  Notice: (only when it existed) a delta header with op "delete" from the run's last
+          (incarnation, version), no records: subscribers learn that this incarnation is gone
+  Errors: LUFT_BAD_ARG. Keys of the wrong type are deleted like the rest (delete is the way
+          to clear a damaged run).
+]]
+--- @include "includes/common"
+
+local K_TOMBSTONE = KEYS[11]
+
+local function main()
+  if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
+    fail('BAD_ARG', 'writer id and operation sequence are required')
+  end
+  local ttl = arg_uint(ARGS[1], 'tombstone ttl')
+  local stone_type = redis.call('TYPE', K_TOMBSTONE)
+  if type(stone_type) == 'table' then stone_type = stone_type['ok'] end
+  if stone_type == 'hash' then
+    local seq, reply = string.match(redis.call('HGET', K_TOMBSTONE, WRITER) or '', '^(%d+) ([01])$')
+    if seq == WRITER_SEQ then return tonumber(reply) end
+  elseif stone_type ~= 'none' then
+    redis.call('DEL', K_TOMBSTONE) -- not ours to keep: the tombstone is only a memo
+  end
+  local run = redis.pcall('HMGET', K_RUN, 'version', 'incarnation')
+  local existed = redis.call('EXISTS', K_RUN)
+  redis.call('DEL', K_RUN, K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
+    K_FINDINGS_ORDER, K_WRITERS)
+  if existed == 1 then
+    local version, inc = '0', ''
+    if type(run) == 'table' and not run.err then
+      version = run[1] or '0'
+      inc = run[2] or ''
+    end
+    notify(delta_bytes(inc, version, inc, version, 'delete'))
+  end
+  redis.call('HSET', K_TOMBSTONE, WRITER, WRITER_SEQ .. ' ' .. existed)
+  redis.call('EXPIRE', K_TOMBSTONE, ttl)
+  return existed
+end
+
+--- @include "includes/main"
