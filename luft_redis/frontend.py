@@ -21,7 +21,7 @@ from .connect import Durability, is_cluster
 from .errors import ConfigurationError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
 from .retry import NO_RETRY, RetryPolicy
-from .scripts import Scripts
+from .scripts import library
 from .wire import Encoder
 
 __all__ = [
@@ -100,9 +100,11 @@ class FrontEnd:
         """Check and keep the options both front ends take (ConfigurationError)."""
         self._client = client
         self._prefix = check_prefix(prefix)
-        self._scripts = Scripts(client)
+        self._library = library()
+        self._scripts = self._library.ops
+        self._cluster = is_cluster(client)
         self._retry = retry if retry is not None else NO_RETRY
-        if durability is not None and is_cluster(client):
+        if durability is not None and self._cluster:
             raise ConfigurationError("durability= is not supported on Redis Cluster clients")
         self._durability = durability
         if max_payload_size < 1:
