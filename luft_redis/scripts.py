@@ -59,6 +59,7 @@ __all__ = [
     "cluster_node",
     "is_function_missing",
     "library",
+    "listed_libraries",
     "lua_dir",
     "script_source",
     "translate_error",
@@ -283,6 +284,28 @@ def library() -> Library:
                                  (command, name, numkeys))  # fmt: skip
     return Library(digest, f"{LIBRARY_PREFIX}{digest}", template.replace(_HASH, digest),
                    Ops(functions))  # fmt: skip
+
+
+def _entry(item: Any) -> dict[bytes | str, Any]:
+    """One map of a FUNCTION LIST reply: a dict (RESP3) or a flat key/value list (RESP2)."""
+    if isinstance(item, dict):
+        return item
+    return dict(zip(item[::2], item[1::2], strict=False))
+
+
+def _str(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def listed_libraries(reply: Any) -> dict[str, list[str]]:
+    """A ``FUNCTION LIST`` reply as {library name: its function names} (sorted)."""
+    found: dict[str, list[str]] = {}
+    for item in reply or ():
+        entry = {_str(k): v for k, v in _entry(item).items()}
+        functions = [_str({_str(k): v for k, v in _entry(f).items()}.get("name", ""))
+                     for f in entry.get("functions") or ()]  # fmt: skip
+        found[_str(entry.get("library_name", ""))] = sorted(functions)
+    return dict(sorted(found.items()))
 
 
 def is_function_missing(exc: BaseException) -> bool:

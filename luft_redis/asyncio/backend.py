@@ -307,7 +307,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         _PRIMED.add(client)
         try:
             await client.execute_command(*self._library.load_command,
-                                         target_nodes=client.PRIMARIES)  # fmt: skip
+                                         target_nodes=client.get_primaries())  # fmt: skip
         except REDIS_ERRORS as exc:
             logger.info("loading %s on every primary failed (%s); each node loads it on its "
                         "first miss", self._library.name, exc)  # fmt: skip
