@@ -3,7 +3,8 @@
 Only failures that may pass by themselves are retried: a refused, reset or timed-out
 connection, a server still loading its data (``LOADING``), a replica promoted or demoted during
 failover (``READONLY``, ``MASTERDOWN``), a cluster resharding (``TRYAGAIN``, ``CLUSTERDOWN``),
-and a script missing from the server's cache (``NOSCRIPT``: flushed between load and call).
+and the Functions library missing again right after the front end loaded it ("Function not
+found": flushed, or a failover, between the ``FUNCTION LOAD`` and the ``FCALL``).
 Validation and domain errors (``LUFT_*``) never are.
 
 A write whose reply was lost may have been applied: every write carries a writer id and an
@@ -24,6 +25,8 @@ from typing import TypeVar
 
 import redis.exceptions
 import tenacity
+
+from .scripts import is_function_missing
 
 __all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_transient"]
 
@@ -55,7 +58,8 @@ def is_transient(exc: BaseException) -> bool:
     ):
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
-        return str(exc).startswith(_TRANSIENT_PREFIXES)
+        # "Function not found": nothing ran; the next attempt loads the library again
+        return str(exc).startswith(_TRANSIENT_PREFIXES) or is_function_missing(exc)
     if isinstance(exc, redis.exceptions.ClusterError):
         # RedisCluster gave up following TRYAGAIN/ASK/MOVED (a slot migrating): nothing ran
         return str(exc).startswith("TTL exhausted")
