@@ -44,7 +44,7 @@ from .frontend import (
 from .keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
 from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .scripts import Function, cluster_node, is_function_missing, translate_error
+from .scripts import Function, cluster_route, is_function_missing, translate_error
 from .wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
@@ -333,15 +333,15 @@ class RedisCheckpointBackend(FrontEnd):
         if client not in _PRIMED:
             self._prime_cluster()
         try:
-            return client.execute_command(*command, target_nodes=cluster_node(client, keys))
+            return client.execute_command(*command, **cluster_route(client, keys))
         except redis.exceptions.ResponseError as exc:
-            if not is_function_missing(exc):
+            route = cluster_route(client, keys)
+            if not route or not is_function_missing(exc):  # no node known to load it on
                 raise
-        node = cluster_node(client, keys)
         logger.info("loading the Redis Functions library %s on %s", self._library.name,
-                    node.name)  # fmt: skip
-        client.execute_command(*self._library.load_command, target_nodes=node)
-        return client.execute_command(*command, target_nodes=node)
+                    route["target_nodes"].name)  # fmt: skip
+        client.execute_command(*self._library.load_command, **route)
+        return client.execute_command(*command, **route)
 
     def _prime_cluster(self) -> None:
         """Load the library on every primary, once per client (a node added or promoted later

@@ -26,7 +26,7 @@ Loading is the front ends' job (:mod:`luft_redis.backend`, :mod:`luft_redis.asyn
 they send ``FCALL`` and, when the server answers "Function not found" (a new node, a flushed or
 restarted server), ``FUNCTION LOAD REPLACE`` and the ``FCALL`` once more. What they share, free
 of I/O, is here: the library, the FCALL arguments (:meth:`Function.command`), the routing of a
-call on Redis Cluster (:func:`cluster_node`) and the error classification
+call on Redis Cluster (:func:`cluster_route`) and the error classification
 (:func:`is_function_missing`).
 
 Domain errors come back as ``LUFT_<CODE> message`` error replies; :func:`translate_error`
@@ -56,7 +56,7 @@ __all__ = [
     "Function",
     "Library",
     "Ops",
-    "cluster_node",
+    "cluster_route",
     "is_function_missing",
     "library",
     "listed_libraries",
@@ -314,13 +314,18 @@ def is_function_missing(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.ResponseError) and bool(_MISSING.match(str(exc)))
 
 
-def cluster_node(client: Any, keys: Sequence[Any]) -> Any:
-    """The primary that owns the slot of ``keys[0]`` on a ``RedisCluster`` (sync or asyncio)
-    client, from its slot cache (no I/O). Passed as ``target_nodes``, it spares redis-py the
-    ``COMMAND GETKEYS`` round trip it makes to find an FCALL's keys."""
+def cluster_route(client: Any, keys: Sequence[Any]) -> dict[str, Any]:
+    """The keyword arguments that send a call on ``keys`` to the primary owning their slot on a
+    ``RedisCluster`` (sync or asyncio) client: ``{"target_nodes": node}``, from the client's
+    slot table (no I/O). That spares redis-py the ``COMMAND GETKEYS`` round trip it makes to
+    find an FCALL's keys. ``{}`` (redis-py routes it, with its own retries) while the table
+    does not cover the slot, as during a failover."""
     key = keys[0]
     slot = key_slot(key.encode() if isinstance(key, str) else key)
-    return client.nodes_manager.get_node_from_slot(slot)
+    try:
+        return {"target_nodes": client.nodes_manager.get_node_from_slot(slot)}
+    except redis.exceptions.SlotNotCoveredError:
+        return {}
 
 
 def translate_error(exc: BaseException, *, run_id: object = None) -> errors.LuftRedisError:

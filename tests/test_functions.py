@@ -28,7 +28,7 @@ from luft_redis.scripts import (
     SCRIPT_NAMES,
     _check_keys,
     _script_file,
-    cluster_node,
+    cluster_route,
     is_function_missing,
     library,
     listed_libraries,
@@ -238,7 +238,7 @@ def test_cluster_calls_go_to_the_slot_owner_without_command_getkeys(
     keys = list(run_keys("luft", run_id))
     redis_client.execute_command(*library().ops.load.command(keys, ()))
     assert _calls(redis_client).get("cmdstat_command|getkeys", 0) >= 1
-    slot_owner = cluster_node(redis_client, keys)
+    slot_owner = cluster_route(redis_client, keys)["target_nodes"]
     assert slot_owner.server_type == "primary"
     assert slot_owner.name == redis_client.get_node_from_key(keys[0]).name
 
@@ -290,3 +290,30 @@ def test_doctor_without_a_library_and_on_fakeredis() -> None:
     client.function_load(library().code)
     (functions,) = [c for c in check_server(client).checks if c.name == "functions"]
     assert functions.message == f"luft-redis libraries: {library().name} (this version)"
+
+
+def test_cluster_route_falls_back_to_redis_py_while_the_slot_is_unknown() -> None:
+    """During a failover the slot table may not cover the run's slot: the call then goes
+    without target_nodes, and redis-py routes it with its own retries."""
+
+    class Nodes:
+        def __init__(self, owner: object) -> None:
+            self.owner = owner
+            self.asked: list[int] = []
+
+        def get_node_from_slot(self, slot: int) -> object:
+            self.asked.append(slot)
+            if self.owner is None:
+                raise redis.exceptions.SlotNotCoveredError(f"slot {slot} not covered")
+            return self.owner
+
+    class Client:
+        def __init__(self, owner: object) -> None:
+            self.nodes_manager = Nodes(owner)
+
+    keys = list(run_keys("luft", uuid.uuid4()))
+    node = object()
+    client = Client(node)
+    assert cluster_route(client, keys) == {"target_nodes": node}
+    assert client.nodes_manager.asked == [redis.crc.key_slot(keys[0].encode())]
+    assert cluster_route(Client(None), keys) == {}

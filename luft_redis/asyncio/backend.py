@@ -45,7 +45,7 @@ from ..frontend import (
 )
 from ..keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
 from ..retry import DEFAULT_RETRY, RetryPolicy
-from ..scripts import Function, cluster_node, is_function_missing, translate_error
+from ..scripts import Function, cluster_route, is_function_missing, translate_error
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
@@ -289,16 +289,15 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if client not in _PRIMED:
             await self._prime_cluster()
         try:
-            node = cluster_node(client, keys)
-            return await client.execute_command(*command, target_nodes=node)
+            return await client.execute_command(*command, **cluster_route(client, keys))
         except redis.exceptions.ResponseError as exc:
-            if not is_function_missing(exc):
+            route = cluster_route(client, keys)
+            if not route or not is_function_missing(exc):  # no node known to load it on
                 raise
-        node = cluster_node(client, keys)
         logger.info("loading the Redis Functions library %s on %s", self._library.name,
-                    node.name)  # fmt: skip
-        await client.execute_command(*self._library.load_command, target_nodes=node)
-        return await client.execute_command(*command, target_nodes=node)
+                    route["target_nodes"].name)  # fmt: skip
+        await client.execute_command(*self._library.load_command, **route)
+        return await client.execute_command(*command, **route)
 
     async def _prime_cluster(self) -> None:
         """Load the library on every primary, once per client (a node added or promoted later
