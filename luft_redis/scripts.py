@@ -71,6 +71,7 @@ _INCLUDE = re.compile(r'^--- @include "([^"]+)"[ \t]*$', re.MULTILINE)
 _EACH_CALL = re.compile(r"^--- @each-call (.+?)[ \t]*$", re.MULTILINE)
 _SCRIPT_FILE = re.compile(r"^([a-z_]+)-(\d+)\.lua$")
 _KEY_INDEX = re.compile(r"\bKEYS\[(\d+)\]")
+_NO_FUNCTIONS = re.compile(r"^(?:ERR )?unknown command '(?:fcall|fcall_ro|function)'", re.I)
 _MISSING = re.compile(r"^(?:ERR )?(?:Function not found|No such function)", re.IGNORECASE)
 
 SCRIPT_NAMES = (
@@ -337,6 +338,12 @@ def translate_error(exc: BaseException, *, run_id: object = None) -> errors.Luft
         if text.startswith("LUFT_"):
             code, _, message = text[5:].partition(" ")
             return _domain_error(code, message, run_id)
+        if _NO_FUNCTIONS.match(text):
+            return errors.ConfigurationError(
+                f"this server has no Redis Functions ({text.strip()}): luft-redis needs Redis 7.0 "
+                "or later; with fakeredis, install its Lua extra (pip install 'fakeredis[lua]') "
+                "and keep its version at 7 or later"
+            )
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return errors.ConnectionError(f"Redis is unreachable: {exc}")

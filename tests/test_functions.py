@@ -317,3 +317,15 @@ def test_cluster_route_falls_back_to_redis_py_while_the_slot_is_unknown() -> Non
     assert cluster_route(client, keys) == {"target_nodes": node}
     assert client.nodes_manager.asked == [redis.crc.key_slot(keys[0].encode())]
     assert cluster_route(Client(None), keys) == {}
+
+
+def test_a_server_without_functions_is_a_clear_configuration_error() -> None:
+    """fakeredis older than 7 (or without lupa) answers "unknown command 'fcall'": say what
+    to install instead of a raw BackendError."""
+    import fakeredis
+
+    from luft_redis import RedisCheckpointBackend
+
+    backend = RedisCheckpointBackend(fakeredis.FakeRedis(version=6), watch=False)
+    with pytest.raises(ConfigurationError, match=r"Redis 7\.0.*fakeredis\[lua\]"):
+        backend.init_run(uuid.uuid4(), "t", "/d")
