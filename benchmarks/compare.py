@@ -195,7 +195,7 @@ def pct(samples: Sequence[float], q: float) -> float:
 
 
 Meter = Callable[[], tuple[float, int]]
-"""The server's script time so far: (microseconds, calls) of EVALSHA and EVAL."""
+"""The server's script time so far: (microseconds, calls) of FCALL(_RO), EVALSHA and EVAL."""
 
 
 Costs = dict[str, list[float]]
@@ -309,7 +309,7 @@ class Worker:
     def script_time(self) -> tuple[float, int]:
         stats = self.client.info("commandstats")
         usec, calls = 0.0, 0
-        for name in ("cmdstat_evalsha", "cmdstat_eval"):
+        for name in ("cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha", "cmdstat_eval"):
             entry = stats.get(name) or {}
             usec += float(entry.get("usec", 0))
             calls += int(entry.get("calls", 0))

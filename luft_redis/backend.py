@@ -13,9 +13,12 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
+
+import redis.exceptions
 
 from . import types as t
 from .cache import Offer, RunCache, RunState
@@ -49,7 +52,7 @@ from .keys import (
 )
 from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .scripts import translate_error
+from .scripts import Function, cluster_route, is_function_missing, translate_error
 from .wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
@@ -69,6 +72,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_PRIMED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The RedisCluster clients that loaded the library on every primary."""
 
 @runtime_checkable
 class CheckpointBackend(Protocol):
@@ -334,13 +340,52 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- I/O -------------------------------------------------------------------------------
 
-    def _call(self, script: Any, args: Sequence[Any], keys: list[str], run_id: object) -> Any:
+    def _fcall(self, fn: Function, keys: list[str], args: Sequence[Any]) -> Any:
+        """One attempt of ``fn`` (one round trip when the library is loaded; on "Function
+        not found", FUNCTION LOAD on that node and the FCALL once more)."""
+        client = self._client
+        command = fn.command(keys, args)
+        if not self._cluster:
+            try:
+                return client.execute_command(*command)
+            except redis.exceptions.ResponseError as exc:
+                if not is_function_missing(exc):
+                    raise
+            logger.info("loading the Redis Functions library %s", self._library.name)
+            client.execute_command(*self._library.load_command)
+            return client.execute_command(*command)
+        if client not in _PRIMED:
+            self._prime_cluster()
         try:
-            return self._retry.call(lambda: script(keys=keys, args=args))
+            return client.execute_command(*command, **cluster_route(client, keys))
+        except redis.exceptions.ResponseError as exc:
+            route = cluster_route(client, keys)
+            if not route or not is_function_missing(exc):  # no node known to load it on
+                raise
+        logger.info("loading the Redis Functions library %s on %s", self._library.name,
+                    route["target_nodes"].name)  # fmt: skip
+        client.execute_command(*self._library.load_command, **route)
+        return client.execute_command(*command, **route)
+
+    def _prime_cluster(self) -> None:
+        """Load the library on every primary, once per client (a node added or promoted later
+        gets it on its first "Function not found")."""
+        client = self._client
+        _PRIMED.add(client)
+        try:
+            client.execute_command(*self._library.load_command,
+                                   target_nodes=client.get_primaries())  # fmt: skip
+        except REDIS_ERRORS as exc:
+            logger.info("loading %s on every primary failed (%s); each node loads it on its "
+                        "first miss", self._library.name, exc)  # fmt: skip
+
+    def _call(self, fn: Function, args: Sequence[Any], keys: list[str], run_id: object) -> Any:
+        try:
+            return self._retry.call(lambda: self._fcall(fn, keys, args))
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
 
-    def _execute(self, script: Any, args: Sequence[Any], keys: list[str],
+    def _execute(self, fn: Function, args: Sequence[Any], keys: list[str],
                  run_id: object) -> tuple[Any, int | None]:  # fmt: skip
         """Run a writing script once, exactly: its operation id is made before any attempt.
 
@@ -352,13 +397,26 @@ class RedisCheckpointBackend(FrontEnd):
             self._op_seq += 1
             full = (self._writer_id, str(self._op_seq), *args)
             if durability is None:
-                return self._call(script, full, keys, run_id), None
+                return self._call(fn, full, keys, run_id), None
+            command = fn.command(keys, full)
+            wait = ("WAIT", durability.replicas, durability.timeout_ms)
+
+            def send() -> tuple[Any, Any]:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.execute_command(*command)
+                pipe.execute_command(*wait)
+                result, count = pipe.execute(raise_on_error=False)
+                return result, count
 
             def attempt() -> tuple[Any, int]:
-                pipe = self._client.pipeline(transaction=False)
-                script(keys=keys, args=full, client=pipe)
-                pipe.execute_command("WAIT", durability.replicas, durability.timeout_ms)
-                result, count = pipe.execute()
+                result, count = send()
+                if is_function_missing(result):  # nothing ran; the WAIT waited for nothing
+                    logger.info("loading the Redis Functions library %s", self._library.name)
+                    self._client.execute_command(*self._library.load_command)
+                    result, count = send()
+                for reply in (result, count):
+                    if isinstance(reply, Exception):
+                        raise reply
                 return result, int(count)
 
             try:
@@ -366,12 +424,12 @@ class RedisCheckpointBackend(FrontEnd):
             except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
 
-    def _write(self, script: Any, args: Sequence[Any], binding: Binding) -> Delta:
+    def _write(self, fn: Function, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
         try:
             reply, acked = self._execute(
-                script, self._with_retention(args), binding.key_list, binding.run_id)
+                fn, self._with_retention(args), binding.key_list, binding.run_id)
         except RunNotFoundError:
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise

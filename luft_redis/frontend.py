@@ -23,7 +23,7 @@ from .errors import ConfigurationError, LuftRedisError, NotDurableError, RunNotB
 from .keys import RunKeys, check_prefix
 from .retention import RetentionOptions
 from .retry import NO_RETRY, RetryPolicy, is_access_error
-from .scripts import Scripts, translate_error
+from .scripts import library, translate_error
 from .wire import Encoder
 
 __all__ = [
@@ -102,9 +102,11 @@ class FrontEnd:
         """Check and keep the options both front ends take (ConfigurationError)."""
         self._client = client
         self._prefix = check_prefix(prefix)
-        self._scripts = Scripts(client)
+        self._library = library()
+        self._scripts = self._library.ops
+        self._cluster = is_cluster(client)
         self._retry = retry if retry is not None else NO_RETRY
-        if durability is not None and is_cluster(client):
+        if durability is not None and self._cluster:
             raise ConfigurationError("durability= is not supported on Redis Cluster clients")
         self._durability = durability
         if max_payload_size < 1:

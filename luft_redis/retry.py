@@ -3,7 +3,9 @@
 Only failures that may pass by themselves are retried: a refused, reset or timed-out
 connection, a server still loading its data (``LOADING``), a replica promoted or demoted during
 failover (``READONLY``, ``MASTERDOWN``), a cluster resharding (``TRYAGAIN``, ``CLUSTERDOWN``),
-and a script missing from the server's cache (``NOSCRIPT``: flushed between load and call).
+and a script missing from the server's cache (``NOSCRIPT``: flushed between load and call),
+and the Functions library missing again right after the front end loaded it ("Function not
+found": flushed, or a failover, between the ``FUNCTION LOAD`` and the ``FCALL``).
 Validation and domain errors (``LUFT_*``) never are, nor are refusals that do not pass by
 themselves: a missing or wrong password, an ACL ``NOPERM``, a TLS certificate that does not
 verify (see :func:`is_access_error`).
@@ -24,6 +26,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +35,14 @@ from typing import TypeVar
 import redis.exceptions
 import tenacity
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy", "is_access_error", "is_transient", "tls_failure"]
+__all__ = [
+    "DEFAULT_RETRY",
+    "RetryPolicy",
+    "is_access_error",
+    "is_function_missing",
+    "is_transient",
+    "tls_failure",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +53,14 @@ _T = TypeVar("_T")
 _rng = random.Random()
 
 _TRANSIENT_PREFIXES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY ")
+
+_MISSING = re.compile(r"^(?:ERR )?(?:Function not found|No such function)", re.IGNORECASE)
+
+
+def is_function_missing(exc: BaseException) -> bool:
+    """True for the server's answer to an FCALL of a function it does not have (not loaded on
+    this node yet, or lost to a flush, a restart or a failover): nothing ran."""
+    return isinstance(exc, redis.exceptions.ResponseError) and bool(_MISSING.match(str(exc)))
 
 
 _AUTH_TEXTS = ("NOAUTH", "WRONGPASS", "HELLO must be called", "AUTH failed",
@@ -114,7 +132,8 @@ def is_transient(exc: BaseException) -> bool:
     ):
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
-        return str(exc).startswith(_TRANSIENT_PREFIXES)
+        # "Function not found": nothing ran; the next attempt loads the library again
+        return str(exc).startswith(_TRANSIENT_PREFIXES) or is_function_missing(exc)
     if isinstance(exc, redis.exceptions.ClusterError):
         # RedisCluster gave up following TRYAGAIN/ASK/MOVED (a slot migrating): nothing ran
         return str(exc).startswith("TTL exhausted")

@@ -1,9 +1,33 @@
-"""The Lua scripts: loading from ``lua/``, include expansion, registration, error mapping.
+"""The Lua scripts: one Redis Functions library assembled from ``lua/``, and error mapping.
 
-Each state change is one script file ``lua/<operation>-<numkeys>.lua``; shared pieces live in
-``lua/includes/`` and are pulled in with a line ``--- @include "includes/<name>"`` (each piece
-once per script). Scripts run through redis-py ``Script`` objects (EVALSHA, reloaded by
-themselves after ``NOSCRIPT``), which works on ``Redis``, ``RedisCluster`` and fakeredis.
+Each state change is one file ``lua/<operation>-<numkeys>.lua``; shared pieces live in
+``lua/includes/`` and are pulled in with a line ``--- @include "includes/<name>"``.
+
+At load time the files become ONE Redis Functions library (:func:`library`):
+
+* an include that has a line ``--- @each-call <statement>`` (``includes/common.lua``) is a
+  *library* include: its code is placed once at the library's top, so its helpers are defined
+  once per ``FUNCTION LOAD``, and at each ``@include`` line only ``<statement>`` remains
+  (``begin_call()``: bind the call's KEYS/ARGV). Other includes (``includes/main.lua``) are
+  copied in place;
+* each operation file becomes one function whose body is the file's text, wrapped in
+  ``function(keys, argv) KEYS, ARGV = keys, argv ... end`` (``KEYS``/``ARGV`` are library
+  locals, so the files and the helpers read them as in an EVAL script);
+* ``load`` is registered with ``flags={'no-writes'}`` and called with ``FCALL_RO``;
+* the library is named ``luft_<hash12>`` and each function ``<operation>_<hash12>``, where
+  ``hash12`` is the first 12 hex digits of the SHA-256 of the assembled code: every version
+  of the code has its own names, so versions load side by side during a rolling upgrade and a
+  process only ever calls the code it was built with.
+
+The same files still run as plain EVAL scripts (:func:`script_source`: includes expanded in
+place, then the ``@each-call`` statement), which the benchmarks use as a baseline.
+
+Loading is the front ends' job (:mod:`luft_redis.backend`, :mod:`luft_redis.asyncio.backend`):
+they send ``FCALL`` and, when the server answers "Function not found" (a new node, a flushed or
+restarted server), ``FUNCTION LOAD REPLACE`` and the ``FCALL`` once more. What they share, free
+of I/O, is here: the library, the FCALL arguments (:meth:`Function.command`), the routing of a
+call on Redis Cluster (:func:`cluster_route`) and the error classification
+(:func:`is_function_missing`).
 
 Domain errors come back as ``LUFT_<CODE> message`` error replies; :func:`translate_error`
 turns them, and redis-py's own exceptions, into :mod:`luft_redis.errors`.
@@ -12,23 +36,43 @@ turns them, and redis-py's own exceptions, into :mod:`luft_redis.errors`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 import redis.exceptions
+from redis.crc import key_slot
 
 from . import errors
-from .retry import is_access_error, tls_failure
+from .retry import is_access_error, is_function_missing, tls_failure
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "lua_dir", "script_source", "translate_error"]
+__all__ = [
+    "LIBRARY_PREFIX",
+    "SCRIPT_NAMES",
+    "Function",
+    "Library",
+    "Ops",
+    "cluster_route",
+    "is_function_missing",
+    "library",
+    "listed_libraries",
+    "lua_dir",
+    "script_source",
+    "translate_error",
+]
 
 logger = logging.getLogger(__name__)
 
 _INCLUDE = re.compile(r'^--- @include "([^"]+)"[ \t]*$', re.MULTILINE)
+_EACH_CALL = re.compile(r"^--- @each-call (.+?)[ \t]*$", re.MULTILINE)
 _SCRIPT_FILE = re.compile(r"^([a-z_]+)-(\d+)\.lua$")
+_KEY_INDEX = re.compile(r"\bKEYS\[(\d+)\]")
+_NO_FUNCTIONS = re.compile(r"^(?:ERR )?unknown command '(?:fcall|fcall_ro|function)'", re.I)
 
 SCRIPT_NAMES = (
     "init_run",
@@ -42,6 +86,14 @@ SCRIPT_NAMES = (
     "delete_run",
 )
 """Every script the backend uses, by operation name."""
+
+READ_ONLY = frozenset({"load"})
+"""The operations registered with ``flags={'no-writes'}`` and called with ``FCALL_RO``."""
+
+LIBRARY_PREFIX = "luft_"
+"""Every luft-redis library is named ``luft_<hash12>`` (``FUNCTION LIST LIBRARYNAME luft_*``)."""
+
+_HASH = "@HASH@"  # stands for the content hash while it is computed
 
 
 @functools.cache
@@ -64,44 +116,211 @@ def _script_files() -> dict[str, tuple[Path, int]]:
     return found
 
 
-@functools.cache
-def script_source(name: str) -> str:
-    """The full source of script ``name`` with its includes expanded."""
+def _script_file(name: str) -> tuple[Path, int]:
     try:
-        path, _ = _script_files()[name]
+        return _script_files()[name]
     except KeyError:
         raise errors.ConfigurationError(f"no Lua script named {name!r} in {lua_dir()}") from None
-    seen: set[str] = set()
 
-    def expand(text: str) -> str:
-        def include(m: re.Match[str]) -> str:
-            ref = m.group(1)
-            if ref in seen:
-                return ""
-            seen.add(ref)
-            return expand((lua_dir() / f"{ref}.lua").read_text(encoding="utf-8"))
 
-        return _INCLUDE.sub(include, text)
+@functools.cache
+def _include_text(ref: str) -> str:
+    path = lua_dir() / f"{ref}.lua"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise errors.ConfigurationError(f"Lua include {ref!r} unreadable: {exc}") from None
 
-    return expand(path.read_text(encoding="utf-8"))
+
+def _each_call(ref: str) -> str | None:
+    """The per-call statement of a library include, None for an include copied in place."""
+    found = _EACH_CALL.findall(_include_text(ref))
+    if len(found) > 1:
+        raise errors.ConfigurationError(f"Lua include {ref!r} has more than one @each-call line")
+    return found[0] if found else None
+
+
+def _expand(text: str, seen: set[str], hoisted: dict[str, str] | None) -> str:
+    """``text`` with its includes expanded (each once per ``seen``). With ``hoisted`` (library
+    mode) a library include's code goes to ``hoisted`` once and its site keeps the per-call
+    statement; without, its code and then the statement are placed at the site (EVAL mode)."""
+
+    def include(m: re.Match[str]) -> str:
+        ref = m.group(1)
+        call = _each_call(ref)
+        if call is not None and hoisted is not None:
+            if ref not in hoisted:
+                hoisted[ref] = f"-- ---- {ref}.lua\n" + _expand(_include_text(ref), set(), None)
+            return call
+        if ref in seen:
+            return ""
+        seen.add(ref)
+        body = _expand(_include_text(ref), seen, hoisted)
+        return body if call is None else f"{body}\n{call}"
+
+    return _INCLUDE.sub(include, text)
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The full source of script ``name`` as a standalone EVAL script (includes expanded)."""
+    path, _ = _script_file(name)
+    return _expand(path.read_text(encoding="utf-8"), set(), None)
 
 
 def script_numkeys(name: str) -> int:
     """The number of KEYS script ``name`` takes (from its file name)."""
-    return _script_files()[name][1]
+    return _script_file(name)[1]
 
 
-class Scripts:
-    """The scripts registered on one client (cheap: the sources are processed once)."""
+@dataclass(frozen=True, slots=True)
+class Function:
+    """One operation of the library: its function name and how to call it."""
 
-    __slots__ = tuple(SCRIPT_NAMES)
+    op: str
+    """The operation (``append_events``)."""
+    file: str
+    """Its file in ``lua/`` (``append_events-10.lua``)."""
+    name: str
+    """The function's name in Redis (``append_events_<hash12>``)."""
+    numkeys: int
+    read_only: bool
+    head: tuple[str, str, int]
+    """``(FCALL or FCALL_RO, name, numkeys)``: the start of every call."""
 
-    def __init__(self, client: Any) -> None:
-        for name in SCRIPT_NAMES:
-            object.__setattr__(self, name, client.register_script(script_source(name)))
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The whole FCALL command; ConfigurationError unless ``keys`` has ``numkeys`` keys."""
+        if len(keys) != self.numkeys:
+            raise errors.ConfigurationError(
+                f"Lua script {self.file} takes {self.numkeys} keys, {len(keys)} were passed"
+            )
+        return (*self.head, *keys, *args)
 
-    def __getattr__(self, name: str) -> Any:  # for type-checkers: attributes are Scripts
-        raise AttributeError(name)
+
+class Ops:
+    """The library's functions by operation: ``ops.append_events`` and so on."""
+
+    __slots__ = SCRIPT_NAMES
+    init_run: Function
+    append_events: Function
+    upsert_agent_result: Function
+    upsert_agent_session: Function
+    cancel: Function
+    reset_status_to_running: Function
+    save_checkpoint: Function
+    load: Function
+    delete_run: Function
+
+    def __init__(self, functions: dict[str, Function]) -> None:
+        for op in SCRIPT_NAMES:
+            object.__setattr__(self, op, functions[op])
+
+
+@dataclass(frozen=True, slots=True)
+class Library:
+    """The assembled library: its code, names and functions."""
+
+    digest: str
+    """The first 12 hex digits of the SHA-256 of the code (with the names left out)."""
+    name: str
+    """``luft_<digest>``."""
+    code: str
+    """What ``FUNCTION LOAD`` takes (``#!lua name=luft_<digest>`` first)."""
+    ops: Ops
+
+    @property
+    def load_command(self) -> tuple[str, str, str, str]:
+        """``FUNCTION LOAD REPLACE <code>``."""
+        return ("FUNCTION", "LOAD", "REPLACE", self.code)
+
+
+def _check_keys(name: str, numkeys: int, text: str) -> None:
+    """ConfigurationError when a script reads a KEYS index past its file name's count."""
+    used = [int(i) for i in _KEY_INDEX.findall(text)]
+    if used and max(used) > numkeys:
+        raise errors.ConfigurationError(
+            f"Lua script {name}-{numkeys}.lua reads KEYS[{max(used)}] but its name says "
+            f"{numkeys} keys")  # fmt: skip
+
+
+def _lua_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@functools.cache
+def library() -> Library:
+    """The library of this code (assembled once per process)."""
+    hoisted: dict[str, str] = {}  # library includes, in order of first use
+    parts: list[str] = []
+    for op in SCRIPT_NAMES:
+        path, numkeys = _script_file(op)
+        body = _expand(path.read_text(encoding="utf-8"), set(), hoisted)
+        _check_keys(op, numkeys, script_source(op))
+        flags = "\n  flags = {'no-writes'}," if op in READ_ONLY else ""
+        parts.append(
+            f"-- ---- {path.name}\n"
+            "redis.register_function{\n"
+            f"  function_name = {_lua_string(f'{op}_{_HASH}')},{flags}\n"
+            "  callback = function(keys, argv)\n"
+            "KEYS, ARGV = keys, argv\n"
+            f"{body.rstrip()}\n"
+            "  end,\n"
+            "}\n"
+        )
+    template = (
+        f"#!lua name={LIBRARY_PREFIX}{_HASH}\n"
+        "-- luft-redis: the scripts of lua/ as one library, assembled by luft_redis/scripts.py\n"
+        "local KEYS, ARGV -- this call's keys and arguments (set first by every function)\n\n"
+        + "\n".join(hoisted.values())
+        + "\n"
+        + "\n".join(parts)
+    )
+    digest = hashlib.sha256(template.encode("utf-8")).hexdigest()[:12]
+    functions: dict[str, Function] = {}
+    for op in SCRIPT_NAMES:
+        path, numkeys = _script_file(op)
+        name = f"{op}_{digest}"
+        command = "FCALL_RO" if op in READ_ONLY else "FCALL"
+        functions[op] = Function(op, path.name, name, numkeys, op in READ_ONLY,
+                                 (command, name, numkeys))  # fmt: skip
+    return Library(digest, f"{LIBRARY_PREFIX}{digest}", template.replace(_HASH, digest),
+                   Ops(functions))  # fmt: skip
+
+
+def _entry(item: Any) -> dict[bytes | str, Any]:
+    """One map of a FUNCTION LIST reply: a dict (RESP3) or a flat key/value list (RESP2)."""
+    if isinstance(item, dict):
+        return item
+    return dict(zip(item[::2], item[1::2], strict=False))
+
+
+def _str(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def listed_libraries(reply: Any) -> dict[str, list[str]]:
+    """A ``FUNCTION LIST`` reply as {library name: its function names} (sorted)."""
+    found: dict[str, list[str]] = {}
+    for item in reply or ():
+        entry = {_str(k): v for k, v in _entry(item).items()}
+        functions = [_str({_str(k): v for k, v in _entry(f).items()}.get("name", ""))
+                     for f in entry.get("functions") or ()]  # fmt: skip
+        found[_str(entry.get("library_name", ""))] = sorted(functions)
+    return dict(sorted(found.items()))
+
+
+def cluster_route(client: Any, keys: Sequence[Any]) -> dict[str, Any]:
+    """The keyword arguments that send a call on ``keys`` to the primary owning their slot on a
+    ``RedisCluster`` (sync or asyncio) client: ``{"target_nodes": node}``, from the client's
+    slot table (no I/O). That spares redis-py the ``COMMAND GETKEYS`` round trip it makes to
+    find an FCALL's keys. ``{}`` (redis-py routes it, with its own retries) while the table
+    does not cover the slot, as during a failover."""
+    key = keys[0]
+    slot = key_slot(key.encode() if isinstance(key, str) else key)
+    try:
+        return {"target_nodes": client.nodes_manager.get_node_from_slot(slot)}
+    except redis.exceptions.SlotNotCoveredError:
+        return {}
 
 
 def translate_error(
@@ -124,6 +343,12 @@ def translate_error(
         if text.startswith("LUFT_"):
             code, _, message = text[5:].partition(" ")
             return _domain_error(code, message, run_id)
+        if _NO_FUNCTIONS.match(text):
+            return errors.ConfigurationError(
+                f"this server has no Redis Functions ({text.strip()}): luft-redis needs Redis 7.0 "
+                "or later; with fakeredis, install its Lua extra (pip install 'fakeredis[lua]') "
+                "and keep its version at 7 or later"
+            )
         if text.startswith("WRONGTYPE") and key is not None:
             return errors.CorruptDataError(key, "type", "is not the type luft-redis stores there")
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
@@ -147,7 +372,7 @@ def _access_error(exc: BaseException, prefix: str | None,
         return errors.TLSError(f"TLS handshake with Redis failed: {text}")
     if isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
         named = _NAMED_COMMAND.search(text)
-        what = named.group(1).upper() if named else command or "EVALSHA (a luft-redis script)"
+        what = named.group(1).upper() if named else command or "FCALL (a luft-redis function)"
         detail = text.removeprefix("NOPERM").strip() or "permission denied"
         return errors.PermissionDeniedError(prefix, what, detail)
     if "HELLO must be called" in text or "NOAUTH" in text or "Authentication required" in text:

@@ -527,14 +527,15 @@ def test_the_listener_follows_a_cluster_failover(redis_cluster_replicas: LocalRe
 
 class LossyProxy:
     """An asyncio TCP proxy on 127.0.0.1 in front of a redis-server that breaks the connection
-    around the next ``EVALSHA`` (every luft-redis state change is one) when armed:
+    around the next ``FCALL`` (every luft-redis state change is one) when armed:
 
     * ``lose_reply()``: the command reaches Redis and is applied; its reply is not forwarded
       and both sides are closed (the client sees a lost connection for an applied write);
     * ``lose_request()``: the connection is closed as the command arrives, before a byte of it
       reaches Redis.
 
-    Error replies (``-NOSCRIPT``, ``-LUFT_...``) are always forwarded: nothing was applied.
+    Error replies (``-ERR Function not found``, ``-LUFT_...``) are always forwarded: nothing
+    was applied.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -567,7 +568,7 @@ class LossyProxy:
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         up_r, up_w = await asyncio.open_connection(LOOPBACK, self.upstream_port)
         self._writers.update((client_w, up_w))
-        awaiting = False  # an EVALSHA went upstream; its reply has not begun
+        awaiting = False  # an FCALL went upstream; its reply has not begun
 
         def cut() -> None:
             for w in (client_w, up_w):
@@ -576,7 +577,7 @@ class LossyProxy:
         async def upstream() -> None:
             nonlocal awaiting
             while data := await client_r.read(65536):
-                if b"EVALSHA" in data.upper():
+                if b"FCALL" in data.upper():  # also FCALL_RO
                     if self.requests_to_lose > 0:
                         self.requests_to_lose -= 1
                         self.lost += 1

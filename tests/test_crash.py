@@ -1,13 +1,14 @@
-"""Crashes of the Redis server under concurrent writers, and a flushed script cache.
+"""Crashes of the Redis server under concurrent writers, and a flushed Functions library.
 
 * ``test_sigkill_restart_loses_no_acknowledged_write``: a private redis-server with
   ``appendonly yes`` and ``appendfsync always``; three writer processes (``spawn``) append
   numbered events to one run; the server is SIGKILLed mid-run and restarted on the same port
   and directory half a second later. Every event whose ``append_event`` returned must be in the
-  log exactly once, the token sum must match the log, the scripts must be reloaded without an
-  error reaching the caller (the restarted server has an empty script cache: ``NOSCRIPT``), and
-  every writer's cache must converge to a fresh ``open_run`` (their change listeners reconnect).
-* ``test_script_flush_mid_run``: ``SCRIPT FLUSH`` while a backend writes; writes keep working.
+  log exactly once, the token sum must match the log, no error may reach a caller, the
+  Functions library must be there after the restart (Redis keeps it in the AOF), and every
+  writer's cache must converge to a fresh ``open_run`` (their change listeners reconnect).
+* ``test_function_flush_mid_run``: ``FUNCTION FLUSH`` while a backend writes; writes keep
+  working (each backend loads the library again on "Function not found").
 
 The writer processes run this very file with :func:`runpy.run_path` (under the module name
 ``_WORKER_RUN_NAME``), so they need nothing importable but ``luft_redis``: pytest imports test
@@ -41,7 +42,7 @@ from luft_redis import (
 )
 from luft_redis import types as t
 from luft_redis.retry import RetryPolicy
-from luft_redis.scripts import script_source
+from luft_redis.scripts import library, listed_libraries
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer
 
 _WORKER_RUN_NAME = "__luft_redis_crash_writer__"
@@ -234,7 +235,7 @@ def test_sigkill_restart_loses_no_acknowledged_write(redis_server_binary: str) -
             f"write time {[round(reports[i].get('write_seconds', 0), 1) for i in sorted(reports)]}s"
         )
         errors = [e for r in reports.values() for e in r["errors"]]
-        assert errors == [], errors  # NOSCRIPT after the restart never reached a caller
+        assert errors == [], errors  # nothing about the restart reached a caller
         assert 0 < at_kill < total, "the crash must land while the writers write"
         assert after_restart >= at_kill  # appendfsync always: nothing acknowledged is lost
         duplicated = {ident: n for ident, n in counts.items() if n > 1}
@@ -259,9 +260,8 @@ def test_sigkill_restart_loses_no_acknowledged_write(redis_server_binary: str) -
             assert r["checkpoint"] == expected, r["index"]
             assert r["fresh"], r["index"]
 
-        # -- the writers reloaded the scripts on the new server themselves
-        sha = admin.script_load(script_source("append_events"))
-        assert admin.script_exists(sha) == [True]
+        # -- the library survived the restart with the data (functions are in the AOF)
+        assert library().name in listed_libraries(admin.function_list())
         info = admin.info("persistence")
         assert info["aof_enabled"] == 1
         admin.close()
@@ -274,28 +274,28 @@ def test_sigkill_restart_loses_no_acknowledged_write(redis_server_binary: str) -
 
 
 @pytest.mark.server
-def test_script_flush_mid_run(redis_url: str) -> None:
-    """SCRIPT FLUSH every 25 appends: writes go on, each applied once; redis-py loads the
-    script again on NOSCRIPT."""
+def test_function_flush_mid_run(redis_url: str) -> None:
+    """FUNCTION FLUSH every 25 appends: writes go on, each applied once; the backend loads the
+    library again on "Function not found"."""
     client = redis.Redis.from_url(redis_url)
     admin = redis.Redis.from_url(redis_url)
     try:
         backend = RedisCheckpointBackend(client)
         run_id = uuid.uuid4()
         backend.init_run(run_id, "script flush", "/tmp/flush")
-        sha = admin.script_load(script_source("append_events"))
+        name = library().name
         expected: list[t.AgentEvent] = []
         flushes = 0
         for k in range(300):
             if k % 25 == 10:
-                admin.script_flush()
+                admin.function_flush()
                 flushes += 1
-                assert admin.script_exists(sha) == [False]
+                assert name not in listed_libraries(admin.function_list())
             event = _event(run_id, 0, k)
             backend.append_event(event)
             expected.append(event)
-        assert admin.script_exists(sha) == [True]
-        print(f"\n{flushes} SCRIPT FLUSH during 300 appends")
+        assert name in listed_libraries(admin.function_list())
+        print(f"\n{flushes} FUNCTION FLUSH during 300 appends")
 
         reader = RedisCheckpointBackend(admin, watch=False)
         fresh = reader.open_run(run_id)
@@ -312,24 +312,24 @@ def test_script_flush_mid_run(redis_url: str) -> None:
 
 
 class _FlushAfterLoad(redis.Redis):
-    """A client that runs SCRIPT FLUSH right after its next SCRIPT LOAD (once, when armed).
+    """A client that runs FUNCTION FLUSH right after its next FUNCTION LOAD (once, when armed).
 
     It makes deterministic the race of a flush (or a restart, or a failover to a replica that
-    lacks the script) between redis-py's reload of a script and its second EVALSHA.
+    lacks the library) between the backend's load of the library and its second FCALL.
     """
 
     armed = False
 
-    def script_load(self, script: Any) -> Any:
-        sha = super().script_load(script)
-        if self.armed:
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        if self.armed and args[:2] == ("FUNCTION", "LOAD"):
             self.armed = False
-            self.script_flush()
-        return sha
+            self.function_flush()
+        return reply
 
 
 @pytest.mark.server
-def test_script_flushed_again_during_reload_is_retried(redis_url: str) -> None:
+def test_library_flushed_again_during_reload_is_retried(redis_url: str) -> None:
     client = _FlushAfterLoad.from_url(redis_url)
     assert isinstance(client, _FlushAfterLoad)
     admin = redis.Redis.from_url(redis_url)
@@ -337,10 +337,10 @@ def test_script_flushed_again_during_reload_is_retried(redis_url: str) -> None:
         backend = RedisCheckpointBackend(client, watch=False)
         run_id = uuid.uuid4()
         backend.init_run(run_id, "flush during reload", "/tmp/flush2")
-        admin.script_flush()
+        admin.function_flush()
         client.armed = True
         event = _event(run_id, 0, 1)
-        backend.append_event(event)  # today: BackendError("... No matching script ...")
+        backend.append_event(event)  # FCALL, LOAD (flushed again), FCALL: a retry loads again
         assert not client.armed
         reader = RedisCheckpointBackend(admin, watch=False)
         assert reader.open_run(run_id) is not None

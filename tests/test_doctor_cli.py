@@ -121,6 +121,7 @@ def test_doctor_accepts_aof_and_noeviction(
         "maxmemory-policy": "ok",
         "persistence": "ok",
         "appendfsync": "ok",
+        "functions": "ok",
     }
     assert cli.main(["doctor", "--redis", safe_server.url]) == 0
     out = capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Exactly-once writes under network faults, through a fault-injecting TCP proxy.
 
 :class:`FaultProxy` sits between a redis-py client and a real ``redis-server`` and breaks the
-client's connection around ``EVALSHA`` commands (every luft-redis state change is one):
+client's connection around ``FCALL`` commands (every luft-redis state change is one):
 
 * ``reply`` faults: the command reaches Redis and is applied; when the first bytes of its reply
   come back, the proxy closes both sides instead of forwarding them. The client sees a
@@ -11,7 +11,8 @@ client's connection around ``EVALSHA`` commands (every luft-redis state change i
 * ``request`` faults: the connection is closed as the command arrives, before a byte of it is
   forwarded; the command never reaches Redis and the retry must apply it (once).
 
-Error replies (``-NOSCRIPT``, ``-LUFT_...``) are always forwarded: the command was not applied.
+Error replies (``-ERR Function not found``, ``-LUFT_...``) are always forwarded: the command was
+not applied.
 
 The redis-py clients here are built with ``retry=Retry(NoBackoff(), 0)`` so that every retry
 is the library's own (``RetryPolicy``), not redis-py's.
@@ -68,7 +69,7 @@ FaultMode = Literal["off", "reply", "request"]
 GENEROUS = RetryPolicy(max_attempts=30, deadline=30.0, initial_delay=0.002, max_delay=0.05)
 
 _CHUNK = 65536
-_TOKEN = b"EVALSHA"
+_TOKEN = b"FCALL"  # also FCALL_RO
 
 
 class _Link:
@@ -79,7 +80,7 @@ class _Link:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client = client
         self.upstream = upstream
-        self.awaiting = False  # an EVALSHA was forwarded, its reply has not begun
+        self.awaiting = False  # an FCALL was forwarded, its reply has not begun
         self.drop_reply = False
         self.forced = False
         self.closed = False
@@ -98,14 +99,14 @@ class _Link:
 
 
 class FaultProxy:
-    """A thread-based TCP proxy on 127.0.0.1 that drops connections around EVALSHA.
+    """A thread-based TCP proxy on 127.0.0.1 that drops connections around FCALL.
 
     ``mode`` and ``probability`` choose the random faults (``random.Random(seed)``);
-    :meth:`fail_next` forces the next *n* EVALSHA commands to fail. Counters:
-    ``faults`` (``reply_faults + request_faults``), ``evalsha_seen`` (EVALSHA commands the
-    client sent, faulted or not), ``evalsha_forwarded`` (those that reached Redis),
-    ``spared`` (reply faults not made because the reply was an error), ``noscript`` (replies
-    ``-NOSCRIPT``), ``connections``.
+    :meth:`fail_next` forces the next *n* FCALL commands to fail. Counters:
+    ``faults`` (``reply_faults + request_faults``), ``fcall_seen`` (FCALL commands the
+    client sent, faulted or not), ``fcall_forwarded`` (those that reached Redis),
+    ``spared`` (reply faults not made because the reply was an error), ``missing`` (replies
+    ``-ERR Function not found``), ``connections``.
     """
 
     def __init__(self, upstream_port: int, *, seed: int = 0) -> None:
@@ -120,10 +121,10 @@ class FaultProxy:
         self._stopping = threading.Event()
         self.reply_faults = 0
         self.request_faults = 0
-        self.evalsha_seen = 0
-        self.evalsha_forwarded = 0
+        self.fcall_seen = 0
+        self.fcall_forwarded = 0
         self.spared = 0
-        self.noscript = 0
+        self.missing = 0
         self.connections = 0
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -139,9 +140,9 @@ class FaultProxy:
 
     @property
     def attempts(self) -> int:
-        """EVALSHA commands sent, less those Redis refused with NOSCRIPT (redis-py then loads
-        the script and sends the same command again, within one attempt of the backend)."""
-        return self.evalsha_seen - self.noscript
+        """FCALL commands sent, less those Redis refused with "Function not found" (the backend
+        then loads the library and sends the same command again, within one attempt)."""
+        return self.fcall_seen - self.missing
 
     def start(self) -> FaultProxy:
         self._acceptor.start()
@@ -169,7 +170,7 @@ class FaultProxy:
             self.mode, self.probability = mode, probability
 
     def fail_next(self, count: int, mode: FaultMode) -> None:
-        """Fault the next ``count`` EVALSHA commands with ``mode`` (before random faults)."""
+        """Fault the next ``count`` FCALL commands with ``mode`` (before random faults)."""
         with self._lock:
             self._forced.extend([mode] * count)
 
@@ -210,9 +211,9 @@ class FaultProxy:
                     thread.start()
 
     def _decide(self) -> tuple[FaultMode, bool]:
-        """(the fault for the EVALSHA just sent, whether it was forced)."""
+        """(the fault for the FCALL just sent, whether it was forced)."""
         with self._lock:
-            self.evalsha_seen += 1
+            self.fcall_seen += 1
             if self._forced:
                 return self._forced.pop(0), True
             if self.mode != "off" and self._rng.random() < self.probability:
@@ -239,7 +240,7 @@ class FaultProxy:
                             self.request_faults += 1
                         return  # closed in finally: Redis never sees the command
                     with self._lock:
-                        self.evalsha_forwarded += 1
+                        self.fcall_forwarded += 1
                     link.drop_reply, link.forced = fault == "reply", forced
                     link.awaiting = True
                     tail = b""
@@ -259,15 +260,15 @@ class FaultProxy:
                     return
                 if link.awaiting:
                     link.awaiting = False
-                    if data.startswith(b"-NOSCRIPT"):
+                    if data.startswith(b"-ERR Function not found"):
                         with self._lock:
-                            self.noscript += 1
+                            self.missing += 1
                 if link.drop_reply:
                     link.drop_reply = False
                     if data[:1] == b"-":
                         with self._lock:  # an error reply: nothing was applied, pass it on
                             self.spared += 1
-                            if link.forced:  # e.g. NOSCRIPT: fault the next attempt instead
+                            if link.forced:  # e.g. Function not found: fault the next attempt
                                 self._forced.insert(0, "reply")
                     else:
                         with self._lock:
@@ -339,7 +340,7 @@ def test_proxy_passes_traffic_and_counts(proxy: FaultProxy, proxied: redis.Redis
     backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
     run_id = uuid.uuid4()
     backend.init_run(run_id, "proxy", "/tmp/proxy")
-    assert proxy.evalsha_forwarded >= 1 and proxy.faults == 0
+    assert proxy.fcall_forwarded >= 1 and proxy.faults == 0
     proxy.fail_next(1, "reply")
     backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="once"))
     assert proxy.reply_faults == 1
@@ -405,7 +406,7 @@ def test_thousand_dropped_replies_apply_exactly_once(
     proxy.configure("off")
     print(
         f"\n{ops} writes, {proxy.reply_faults} dropped replies, {proxy.spared} spared, "
-        f"{proxy.evalsha_seen} EVALSHA, {proxy.connections} connections, {elapsed:.1f}s"
+        f"{proxy.fcall_seen} FCALL, {proxy.connections} connections, {elapsed:.1f}s"
     )
     assert proxy.reply_faults >= min_faults, (ops, proxy.reply_faults, elapsed)
 
@@ -545,7 +546,7 @@ def test_non_transient_errors_are_not_retried(
         backend.append_events(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))  # type: ignore[arg-type]
     assert proxy.attempts == seen
 
-    # domain error from the script: exactly one EVALSHA
+    # domain error from the script: exactly one FCALL
     backend.append_event(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
                                  total_tokens=TokenUsage()))  # fmt: skip
     seen = proxy.attempts
@@ -553,7 +554,7 @@ def test_non_transient_errors_are_not_retried(
         backend.reset_status_to_running()
     assert proxy.attempts == seen + 1
 
-    # the run deleted behind the backend's back: LUFT_NO_RUN, one EVALSHA
+    # the run deleted behind the backend's back: LUFT_NO_RUN, one FCALL
     keys = backend.keys
     assert keys is not None
     direct.delete(keys.run)

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -28,6 +29,7 @@ from luft_redis import (
     AgentStatus,
     AsyncRedisCheckpointBackend,
     CheckpointStatus,
+    Durability,
     Finding,
     LuftRedisError,
     RedisCheckpointBackend,
@@ -37,20 +39,23 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis.errors import AuthenticationError, PermissionDeniedError, TLSError
-from luft_redis.scripts import SCRIPT_NAMES, script_source
+from luft_redis.scripts import SCRIPT_NAMES, library, script_source
 from luft_redis.tools import cli
 from luft_redis.tools.doctor import check_server
-from luft_redis.tools.server import LocalRedisServer, find_free_port
+from luft_redis.tools.server import LocalRedisCluster, LocalRedisServer, find_free_port
 
 pytestmark = pytest.mark.server
 
 #: The commands of the least-privilege user, exactly as in docs/security.md.
 ACL_COMMANDS = (
-    "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset "
-    "+hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
-    "+xtrim +pttl +pexpire +persist +spublish +ssubscribe +sunsubscribe +ping +expire"
+    "+fcall +fcall_ro +function|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget "
+    "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
+    "+xtrim +pttl +pexpire +persist +expire +spublish +ssubscribe +sunsubscribe +ping"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
+#: What docs/security.md adds to the user for each option that needs more.
+ACL_DURABILITY = "ACL SETUSER luft +wait"
+ACL_CLUSTER = "ACL SETUSER luft +cluster|slots +cluster|shards +cluster|nodes +role +command"
 PASSWORD = "s3cret-for-tests"
 
 _DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
@@ -148,8 +153,8 @@ class AclSetup:
 def acl(acl_server: LocalRedisServer) -> Iterator[AclSetup]:
     admin = redis.Redis.from_url(acl_server.url)
     admin.flushall()
-    admin.script_flush()  # the user must be able to load the scripts itself
-    admin.execute_command(*ACL_LINE.replace("CHANGE-ME", PASSWORD).split())  # type: ignore[no-untyped-call]
+    admin.function_flush()  # the user must be able to load the library itself
+    _set_user(admin, ACL_LINE)
     user_url = acl_server.url.replace("redis://", f"redis://luft:{PASSWORD}@")
     try:
         yield AclSetup(admin, user_url)
@@ -158,10 +163,21 @@ def acl(acl_server: LocalRedisServer) -> Iterator[AclSetup]:
         admin.close()
 
 
-def test_acl_line_matches_the_doc() -> None:
+def test_acl_lines_match_the_doc() -> None:
+    """Every ``ACL SETUSER`` line of the doc is one of those tested here, and each is there."""
     if not _DOC.is_file():
         pytest.skip("docs/security.md is not next to the tests (installed sdist?)")
-    assert ACL_LINE in _DOC.read_text(encoding="utf-8")
+    documented = {
+        line.strip()
+        for line in _DOC.read_text(encoding="utf-8").splitlines()
+        if line.strip().startswith("ACL SETUSER")
+    }
+    assert documented == {ACL_LINE, ACL_DURABILITY, ACL_CLUSTER}
+
+
+def _set_user(client: redis.Redis, *lines: str) -> None:
+    for line in lines:
+        client.execute_command(*line.replace("CHANGE-ME", PASSWORD).split())  # type: ignore[no-untyped-call]
 
 
 def test_acl_allows_every_command_the_scripts_call() -> None:
@@ -188,6 +204,122 @@ def test_acl_user_runs_the_whole_lifecycle(acl: AclSetup) -> None:
             time.sleep(0.01)
         assert reader.cache_is_fresh
     assert acl.admin.exists(f"luft:{{{run_id}}}:run") == 1
+
+
+def _library_names(client: Any) -> set[bytes]:
+    listed = client.execute_command("FUNCTION", "LIST", "LIBRARYNAME", "luft_*")
+    return {entry[b"library_name"] if isinstance(entry, dict) else entry[1] for entry in listed}
+
+
+def test_acl_user_loads_the_library_itself(acl: AclSetup) -> None:
+    """The library is not on the server: the user's first call loads it (+function|load)."""
+    assert _library_names(acl.admin) == set()
+    with RedisCheckpointBackend.from_url(acl.user_url, watch=False) as backend:
+        backend.init_run(uuid.uuid4(), "t", "/d")
+    assert _library_names(acl.admin) == {library().name.encode()}
+
+
+def test_acl_user_runs_the_asyncio_front_end(acl: AclSetup) -> None:
+    async def main() -> None:
+        backend = AsyncRedisCheckpointBackend.from_url(acl.user_url)
+        reader = AsyncRedisCheckpointBackend.from_url(acl.user_url)
+        try:
+            run_id, agent = uuid.uuid4(), uuid.uuid4()
+            await backend.init_run(run_id, "async", "/d")
+            await backend.append_event(AgentStarted(run_id=run_id, phase_id=0, agent_id=agent,
+                                                    prompt_preview="p", model="m"))  # fmt: skip
+            cp = await reader.open_run(run_id)
+            assert cp is not None and cp.status is CheckpointStatus.RUNNING
+            await reader.cancel()
+            assert [e.TYPE for e in await reader.get_event_log()] == ["agent_started"]
+            assert await backend.delete_run(run_id)
+        finally:
+            await backend.aclose()
+            await reader.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def replicated_acl(redis_server_binary: str) -> Iterator[tuple[AclSetup, LocalRedisServer]]:
+    """A primary with the documented user (plus the durability line) and one replica."""
+    primary = LocalRedisServer(binary=redis_server_binary).start()
+    replica = None
+    try:
+        replica = LocalRedisServer(
+            binary=redis_server_binary, extra_args=["--replicaof", "127.0.0.1", str(primary.port)]
+        ).start()
+        admin = redis.Redis.from_url(primary.url)
+        deadline = time.monotonic() + 10
+        while admin.info("replication").get("connected_slaves", 0) < 1:
+            assert time.monotonic() < deadline, "the replica did not connect"
+            time.sleep(0.05)
+        _set_user(admin, ACL_LINE, ACL_DURABILITY)
+        user_url = primary.url.replace("redis://", f"redis://luft:{PASSWORD}@")
+        yield AclSetup(admin, user_url), replica
+        admin.close()
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+def test_acl_user_with_durability(
+    replicated_acl: tuple[AclSetup, LocalRedisServer],
+) -> None:
+    """The documented line plus ``+wait`` carries durable writes: FCALL and WAIT in one
+    pipeline, nothing else (no SCRIPT EXISTS/LOAD the line does not allow)."""
+    acl, replica = replicated_acl
+    durable = Durability(replicas=1, timeout_ms=5000)
+    acl.admin.config_resetstat()
+    with (
+        RedisCheckpointBackend.from_url(acl.user_url, durability=durable) as backend,
+        RedisCheckpointBackend.from_url(acl.user_url, durability=durable) as reader,
+    ):
+        run_id = _lifecycle(backend, reader)  # NotDurableError would fail it
+    stats = acl.admin.info("commandstats")
+    assert stats["cmdstat_wait"]["calls"] >= 8
+    assert not [name for name in stats if name.startswith(("cmdstat_script", "cmdstat_eval"))]
+    with redis.Redis.from_url(replica.url) as on_replica:
+        assert on_replica.hget(f"luft:{{{run_id}}}:run", "status") == b"completed"
+        assert _library_names(on_replica) == {library().name.encode()}
+
+
+def test_acl_without_wait_refuses_durability_as_a_typed_error(acl: AclSetup) -> None:
+    """The base line alone does not allow WAIT: a durable write says so (the doc's reason for
+    the extra line), and its script was applied before the WAIT was refused."""
+    run_id = uuid.uuid4()
+    with (
+        RedisCheckpointBackend.from_url(acl.user_url, durability=Durability()) as backend,
+        pytest.raises(LuftRedisError, match=r"(?i)wait|permission"),
+    ):
+        backend.init_run(run_id, "t", "/d")
+    assert acl.admin.exists(f"luft:{{{run_id}}}:run") == 1
+
+
+@pytest.mark.cluster
+def test_acl_user_on_cluster(redis_cluster: LocalRedisCluster) -> None:
+    """The documented line plus the cluster line, set on every node, runs the lifecycle on a
+    RedisCluster client; the user loads the library on every primary itself."""
+    admins = [redis.Redis(host=h, port=p) for h, p in redis_cluster.startup_nodes]
+    try:
+        for admin in admins:
+            admin.function_flush()
+            _set_user(admin, ACL_LINE, ACL_CLUSTER)
+        host, port = redis_cluster.startup_nodes[0]
+        url = f"redis://luft:{PASSWORD}@{host}:{port}/0"
+        with (
+            RedisCheckpointBackend.from_url(url, cluster=True) as backend,
+            RedisCheckpointBackend.from_url(url, cluster=True) as reader,
+        ):
+            _lifecycle(backend, reader)
+        for admin in admins:
+            if admin.info("replication")["role"] == "master":
+                assert _library_names(admin) == {library().name.encode()}
+    finally:
+        for admin in admins:
+            admin.acl_deluser("luft")
+            admin.close()
 
 
 def test_acl_user_cli_runs_and_show(acl: AclSetup, capsys: pytest.CaptureFixture[str]) -> None:

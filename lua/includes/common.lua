@@ -44,13 +44,13 @@
     * every change bumps the run's version, stamps updated_at with the server's clock and
       publishes its delta (see commit).
 ]]
-local K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local K_WRITERS, K_CHANGES = KEYS[9], KEYS[10]
-
-local WRITER, WRITER_SEQ = ARGV[1], ARGV[2]
-local ARGS = {}
-for i = 3, #ARGV do ARGS[i - 2] = ARGV[i] end
+-- Set at the start of every call by begin_call() (at the end of this file): this prelude is
+-- defined once per library load (FUNCTION LOAD) and its state is per call.
+local K_RUN, K_EVENTS, K_PHASES, K_RESULTS
+local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
+local K_WRITERS, K_CHANGES
+local WRITER, WRITER_SEQ
+local ARGS
 
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
@@ -336,3 +336,16 @@ local function set_agent_findings(aid, blob)
     k = k + 1
   end
 end
+
+-- Bind this call's keys and arguments (and start an empty delta). The loader runs the
+-- statement of the @each-call line where a script includes this file (scripts.py).
+local function begin_call()
+  K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+  K_WRITERS, K_CHANGES = KEYS[9], KEYS[10]
+  WRITER, WRITER_SEQ = ARGV[1], ARGV[2]
+  ARGS = {}
+  for i = 3, #ARGV do ARGS[i - 2] = ARGV[i] end
+  DELTA = {}
+end
+--- @each-call begin_call()

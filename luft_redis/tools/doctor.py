@@ -2,8 +2,9 @@
 
 :func:`check_server` asks the server about the settings that decide whether checkpoints
 survive: the eviction policy (``maxmemory-policy``), persistence (AOF and RDB), the Redis
-version the Lua scripts need, and cluster mode. Each answer becomes a :class:`Check` with a
-level:
+version the Lua scripts need, and cluster mode; it also lists the luft-redis Functions
+libraries loaded (``luft_<hash>``, one per version of the code), marking this version's.
+Each answer becomes a :class:`Check` with a level:
 
 ``ok``
     nothing to do;
@@ -43,6 +44,7 @@ import redis.exceptions
 from .. import errors
 from ..keys import run_keys
 from ..retention import FINAL_STATUSES, iter_run_ids
+from ..scripts import LIBRARY_PREFIX, library, listed_libraries
 
 __all__ = [
     "DEFAULT_RUN_SAMPLE",
@@ -401,6 +403,29 @@ def _check_last_writes(probe: _Probe) -> list[Check]:
     return checks
 
 
+def _check_functions(client: redis.Redis) -> Check:
+    """The luft-redis Functions libraries loaded on the server, this version's marked."""
+    name = "functions"
+    ours = library().name
+    try:
+        reply = _ask("FUNCTION LIST", client.execute_command, "FUNCTION", "LIST",
+                     "LIBRARYNAME", f"{LIBRARY_PREFIX}*")  # fmt: skip
+    except _Refused as exc:
+        return Check(name, "unknown", f"cannot list the Functions libraries ({exc})")
+    loaded = [lib for lib in listed_libraries(reply) if lib.startswith(LIBRARY_PREFIX)]
+    if not loaded:
+        return Check(name, "ok", f"no luft-redis library loaded yet; the first call loads {ours}")
+    listed = ", ".join(f"{lib} (this version)" if lib == ours else lib for lib in loaded)
+    others = len(loaded) - (ours in loaded)
+    note = ""
+    if others:
+        note = (f"; {others} other version(s): FUNCTION DELETE each once no process of that "
+                "version runs")  # fmt: skip
+    if ours not in loaded:
+        note += f"; this version's {ours} is loaded by its first call"
+    return Check(name, "ok", f"luft-redis libraries: {listed}{note}")
+
+
 def _check_node(client: redis.Redis, *, cluster_client: bool, node: str | None) -> list[Check]:
     """Every check of one server."""
     probe = _Probe(client)
@@ -409,6 +434,7 @@ def _check_node(client: redis.Redis, *, cluster_client: bool, node: str | None) 
         _check_cluster(probe, cluster_client=cluster_client),
         _check_policy(probe),
         *_check_persistence(probe),
+        _check_functions(client),
     ]
     if node is None:
         return checks

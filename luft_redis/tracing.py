@@ -1,0 +1,123 @@
+"""OpenTelemetry spans for backend operations (the ``otel`` extra: ``opentelemetry-api``).
+
+With ``opentelemetry-api`` installed, each backend operation that talks to Redis is one span of
+kind CLIENT named after the operation (``append_event``, ``open_run``, ...), with the attributes
+of OpenTelemetry's semantic conventions for database clients:
+
+- ``db.system.name`` = ``redis``;
+- ``db.operation.name``: the operation;
+- ``db.namespace``: the Redis database index, where the client has one;
+- ``server.address`` / ``server.port``: where the client connects (the first startup node of
+  a cluster client);
+- ``error.type``: the luft-redis exception class, when the operation failed (the span's status
+  is then ERROR and the exception is recorded);
+
+and the luft-specific ``luft.run_id`` and ``luft.prefix``. Without an OpenTelemetry SDK
+configured, the API's spans record nothing and cost little; without the package, the spans are a
+shared no-op context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["OperationTracer", "otel_available"]
+
+logger = logging.getLogger(__name__)
+
+_NULL = contextlib.nullcontext()
+
+
+def _load_trace_api() -> Any:
+    try:
+        return importlib.import_module("opentelemetry.trace")
+    except ImportError:
+        return None
+
+
+_trace_api: Any = _load_trace_api()
+
+
+def otel_available() -> bool:
+    """True when ``opentelemetry-api`` is importable (spans are then made)."""
+    return _trace_api is not None
+
+
+def client_attributes(client: Any) -> dict[str, str | int]:
+    """``db.namespace``, ``server.address`` and ``server.port`` of a redis-py client, as far as
+    the client tells them without I/O."""
+    attrs: dict[str, str | int] = {}
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if isinstance(kwargs, dict):
+        if kwargs.get("host") is not None:
+            attrs["server.address"] = str(kwargs["host"])
+        if kwargs.get("port") is not None:
+            attrs["server.port"] = int(kwargs["port"])
+        if kwargs.get("path"):
+            attrs["server.address"] = str(kwargs["path"])
+        if kwargs.get("db") is not None:
+            attrs["db.namespace"] = str(kwargs["db"])
+        return attrs
+    nodes = getattr(client, "startup_nodes", None)
+    if isinstance(nodes, dict):
+        nodes = list(nodes.values())
+    if nodes:
+        first = nodes[0]
+        host, port = getattr(first, "host", None), getattr(first, "port", None)
+        if host is not None:
+            attrs["server.address"] = str(host)
+        if port is not None:
+            attrs["server.port"] = int(port)
+    return attrs
+
+
+class OperationTracer:
+    """Makes the span of one backend operation; a shared no-op without OpenTelemetry."""
+
+    __slots__ = ("_base", "_tracer")
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self._tracer: Any = None
+        self._base: dict[str, str | int] = {}
+        if _trace_api is None:
+            return
+        from . import __version__
+
+        self._tracer = _trace_api.get_tracer("luft_redis", __version__)
+        self._base = {"db.system.name": "redis", "luft.prefix": prefix,
+                      **client_attributes(client)}  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        return self._tracer is not None
+
+    def span(self, operation: str, run_id: object = None) -> contextlib.AbstractContextManager[Any]:
+        """The span of ``operation`` (a context manager; a shared no-op when disabled)."""
+        if self._tracer is None:
+            return _NULL
+        return self._span(operation, run_id)
+
+    @contextlib.contextmanager
+    def _span(self, operation: str, run_id: object) -> Iterator[Any]:
+        attributes = dict(self._base)
+        attributes["db.operation.name"] = operation
+        if run_id is not None:
+            attributes["luft.run_id"] = str(run_id)
+        with self._tracer.start_as_current_span(
+            operation,
+            kind=_trace_api.SpanKind.CLIENT,
+            attributes=attributes,
+            record_exception=True,
+            set_status_on_exception=True,
+        ) as span:
+            try:
+                yield span
+            except BaseException as exc:
+                if span.is_recording():
+                    span.set_attribute("error.type", type(exc).__qualname__)
+                raise
