@@ -395,7 +395,7 @@ def test_noperm_on_the_prefix_is_a_typed_error_at_once(acl: AclSetup, watch: boo
     ):
         backend.open_run(uuid.uuid4())
     assert info.value.prefix == "other" and "'other'" in str(info.value)
-    assert info.value.command == ("SSUBSCRIBE" if watch else "EVALSHA (a luft-redis script)")
+    assert info.value.command == ("SSUBSCRIBE" if watch else "FCALL (a luft-redis function)")
     assert isinstance(info.value.__cause__, redis.exceptions.NoPermissionError)
     if not watch:  # exactly one refused command: never retried
         assert _stat(acl.admin, "errorstats", "errorstat_NOPERM") == denied_before + 1
@@ -415,7 +415,7 @@ def test_noperm_on_the_prefix_is_a_typed_error_at_once_asyncio(acl: AclSetup, wa
 
     denied = asyncio.run(main())
     assert denied.prefix == "other"
-    assert denied.command == ("SSUBSCRIBE" if watch else "EVALSHA (a luft-redis script)")
+    assert denied.command == ("SSUBSCRIBE" if watch else "FCALL (a luft-redis function)")
 
 
 @pytest.fixture(scope="module")

@@ -24,19 +24,25 @@
   Time is frozen while a script runs, so every key gets the same expiry time.
 ]]
 local RETAIN_TTL_MS, RETAIN_MAX_EVENTS = 0, 0
-do
+
+-- Take this call's retention option off the end of ARGV (run before begin_call(), at the
+-- script's include line: see the @each-call line below). The error text when it is malformed.
+local function retention_begin()
+  RETAIN_TTL_MS, RETAIN_MAX_EVENTS = 0, 0
   local n = #ARGV
   local last = ARGV[n]
   if n >= 3 and string.sub(last, 1, 1) == '@' then
     local ttl, max_events = string.match(last, '^@retention (%d+) (%d+)$')
     if not ttl or #ttl > 15 or #max_events > 15 then
-      return redis.error_reply('LUFT_BAD_ARG retention option ' .. string.format('%q',
-        string.sub(last, 1, 60)) .. ' is not "@retention <ttl_ms> <max_events>"')
+      return 'LUFT_BAD_ARG retention option ' .. string.format('%q', string.sub(last, 1, 60))
+        .. ' is not "@retention <ttl_ms> <max_events>"'
     end
     ARGV[n] = nil
     RETAIN_TTL_MS, RETAIN_MAX_EVENTS = tonumber(ttl), tonumber(max_events)
   end
+  return nil
 end
+--- @each-call do local bad = retention_begin(); if bad then return redis.error_reply(bad) end end
 
 local RETAIN_KEYS = 9 -- KEYS[1..9] are keys; KEYS[10] is the change channel
 local RETAIN_FINAL = {completed = true, failed = true, cancelled = true}
