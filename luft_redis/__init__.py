@@ -29,6 +29,7 @@ from .errors import (
     ValidationError,
 )
 from .retry import RetryPolicy
+from .stats import BackendStats
 from .types import (
     EVENT_TYPES,
     AcpRaw,
@@ -96,6 +97,7 @@ __all__ = [
     "AgentStarted",
     "AgentStatus",
     "AsyncRedisCheckpointBackend",
+    "BackendStats",
     "BudgetSet",
     "CheckpointBackend",
     "CheckpointStatus",

@@ -16,7 +16,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import redis.exceptions
 
@@ -27,6 +27,7 @@ from .connect import Durability, check_sync_client, make_client
 from .delta import Delta, UnknownFormat, parse_delta
 from .errors import (
     BackendError,
+    CorruptDataError,
     LuftRedisError,
     RunNotBoundError,
     RunNotFoundError,
@@ -53,6 +54,7 @@ from .keys import (
 from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, RetryPolicy
 from .scripts import Function, cluster_route, is_function_missing, translate_error
+from .tracing import traced
 from .wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
@@ -72,6 +74,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _PRIMED: weakref.WeakSet[Any] = weakref.WeakSet()
 """The RedisCluster clients that loaded the library on every primary."""
@@ -261,7 +265,7 @@ class RedisCheckpointBackend(FrontEnd):
         listener = self._listener
         if listener is None:
             return None
-        watch = Watch(cache, channel, self._on_work)
+        watch = Watch(cache, channel, self._on_work, self._counters)
         watch.wants_changes = bool(self._callbacks)
         listener.watch(watch, self._max_staleness)
         return watch
@@ -318,7 +322,9 @@ class RedisCheckpointBackend(FrontEnd):
             try:
                 self._reload(binding)
             except LuftRedisError as exc:
-                logger.info("run %s: reload failed (%s); trying again", binding.run_id, exc)
+                # corrupt data is an operator's problem (ERROR); anything else passes (INFO)
+                level = logging.ERROR if isinstance(exc, CorruptDataError) else logging.INFO
+                logger.log(level, "run %s: reload failed (%s); trying again", binding.run_id, exc)
                 time.sleep(REFRESH_RETRY_DELAY)
                 if binding.watch is not None:
                     self._on_work(binding.watch)
@@ -329,6 +335,7 @@ class RedisCheckpointBackend(FrontEnd):
         """Load the run now and install it in ``binding``'s cache (I/O; no lock held)."""
         cache = binding.cache
         generation = cache.generation
+        self._counters.reloads += 1
         reply = self._call(self._scripts.load, (), binding.key_list, binding.run_id)
         state = None if reply == 0 or reply is None else RunState.from_load(
             binding.run_id, binding.keys, reply)  # fmt: skip
@@ -380,10 +387,28 @@ class RedisCheckpointBackend(FrontEnd):
                         "first miss", self._library.name, exc)  # fmt: skip
 
     def _call(self, fn: Function, args: Sequence[Any], keys: list[str], run_id: object) -> Any:
+        return self._retried(lambda: self._fcall(fn, keys, args), run_id)
+
+    def _retried(self, attempt: Callable[[], _T], run_id: object) -> _T:
+        """``attempt()`` under the retry policy, counted in :meth:`stats`; redis-py's errors
+        translated."""
+        counters = self._counters
+        attempts = 0
+
+        def counted() -> _T:
+            nonlocal attempts
+            attempts += 1
+            return attempt()
+
+        started = time.perf_counter()
         try:
-            return self._retry.call(lambda: self._fcall(fn, keys, args))
+            return self._retry.call(counted)
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
+        finally:
+            counters.wait_seconds += time.perf_counter() - started
+            if attempts > 1:
+                counters.retries += attempts - 1
 
     def _execute(self, fn: Function, args: Sequence[Any], keys: list[str],
                  run_id: object) -> tuple[Any, int | None]:  # fmt: skip
@@ -397,7 +422,9 @@ class RedisCheckpointBackend(FrontEnd):
             self._op_seq += 1
             full = (self._writer_id, str(self._op_seq), *args)
             if durability is None:
-                return self._call(fn, full, keys, run_id), None
+                reply = self._call(fn, full, keys, run_id)
+                self._counters.writes += 1
+                return reply, None
             command = fn.command(keys, full)
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
 
@@ -419,10 +446,9 @@ class RedisCheckpointBackend(FrontEnd):
                         raise reply
                 return result, int(count)
 
-            try:
-                return self._retry.call(attempt)
-            except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
+            replied = self._retried(attempt, run_id)
+            self._counters.writes += 1
+            return replied
 
     def _write(self, fn: Function, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
@@ -434,6 +460,8 @@ class RedisCheckpointBackend(FrontEnd):
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise
         delta = self._absorb(binding, reply)
+        if delta.replay:
+            self._counters.replays += 1
         self._emit()
         self._check_durable(acked)
         return delta
@@ -484,6 +512,7 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- change API ------------------------------------------------------------------------
 
+    @traced("sync")
     def sync(self) -> t.RunCheckpoint | None:
         """The checkpoint, reloaded first unless the cache can vouch for itself
         (:attr:`cache_is_fresh`) and the run is running (a finished run may have expired,
@@ -536,11 +565,13 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- run lifecycle ---------------------------------------------------------------------
 
+    @traced("init_run", run_arg=True)
     def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
         """Create a new run and bind to it. :class:`RunExistsError` if it exists (then nothing
         changed, and this backend stays bound as it was)."""
         self._init(run_id, task, run_dir, None, with_meta=False)
 
+    @traced("init_run_with_meta", run_arg=True)
     def init_run_with_meta(
         self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
     ) -> None:
@@ -564,6 +595,7 @@ class RedisCheckpointBackend(FrontEnd):
             self._adopt(binding)
         self._check_durable(acked)
 
+    @traced("open_run", run_arg=True)
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
         (this backend then stays bound as it was)."""
@@ -582,6 +614,7 @@ class RedisCheckpointBackend(FrontEnd):
             self._adopt(binding)
             return binding.cache.snapshot()
 
+    @traced("delete_run", run_arg=True)
     def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
         """Delete a run (default: the bound one) with its event log; True if it existed.
 
@@ -602,6 +635,7 @@ class RedisCheckpointBackend(FrontEnd):
         self._check_durable(acked)
         return bool(int(existed))
 
+    @traced("list_runs")
     def list_runs(self) -> list[uuid.UUID]:
         """The ids of every run stored under this prefix (SCAN of the keyspace), sorted."""
         found: set[uuid.UUID] = set()
@@ -617,41 +651,51 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- writes ----------------------------------------------------------------------------
 
+    @traced("append_event")
     def append_event(self, event: t.AgentEvent) -> None:
         """Append ``event`` to the run's log and apply contract §5's rules, atomically."""
-        self.append_events((event,))
+        self._append((event,))
 
+    @traced("append_events")
     def append_events(self, events: Sequence[t.AgentEvent]) -> None:
         """Append ``events`` in order, applying §5's rules to each, as one atomic change.
 
         One round trip for the whole batch; either every event is stored or none is.
         """
+        self._append(events)
+
+    def _append(self, events: Sequence[t.AgentEvent]) -> None:
         binding = self._need_run("append_events")
         args = self._encoder.events(events, binding.run_id)
         if args == ["0"]:
             return
         self._write(self._scripts.append_events, args, binding)
 
+    @traced("upsert_agent_result")
     def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
         """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
         binding = self._need_run("upsert_agent_result")
         self._write(self._scripts.upsert_agent_result, self._encoder.result(cache), binding)
 
+    @traced("upsert_agent_session")
     def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
         """Insert or replace ``agent_sessions[session.agent_id]``."""
         binding = self._need_run("upsert_agent_session")
         self._write(self._scripts.upsert_agent_session, self._encoder.session(session), binding)
 
+    @traced("cancel")
     def cancel(self) -> None:
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
         binding = self._need_run("cancel")
         self._write(self._scripts.cancel, (), binding)
 
+    @traced("reset_status_to_running")
     def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
         self._write(self._scripts.reset_status_to_running, (), binding)
 
+    @traced("save_checkpoint")
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
         binding = self._need_run("save_checkpoint")
@@ -660,6 +704,7 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- reads (get_checkpoint, get_findings, can_resume: FrontEnd, from the cache) --------
 
+    @traced("get_event_log")
     def get_event_log(self) -> list[t.AgentEvent]:
         """Every event of the run, in append order."""
         return list(self.iter_event_log())

@@ -27,6 +27,7 @@ from redis.crc import key_slot
 
 from .cache import Offer, RunCache, forget_snapshots
 from .delta import UnknownFormat, parse_delta
+from .stats import Counters
 
 __all__ = [
     "DEFAULT_MAX_STALENESS",
@@ -110,6 +111,11 @@ class LinkHealth:
         if self._last_ok is None or sent > self._last_ok:
             self._last_ok = sent
 
+    def age(self, now: float) -> float | None:
+        """Seconds since the last answered PING was sent (None: no answer on this connection)."""
+        last = self._last_ok
+        return None if last is None or not self.connected else max(0.0, now - last)
+
     def stalled(self, now: float) -> bool:
         """True when a PING has gone unanswered for longer than ``dead_after``."""
         return bool(self._pings) and now - min(self._pings.values()) > self.dead_after
@@ -128,13 +134,15 @@ class LinkHealth:
 class Watch:
     """One bound cache, as its listener sees it (never blocks, never does I/O)."""
 
-    __slots__ = ("__weakref__", "cache", "channel", "on_work", "wants_changes")
+    __slots__ = ("__weakref__", "cache", "channel", "counters", "on_work", "wants_changes")
 
-    def __init__(self, cache: RunCache, channel: bytes,
-                 on_work: Callable[[Watch], None]) -> None:  # fmt: skip
+    def __init__(self, cache: RunCache, channel: bytes, on_work: Callable[[Watch], None],
+                 counters: Counters | None = None) -> None:  # fmt: skip
         self.cache = cache
         self.channel = channel
         self.on_work = on_work
+        self.counters = counters if counters is not None else Counters()
+        """The front end's counters: ``notices`` counts the notices this watch applied."""
         self.wants_changes = False
         """Set when somebody waits for changes or subscribed callbacks: every applied notice
         then asks the front end to run them."""
@@ -149,6 +157,7 @@ class Watch:
             return
         outcome = self.cache.offer(delta)
         if outcome is Offer.APPLIED:
+            self.counters.notices += 1
             if self.wants_changes:
                 self.on_work(self)
         elif outcome is not Offer.OLD:
@@ -235,6 +244,10 @@ class Router(Generic[L]):
     def healthy(self, channel: bytes, now: float, max_staleness: float | None) -> bool:
         link = self.link_of(channel)
         return link is not None and link.health.healthy(channel, now, max_staleness)
+
+    def health_age(self, channel: bytes, now: float) -> float | None:
+        link = self.link_of(channel)
+        return None if link is None else link.health.age(now)
 
     def confirmed(self, channel: bytes) -> bool:
         link = self.link_of(channel)

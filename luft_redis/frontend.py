@@ -24,6 +24,8 @@ from .keys import RunKeys, check_prefix
 from .retention import RetentionOptions
 from .retry import NO_RETRY, RetryPolicy, is_access_error
 from .scripts import library, translate_error
+from .stats import BackendStats, Counters
+from .tracing import OperationTracer
 from .wire import Encoder
 
 __all__ = [
@@ -120,6 +122,8 @@ class FrontEnd:
         self._binding = None
         self._reader: RunCache | _Unbound = _UNBOUND
         self._owns_client = False
+        self._counters = Counters()
+        self._tracer = OperationTracer(client, self._prefix)
 
     def _check_fork(self) -> None:
         """What a front end does when used in a forked child (before any operation)."""
@@ -250,6 +254,15 @@ class FrontEnd:
         """Status is running, failed or cancelled (from the cache); False when unbound."""
         snapshot = self.get_checkpoint()
         return snapshot is not None and snapshot.status is not t.CheckpointStatus.COMPLETED
+
+    # -- observability ---------------------------------------------------------------------
+
+    def stats(self) -> BackendStats:
+        """This backend's counters (no I/O; see :mod:`luft_redis.stats` for each field)."""
+        binding = self._binding
+        listener = binding.listener if binding is not None else None
+        age = listener.health_age(binding.channel) if listener is not None and binding else None
+        return self._counters.snapshot(age)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} prefix={self._prefix!r} run={self.run_id}>"

@@ -104,6 +104,10 @@ class ChangeListener:
         """Subscribed on the channel's node, and that connection proved it delivers lately."""
         return self._router.healthy(channel, time.monotonic(), max_staleness)
 
+    def health_age(self, channel: bytes) -> float | None:
+        """Seconds since the last answered health check of the channel's connection."""
+        return self._router.health_age(channel, time.monotonic())
+
     def wait_subscribed(self, channel: bytes, timeout: float) -> bool:
         """Wait until the channel's subscription is confirmed (True), or a subscriber
         connection failed (:attr:`failure`; False at once, the listener keeps trying) or

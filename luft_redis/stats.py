@@ -15,8 +15,8 @@ never torn (each field is one Python object).
 ``reloads_total``             full loads of the run (``open_run``, ``sync()``, catching up
                               after a gap, a re-created run or a lost subscription)
 ``notices_applied_total``     change notices of other writers applied to the cache
-``redis_wait_seconds_total``  time spent waiting on Redis for operations of this backend,
-                              retries and back-off included
+``redis_wait_seconds_total``  time spent waiting on Redis in this backend's function calls
+                              (writes and loads), retries and back-off included
 ``health_check_age_seconds``  age of the subscriber connection's last answered health check
                               (PING); None when the backend does not watch or has no answer
 ============================  ==============================================================
@@ -49,22 +49,23 @@ class BackendStats:
 class Counters:
     """The mutable counters a front end bumps (an I/O-free part of the core)."""
 
-    __slots__ = ("reloads", "replays", "retries", "wait_seconds", "writes")
+    __slots__ = ("notices", "reloads", "replays", "retries", "wait_seconds", "writes")
 
     def __init__(self) -> None:
+        self.notices = 0
         self.writes = 0
         self.retries = 0
         self.replays = 0
         self.reloads = 0
         self.wait_seconds = 0.0
 
-    def snapshot(self, notices_applied: int, health_age: float | None) -> BackendStats:
+    def snapshot(self, health_age: float | None) -> BackendStats:
         return BackendStats(
             writes_total=self.writes,
             write_retries_total=self.retries,
             replays_total=self.replays,
             reloads_total=self.reloads,
-            notices_applied_total=notices_applied,
+            notices_applied_total=self.notices,
             redis_wait_seconds_total=self.wait_seconds,
             health_check_age_seconds=health_age,
         )

@@ -20,12 +20,16 @@ shared no-op context manager.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import inspect
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
-__all__ = ["OperationTracer", "otel_available"]
+__all__ = ["OperationTracer", "otel_available", "traced"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 logger = logging.getLogger(__name__)
 
@@ -121,3 +125,41 @@ class OperationTracer:
                 if span.is_recording():
                     span.set_attribute("error.type", type(exc).__qualname__)
                 raise
+
+
+def _run_of(backend: Any, args: tuple[Any, ...], run_arg: bool) -> object:
+    if run_arg and args and args[0] is not None:
+        return args[0]
+    return backend.run_id
+
+
+def traced(operation: str, *, run_arg: bool = False) -> Callable[[_F], _F]:
+    """Decorate a backend method (plain or ``async``) so that each call is the span
+    ``operation`` of the backend's :class:`OperationTracer` (``self._tracer``). ``run_arg``:
+    the method's first argument names the run (else the bound run does). When tracing is off
+    the cost is one attribute check."""
+
+    def decorate(method: _F) -> _F:
+        if inspect.iscoroutinefunction(method):
+
+            @functools.wraps(method)
+            async def traced_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+                tracer: OperationTracer = self._tracer
+                if tracer._tracer is None:
+                    return await method(self, *args, **kwargs)
+                with tracer.span(operation, _run_of(self, args, run_arg)):
+                    return await method(self, *args, **kwargs)
+
+            return cast(_F, traced_async)
+
+        @functools.wraps(method)
+        def traced_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+            tracer: OperationTracer = self._tracer
+            if tracer._tracer is None:
+                return method(self, *args, **kwargs)
+            with tracer.span(operation, _run_of(self, args, run_arg)):
+                return method(self, *args, **kwargs)
+
+        return cast(_F, traced_sync)
+
+    return decorate

@@ -91,7 +91,7 @@ import redis.asyncio.cluster
 from redis.cluster import RedisCluster
 
 import luft_redis
-from luft_redis import AsyncRedisCheckpointBackend, RedisCheckpointBackend
+from luft_redis import AsyncRedisCheckpointBackend, BackendStats, RedisCheckpointBackend
 from luft_redis import types as t
 from luft_redis.asyncio import AsyncChangeListener
 from luft_redis.backend import DEFAULT_PAGE_SIZE, CheckpointBackend, LogEntry
@@ -489,6 +489,9 @@ class AsyncBackendAdapter:
 
     def get_checkpoint(self) -> t.RunCheckpoint | None:
         return self.wrapped.get_checkpoint()
+
+    def stats(self) -> BackendStats:
+        return self.wrapped.stats()
 
     def get_findings(self) -> tuple[t.Finding, ...]:
         return self.wrapped.get_findings()

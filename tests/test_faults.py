@@ -347,6 +347,28 @@ def test_proxy_passes_traffic_and_counts(proxy: FaultProxy, proxied: redis.Redis
     assert [e.msg for e in backend.get_event_log() if isinstance(e, Log)] == ["once"]
 
 
+def test_stats_count_retries_and_replays(proxy: FaultProxy, proxied: redis.Redis) -> None:
+    """A dropped reply is one retry and, since Redis had applied the write, one replay; a
+    dropped request is one retry and no replay. Every write is counted once."""
+    backend = RedisCheckpointBackend(proxied, watch=False, retry=GENEROUS)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "stats", "/tmp/stats")
+    assert backend.stats().writes_total == 1
+    assert backend.stats().write_retries_total == 0 and backend.stats().replays_total == 0
+    proxy.fail_next(1, "reply")
+    backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="reply lost"))
+    proxy.fail_next(1, "request")
+    backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="request lost"))
+    stats = backend.stats()
+    assert proxy.reply_faults == 1 and proxy.request_faults == 1
+    assert stats.writes_total == 3
+    assert stats.write_retries_total == 2
+    assert stats.replays_total == 1
+    assert stats.redis_wait_seconds_total > 0
+    assert [e.msg for e in backend.get_event_log() if isinstance(e, Log)] == [
+        "reply lost", "request lost"]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_thousand_dropped_replies_apply_exactly_once(
     proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.exceptions
 
@@ -28,6 +29,7 @@ from ..connect import Durability, check_async_client, is_cluster, make_client
 from ..delta import Delta, UnknownFormat, parse_delta
 from ..errors import (
     BackendError,
+    CorruptDataError,
     ForkedError,
     LuftRedisError,
     RunNotBoundError,
@@ -54,6 +56,7 @@ from ..keys import (
 )
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..scripts import Function, cluster_route, is_function_missing, translate_error
+from ..tracing import traced
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
@@ -68,6 +71,8 @@ from .listener import AsyncChangeListener, AsyncRefresher, Signal, weak_work
 __all__ = ["AsyncRedisCheckpointBackend", "ChangeCallback"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 _PRIMED: weakref.WeakSet[Any] = weakref.WeakSet()
 """The asyncio RedisCluster clients that loaded the library on every primary."""
@@ -204,7 +209,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if not self._watching:
             return
         listener = AsyncChangeListener.for_client(self._client)
-        watch = Watch(binding.cache, binding.channel, self._on_work)
+        watch = Watch(binding.cache, binding.channel, self._on_work, self._counters)
         binding.listener, binding.watch = listener, watch
         self._want_changes(binding)
         listener.watch(watch, self._max_staleness)
@@ -273,7 +278,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             try:
                 await self._reload(binding)
             except LuftRedisError as exc:
-                logger.info("run %s: reload failed (%s); trying again", binding.run_id, exc)
+                # corrupt data is an operator's problem (ERROR); anything else passes (INFO)
+                level = logging.ERROR if isinstance(exc, CorruptDataError) else logging.INFO
+                logger.log(level, "run %s: reload failed (%s); trying again", binding.run_id, exc)
                 await asyncio.sleep(REFRESH_RETRY_DELAY)
                 if binding.watch is not None:
                     self._on_work(binding.watch)
@@ -284,6 +291,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Load the run now and install it in ``binding``'s cache (I/O; no lock held)."""
         cache = binding.cache
         generation = cache.generation
+        self._counters.reloads += 1
         reply = await self._call(self._scripts.load, (), binding.key_list, binding.run_id)
         state = None if reply == 0 or reply is None else RunState.from_load(
             binding.run_id, binding.keys, reply)  # fmt: skip
@@ -338,10 +346,28 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     async def _call(self, fn: Function, args: Sequence[Any], keys: list[str],
                     run_id: object) -> Any:  # fmt: skip
+        return await self._retried(lambda: self._fcall(fn, keys, args), run_id)
+
+    async def _retried(self, attempt: Callable[[], Awaitable[_T]], run_id: object) -> _T:
+        """``await attempt()`` under the retry policy, counted in :meth:`stats`; redis-py's
+        errors translated."""
+        counters = self._counters
+        attempts = 0
+
+        def counted() -> Awaitable[_T]:
+            nonlocal attempts
+            attempts += 1
+            return attempt()
+
+        started = time.perf_counter()
         try:
-            return await self._retry.acall(lambda: self._fcall(fn, keys, args))
+            return await self._retry.acall(counted)
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
+        finally:
+            counters.wait_seconds += time.perf_counter() - started
+            if attempts > 1:
+                counters.retries += attempts - 1
 
     async def _execute(self, fn: Function, args: Sequence[Any], keys: list[str],
                        run_id: object) -> tuple[Any, int | None]:  # fmt: skip
@@ -355,7 +381,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             self._op_seq += 1
             full = (self._writer_id, str(self._op_seq), *args)
             if durability is None:
-                return await self._call(fn, full, keys, run_id), None
+                reply = await self._call(fn, full, keys, run_id)
+                self._counters.writes += 1
+                return reply, None
             command = fn.command(keys, full)
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
 
@@ -377,10 +405,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                         raise reply
                 return result, int(count)
 
-            try:
-                return await self._retry.acall(attempt)
-            except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
+            replied = await self._retried(attempt, run_id)
+            self._counters.writes += 1
+            return replied
 
     async def _write(self, fn: Function, args: Sequence[Any], binding: Binding) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
@@ -392,6 +419,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise
         delta = await self._absorb(binding, reply)
+        if delta.replay:
+            self._counters.replays += 1
         self._emit()
         self._check_durable(acked)
         return delta
@@ -464,6 +493,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     # -- change API ------------------------------------------------------------------------
 
+    @traced("sync")
     async def sync(self) -> t.RunCheckpoint | None:
         """The checkpoint, reloaded first unless the cache can vouch for itself
         (:attr:`cache_is_fresh`) and the run is running (a finished run may have expired,
@@ -522,11 +552,13 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     # -- run lifecycle ---------------------------------------------------------------------
 
+    @traced("init_run", run_arg=True)
     async def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
         """Create a new run and bind to it. :class:`RunExistsError` if it exists (then nothing
         changed, and this backend stays bound as it was)."""
         await self._init(run_id, task, run_dir, None, with_meta=False)
 
+    @traced("init_run_with_meta", run_arg=True)
     async def init_run_with_meta(
         self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
     ) -> None:
@@ -552,6 +584,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             self._adopt(binding)
         self._check_durable(acked)
 
+    @traced("open_run", run_arg=True)
     async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
         (this backend then stays bound as it was)."""
@@ -570,6 +603,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             self._adopt(binding)
             return binding.cache.snapshot()
 
+    @traced("delete_run", run_arg=True)
     async def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
         """Delete a run (default: the bound one) with its event log; True if it existed.
 
@@ -589,6 +623,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         self._check_durable(acked)
         return bool(int(existed))
 
+    @traced("list_runs")
     async def list_runs(self) -> list[uuid.UUID]:
         """The ids of every run stored under this prefix (SCAN of the keyspace), sorted."""
         self._check_fork()
@@ -605,40 +640,50 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     # -- writes ----------------------------------------------------------------------------
 
+    @traced("append_event")
     async def append_event(self, event: t.AgentEvent) -> None:
         """Append ``event`` to the run's log and apply contract §5's rules, atomically."""
-        await self.append_events((event,))
+        await self._append((event,))
 
+    @traced("append_events")
     async def append_events(self, events: Sequence[t.AgentEvent]) -> None:
         """Append ``events`` in order, applying §5's rules to each, as one atomic change
         (one round trip; either every event is stored or none is)."""
+        await self._append(events)
+
+    async def _append(self, events: Sequence[t.AgentEvent]) -> None:
         binding = self._need_run("append_events")
         args = self._encoder.events(events, binding.run_id)
         if args == ["0"]:
             return
         await self._write(self._scripts.append_events, args, binding)
 
+    @traced("upsert_agent_result")
     async def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
         """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
         binding = self._need_run("upsert_agent_result")
         await self._write(self._scripts.upsert_agent_result, self._encoder.result(cache), binding)
 
+    @traced("upsert_agent_session")
     async def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
         """Insert or replace ``agent_sessions[session.agent_id]``."""
         binding = self._need_run("upsert_agent_session")
         args = self._encoder.session(session)
         await self._write(self._scripts.upsert_agent_session, args, binding)
 
+    @traced("cancel")
     async def cancel(self) -> None:
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
         binding = self._need_run("cancel")
         await self._write(self._scripts.cancel, (), binding)
 
+    @traced("reset_status_to_running")
     async def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
         await self._write(self._scripts.reset_status_to_running, (), binding)
 
+    @traced("save_checkpoint")
     async def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
         binding = self._need_run("save_checkpoint")
@@ -647,6 +692,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     # -- reads -----------------------------------------------------------------------------
 
+    @traced("get_event_log")
     async def get_event_log(self) -> list[t.AgentEvent]:
         """Every event of the run, in append order."""
         return [event async for event in self.iter_event_log()]

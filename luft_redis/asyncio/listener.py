@@ -151,6 +151,10 @@ class AsyncChangeListener:
         """Subscribed on the channel's node, and that connection proved it delivers lately."""
         return self._router.healthy(channel, time.monotonic(), max_staleness)
 
+    def health_age(self, channel: bytes) -> float | None:
+        """Seconds since the last answered health check of the channel's connection."""
+        return self._router.health_age(channel, time.monotonic())
+
     def confirmed(self, channel: bytes) -> bool:
         """The server confirmed the subscription of ``channel`` on its current link."""
         return self._router.confirmed(channel)
