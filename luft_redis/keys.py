@@ -27,7 +27,14 @@ from typing import NamedTuple
 
 from .errors import ConfigurationError
 
-__all__ = ["DEFAULT_PREFIX", "RunKeys", "check_prefix", "run_keys", "run_pattern"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "RunKeys",
+    "check_prefix",
+    "run_keys",
+    "run_pattern",
+    "staging_keys",
+]
 
 DEFAULT_PREFIX = "luft"
 """Key prefix used when none is given; one prefix is one namespace of runs."""
@@ -72,6 +79,16 @@ def check_prefix(prefix: str) -> str:
 def run_keys(prefix: str, run_id: uuid.UUID) -> RunKeys:
     """The keys of run ``run_id`` under ``prefix``, all tagged ``{<run-id>}``."""
     base = f"{prefix}:{{{run_id}}}:"
+    return RunKeys(*(base + name for name in RunKeys._fields))
+
+
+def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
+    """The staging keys of an import of ``run_id`` (``luft_redis.interop``):
+    ``<prefix>:{<run-id>}:import:<token>:<name>``, in the run's slot, swapped in by
+    ``lua/restore_run-19.lua``. ``token`` is a fresh hex id per import."""
+    if not token or any(c not in "0123456789abcdef" for c in token):
+        raise ConfigurationError(f"staging token {token!r} is not a hex id")
+    base = f"{prefix}:{{{run_id}}}:import:{token}:"
     return RunKeys(*(base + name for name in RunKeys._fields))
 
 
