@@ -634,6 +634,7 @@ def import_run_dir(
     events_path = base / EVENTS_FILE
     if not events_path.is_file():
         raise RunFileError(events_path, None, "no such file")
+
     def where(position: str, exc: LuftRedisError) -> LuftRedisError:
         field = getattr(exc, "field", "")
         message = getattr(exc, "message", str(exc))
@@ -830,6 +831,7 @@ def import_sqlite(
             cp, run_dir = read_sqlite_checkpoint(conn, rid, where_path)
             (total,) = conn.execute("SELECT count(*) FROM events WHERE run_id = ?",
                                     (rid.bytes,)).fetchone()  # fmt: skip
+
             def where(position: str, exc: LuftRedisError, rid: uuid.UUID = rid) -> LuftRedisError:
                 return SqliteDataError(where_path, "events", f"seq {position}", str(exc))
 
@@ -896,7 +898,7 @@ def _integrity(path: str, exc: sqlite3.IntegrityError) -> InteropError:
     text = str(exc)
     marker = "NOT NULL constraint failed: "
     if text.startswith(marker):
-        table, _, column = text[len(marker):].partition(".")
+        table, _, column = text[len(marker) :].partition(".")
         return SqliteSchemaError(path, table, column,
                                  "required by the database, unknown to luft-redis")  # fmt: skip
     return InteropError(f"{path}: {text}")
@@ -919,7 +921,20 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
     started_ts = t.format_timestamp(t.Timestamp.from_unix_nanos(cp.created_at * 1_000_000_000))
     run_cols = _columns(conn, "runs")
     first_ts: str | None = None
-    # the events first (streamed), remembering what other tables take from them
+    run_row: dict[str, Any] = {"run_id": rid, "task": cp.task, "status": cp.status.value,
+                               "started_ts": started_ts, "run_dir": run_dir}  # fmt: skip
+    if "created_at" in run_cols:
+        kind = run_cols["created_at"][0]
+        run_row["created_at"] = cp.created_at if "INT" in kind else started_ts
+    _insert(conn, "runs", run_row)
+    _insert(conn, "checkpoints", {
+        "run_id": rid, "status": cp.status.value, "current_phase": cp.current_phase,
+        "total_tokens": cp.total_tokens, "created_at": cp.created_at,
+        "updated_at": cp.updated_at,
+        "workflow_meta": None if cp.workflow_meta is None else dumps_compact(cp.workflow_meta),
+        "started_agent_ids": dumps_compact([str(a) for a in cp.started_agent_ids]),
+    })  # fmt: skip
+    # the events (streamed), remembering what other tables take from them
     phase_ts: dict[int, list[str | None]] = {}
     agent_info: dict[uuid.UUID, dict[str, Any]] = {}
     count = 0
@@ -951,22 +966,11 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
             if progress is not None:
                 progress(count, None)
     _insert_events(conn, pending)
-    if first_ts is not None:
-        started_ts = first_ts
+    if first_ts is not None and first_ts != started_ts:
+        conn.execute("UPDATE runs SET started_ts = ? WHERE run_id = ?", (first_ts, rid))
+        if "created_at" in run_cols and "INT" not in run_cols["created_at"][0]:
+            conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (first_ts, rid))
 
-    run_row: dict[str, Any] = {"run_id": rid, "task": cp.task, "status": cp.status.value,
-                               "started_ts": started_ts, "run_dir": run_dir}  # fmt: skip
-    if "created_at" in run_cols:
-        kind = run_cols["created_at"][0]
-        run_row["created_at"] = cp.created_at if "INT" in kind else started_ts
-    _insert(conn, "runs", run_row)
-    _insert(conn, "checkpoints", {
-        "run_id": rid, "status": cp.status.value, "current_phase": cp.current_phase,
-        "total_tokens": cp.total_tokens, "created_at": cp.created_at,
-        "updated_at": cp.updated_at,
-        "workflow_meta": None if cp.workflow_meta is None else dumps_compact(cp.workflow_meta),
-        "started_agent_ids": dumps_compact([str(a) for a in cp.started_agent_ids]),
-    })  # fmt: skip
     for p in cp.completed_phases:
         ts_pair = phase_ts.get(p.phase_id, [None, None])
         _insert(conn, "phases", {
