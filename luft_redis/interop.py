@@ -832,7 +832,7 @@ def import_sqlite(
             (total,) = conn.execute("SELECT count(*) FROM events WHERE run_id = ?",
                                     (rid.bytes,)).fetchone()  # fmt: skip
 
-            def where(position: str, exc: LuftRedisError, rid: uuid.UUID = rid) -> LuftRedisError:
+            def where(position: str, exc: LuftRedisError) -> LuftRedisError:
                 return SqliteDataError(where_path, "events", f"seq {position}", str(exc))
 
             out.append(_import(client, cp, _iter_sqlite_events(conn, rid, where_path),

@@ -702,3 +702,25 @@ def _no_rich() -> Callable[[str], Any]:
         return real(name)
 
     return fake
+
+
+def test_run_created_during_an_import_wins_and_staging_is_dropped(redis_client: Client) -> None:
+    """The swap script checks again: a run created while the import streamed is kept."""
+    source = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    backend = _build_run(source)
+    cp = backend.get_checkpoint()
+    assert cp is not None
+    events = backend.get_event_log()
+    rival = RedisCheckpointBackend(redis_client, watch=False)
+
+    def racing() -> Iterator[t.AgentEvent]:
+        for i, event in enumerate(events):
+            if i == 3:
+                rival.init_run(RUN, "the rival", "/rival")
+            yield event
+
+    with pytest.raises(RunExistsError):
+        interop.import_run(redis_client, cp, racing())
+    assert rival.sync() is not None and rival.get_checkpoint().task == "the rival"  # type: ignore[union-attr]
+    assert redis_client.xlen(run_keys("luft", RUN).events) == 0
+    assert [k for k in _all_keys(redis_client) if b":import:" in k] == []
