@@ -630,7 +630,12 @@ def import_run_dir(
     base = Path(directory)
     if not base.is_dir():
         raise RunFileError(base, None, "not a directory")
-    cp = read_checkpoint_file(base / CHECKPOINT_FILE)
+    cp_path = base / CHECKPOINT_FILE
+    cp = read_checkpoint_file(cp_path)
+    try:  # what only the encoder checks (unique phase ids, payload sizes) names the file too
+        Encoder(max_payload_size).save(cp, cp.run_id)
+    except ValidationError as exc:
+        raise RunFileError(cp_path, None, exc.message, exc.field) from None
     events_path = base / EVENTS_FILE
     if not events_path.is_file():
         raise RunFileError(events_path, None, "no such file")

@@ -316,6 +316,12 @@ def test_failed_replace_leaves_the_run_as_it_was(redis_client: Client, tmp_path:
         ("{", "checkpoint.json line 1: not JSON"),
         ('{"run_id": "x"}', "checkpoint.json: run_id:"),
         (json.dumps({"run_id": str(RUN), "task": "t", "status": "sleeping"}), "status"),
+        (json.dumps({
+            "run_id": str(RUN), "task": "t", "status": "running", "current_phase": 1,
+            "completed_phases": [{"phase_id": 1, "label": "a", "planned": 1, "ok": 0,
+                                  "failed": 0}] * 2,
+            "agent_results": {}, "findings": [], "total_tokens": 0, "created_at": 1,
+            "updated_at": 1}), "checkpoint.json: completed_phases: phase ids must be unique"),
     ],
 )
 def test_malformed_checkpoint_is_a_typed_error(tmp_path: Path, text: str, expect: str) -> None:
