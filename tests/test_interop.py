@@ -15,7 +15,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -351,9 +350,24 @@ def test_missing_files_and_existing_export(tmp_path: Path) -> None:
         interop.export_run_dir(client, uuid.uuid4(), tmp_path / "other")
 
 
+_IMPORT_AND_MEASURE = """
+import json, resource, sys
+import redis
+from luft_redis import interop
+seen = []
+client = redis.Redis.from_url(sys.argv[1])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = interop.import_run_dir(client, sys.argv[2], progress=lambda d, n: seen.append((d, n)))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"events": result.events, "grew_kib": after - before, "seen": seen}))
+"""
+
+
 @pytest.mark.server
+@pytest.mark.timeout(900)  # a few seconds alone; far more on a loaded machine
 def test_100k_events_import_in_bounded_memory(redis_url: str, tmp_path: Path) -> None:
-    """100,000 events (about 40 MB of JSON lines) import with a small, bounded peak."""
+    """100,000 events (about 40 MB of JSON lines) import while the importing process's peak
+    memory grows by less than a fifth of the file (no tracemalloc: it is too slow here)."""
     count = 100_000
     directory = tmp_path / "big"
     directory.mkdir()
@@ -366,23 +380,20 @@ def test_100k_events_import_in_bounded_memory(redis_url: str, tmp_path: Path) ->
                          current_phase=0, completed_phases=(), agent_results={}, findings=(),
                          total_tokens=0, created_at=1, updated_at=2)  # fmt: skip
     (directory / "checkpoint.json").write_text(dumps_pretty(cp.to_json()), encoding="utf-8")
-    size = (directory / "events.jsonl").stat().st_size
-    seen: list[tuple[int, int | None]] = []
+    size_kib = (directory / "events.jsonl").stat().st_size // 1024
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_AND_MEASURE, redis_url, str(directory)],
+                          capture_output=True, text=True, timeout=840, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["events"] == count
+    assert report["grew_kib"] < size_kib / 5, (report["grew_kib"], size_kib)
+    seen = [tuple(x) for x in report["seen"]]
+    assert seen[-1] == (count, count)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert len(seen) > 100  # reported as it went
     client = redis.Redis.from_url(redis_url)
     try:
-        tracemalloc.start()
-        try:
-            result = interop.import_run_dir(client, directory,
-                                            progress=lambda d, n: seen.append((d, n)))  # fmt: skip
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert result.events == count
         assert client.xlen(run_keys("luft", RUN).events) == count
-        assert peak < size / 4, (peak, size)
-        assert seen[-1] == (count, count)
-        assert [d for d, _ in seen] == sorted(d for d, _ in seen)
-        assert len(seen) > 100  # reported as it went
         first: Any = client.xrange(run_keys("luft", RUN).events, count=1)
         assert first[0][1][b"type"] == b"log"
         assert not first[0][1][b"data"].startswith(b"{")  # stored as msgpack, not JSON
