@@ -13,12 +13,9 @@ import logging
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar, runtime_checkable
-
-import redis.exceptions
 
 from . import types as t
 from .cache import Offer, RunCache, RunState
@@ -33,6 +30,7 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
+from .fcall import call_function
 from .frontend import (
     _UNBOUND,
     DEFAULT_PAGE_SIZE,
@@ -53,7 +51,7 @@ from .keys import (
 )
 from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, RetryPolicy
-from .scripts import Function, cluster_route, is_function_missing, translate_error
+from .scripts import Function, is_function_missing, translate_error
 from .tracing import traced
 from .wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
@@ -77,8 +75,6 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-_PRIMED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""The RedisCluster clients that loaded the library on every primary."""
 
 @runtime_checkable
 class CheckpointBackend(Protocol):
@@ -348,43 +344,8 @@ class RedisCheckpointBackend(FrontEnd):
     # -- I/O -------------------------------------------------------------------------------
 
     def _fcall(self, fn: Function, keys: list[str], args: Sequence[Any]) -> Any:
-        """One attempt of ``fn`` (one round trip when the library is loaded; on "Function
-        not found", FUNCTION LOAD on that node and the FCALL once more)."""
-        client = self._client
-        command = fn.command(keys, args)
-        if not self._cluster:
-            try:
-                return client.execute_command(*command)
-            except redis.exceptions.ResponseError as exc:
-                if not is_function_missing(exc):
-                    raise
-            logger.info("loading the Redis Functions library %s", self._library.name)
-            client.execute_command(*self._library.load_command)
-            return client.execute_command(*command)
-        if client not in _PRIMED:
-            self._prime_cluster()
-        try:
-            return client.execute_command(*command, **cluster_route(client, keys))
-        except redis.exceptions.ResponseError as exc:
-            route = cluster_route(client, keys)
-            if not route or not is_function_missing(exc):  # no node known to load it on
-                raise
-        logger.info("loading the Redis Functions library %s on %s", self._library.name,
-                    route["target_nodes"].name)  # fmt: skip
-        client.execute_command(*self._library.load_command, **route)
-        return client.execute_command(*command, **route)
-
-    def _prime_cluster(self) -> None:
-        """Load the library on every primary, once per client (a node added or promoted later
-        gets it on its first "Function not found")."""
-        client = self._client
-        _PRIMED.add(client)
-        try:
-            client.execute_command(*self._library.load_command,
-                                   target_nodes=client.get_primaries())  # fmt: skip
-        except REDIS_ERRORS as exc:
-            logger.info("loading %s on every primary failed (%s); each node loads it on its "
-                        "first miss", self._library.name, exc)  # fmt: skip
+        """One attempt of ``fn`` (see :func:`luft_redis.fcall.call_function`)."""
+        return call_function(self._client, fn, keys, args, cluster=self._cluster)
 
     def _call(self, fn: Function, args: Sequence[Any], keys: list[str], run_id: object) -> Any:
         return self._retried(lambda: self._fcall(fn, keys, args), run_id)

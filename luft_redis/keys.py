@@ -36,6 +36,7 @@ __all__ = [
     "check_prefix",
     "run_keys",
     "run_pattern",
+    "staging_keys",
     "tombstone_key",
 ]
 
@@ -94,6 +95,14 @@ def tombstone_key(prefix: str, run_id: uuid.UUID) -> str:
     """The hash that remembers, per writer, the last ``delete_run`` of the run and its reply
     (not one of :class:`RunKeys`: it outlives the run by :data:`TOMBSTONE_TTL` seconds)."""
     return f"{prefix}:{{{run_id}}}:deleted"
+def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
+    """The staging keys of an import of ``run_id`` (``luft_redis.interop``):
+    ``<prefix>:{<run-id>}:import:<token>:<name>``, in the run's slot, swapped in by
+    ``lua/restore_run-19.lua``. ``token`` is a fresh hex id per import."""
+    if not token or any(c not in "0123456789abcdef" for c in token):
+        raise ConfigurationError(f"staging token {token!r} is not a hex id")
+    base = f"{prefix}:{{{run_id}}}:import:{token}:"
+    return RunKeys(*(base + name for name in RunKeys._fields))
 
 
 def run_pattern(prefix: str) -> str:

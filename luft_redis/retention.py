@@ -27,8 +27,10 @@ from typing import Any, Final
 import redis
 
 from .errors import ConfigurationError, ValidationError
+from .fcall import call_function
 from .keys import DEFAULT_PREFIX, check_prefix, run_id_from_key, run_keys, run_pattern
-from .scripts import script_source, translate_error
+from .retry import DEFAULT_RETRY
+from .scripts import library, translate_error
 
 __all__ = [
     "FINAL_STATUSES",
@@ -298,15 +300,18 @@ def collect_garbage(
     now = server_time(client)
     report = GarbageReport(dry_run=dry_run)
     status_arg = ",".join(sorted(wanted))
-    script = None if dry_run else client.register_script(script_source("gc_run"))
+    gc_run = library().ops.gc_run
     batch: list[FinishedRun] = []
 
     def flush() -> None:
-        assert script is not None
+        args = [status_arg, str(int(older_than.total_seconds()))]
+
+        def delete(keys: list[str]) -> Any:
+            return DEFAULT_RETRY.call(lambda: call_function(client, gc_run, keys, args))
+
         for run in batch:
-            keys = list(run_keys(prefix, run.run_id))
-            try:
-                done = script(keys=keys, args=[status_arg, str(int(older_than.total_seconds()))])
+            try:  # idempotent (it checks again what it deletes): safe to retry
+                done = delete(list(run_keys(prefix, run.run_id)))
             except _REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run.run_id) from exc
             (report.deleted if int(done) == 1 else report.skipped).append(run.run_id)

@@ -84,6 +84,8 @@ SCRIPT_NAMES = (
     "save_checkpoint",
     "load",
     "delete_run",
+    "restore_run",
+    "gc_run",
 )
 """Every script the backend uses, by operation name."""
 
@@ -210,6 +212,8 @@ class Ops:
     save_checkpoint: Function
     load: Function
     delete_run: Function
+    restore_run: Function
+    gc_run: Function
 
     def __init__(self, functions: dict[str, Function]) -> None:
         for op in SCRIPT_NAMES:

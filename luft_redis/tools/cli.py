@@ -459,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "demo", help="run the demo (arguments go to luft_redis.tools.demo)", add_help=False
     )
+    from . import cli_interop  # export, import, import-sqlite, export-sqlite
+
+    cli_interop.add_commands(sub)
     return parser
 
 

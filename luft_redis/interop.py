@@ -1,0 +1,1039 @@
+"""Moving runs between Redis and luft's own stores (sync).
+
+luft keeps a run either in a *run directory* (``checkpoint.json`` and ``events.jsonl``, its
+earlier file store) or in its SQLite checkpoint database (``crates/luft-storage``). Both are
+summarised in ``docs/interop.md``. The functions here copy one run at a time:
+
+- :func:`export_run_dir` writes a run directory exactly as luft writes one;
+- :func:`import_run_dir` loads one back, atomically (all or nothing);
+- :func:`import_sqlite` reads runs from a luft SQLite database;
+- :func:`export_sqlite` writes a run into an existing luft SQLite database.
+
+An import is a restore, not an operation: the run's stored timestamps are kept. It streams the
+events into staging keys under the run's own hash tag (``<prefix>:{<run>}:import:<token>:*``,
+so Redis Cluster is fine), writes the state through ``save_checkpoint-10.lua`` on those keys,
+and swaps them in with ``restore_run-19.lua`` (RENAME within the slot), which also publishes a
+change notice of a new incarnation: a cache bound to the run reloads. Memory stays bounded by
+the checkpoint plus one batch of events, whatever the length of the log. On any error the
+staging keys are deleted and the run is as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+from . import types as t
+from .backend import RedisCheckpointBackend
+from .delta import UnknownFormat, parse_delta
+from .errors import (
+    BackendError,
+    LuftRedisError,
+    RunExistsError,
+    RunNotFoundError,
+    ValidationError,
+)
+from .fcall import call_function
+from .keys import (
+    DEFAULT_PREFIX,
+    SCHEMA_VERSION,
+    RunKeys,
+    check_prefix,
+    run_keys,
+    staging_keys,
+)
+from .retry import DEFAULT_RETRY, NO_RETRY
+from .scripts import library, translate_error
+from .wire import (
+    DEFAULT_MAX_PAYLOAD_SIZE,
+    Encoder,
+    check_type,
+    check_uuid,
+    decode_entry,
+    entry_id,
+)
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "EVENTS_FILE",
+    "SQLITE_COLUMNS",
+    "ExportResult",
+    "ImportResult",
+    "InteropError",
+    "Progress",
+    "RunFileError",
+    "SqliteDataError",
+    "SqliteSchemaError",
+    "check_sqlite_schema",
+    "dumps_compact",
+    "dumps_pretty",
+    "export_run_dir",
+    "export_sqlite",
+    "import_run_dir",
+    "import_sqlite",
+    "read_checkpoint_file",
+    "read_event_file",
+    "sqlite_run_ids",
+]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FILE: Final = "checkpoint.json"
+EVENTS_FILE: Final = "events.jsonl"
+
+BATCH: Final = 500
+"""Events per pipelined XADD batch on import, and per XRANGE page on export."""
+
+STAGING_TTL: Final = 3600
+"""Seconds the staging keys of an import live if the importing process dies half way."""
+
+Progress = Callable[[int, "int | None"], None]
+"""``progress(done, total)``: events copied so far, and in all (None when unknown)."""
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+class InteropError(LuftRedisError):
+    """A run could not be moved between Redis and a luft store; nothing was half-written."""
+
+
+class RunFileError(InteropError, ValueError):
+    """A run directory file is missing or malformed: ``path``, ``line`` (1-based, or None for
+    the whole file) and, for a value that breaks the contract, ``field``."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str,
+                 field: str = "") -> None:  # fmt: skip
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.message = message
+        where = self.path if line is None else f"{self.path} line {line}"
+        super().__init__(f"{where}: {field + ': ' if field else ''}{message}")
+
+
+class SqliteSchemaError(InteropError):
+    """A luft SQLite database lacks a table or column luft-redis reads or writes."""
+
+    def __init__(self, path: str, table: str, column: str | None, message: str) -> None:
+        self.path = path
+        self.table = table
+        self.column = column
+        where = f"table {table}" + (f" column {column}" if column else "")
+        super().__init__(f"{path}: {where}: {message}")
+
+
+class SqliteDataError(InteropError, ValueError):
+    """A row of a luft SQLite database cannot be read as the contract's types."""
+
+    def __init__(self, path: str, table: str, row: str, message: str) -> None:
+        self.path = path
+        self.table = table
+        self.row = row
+        super().__init__(f"{path}: table {table}, {row}: {message}")
+
+
+class ImportResult(NamedTuple):
+    run_id: uuid.UUID
+    events: int
+    replaced: bool
+    """True when an existing run was replaced (``replace=True``)."""
+
+
+class ExportResult(NamedTuple):
+    run_id: uuid.UUID
+    events: int
+    target: str
+
+
+# --------------------------------------------------------------- JSON as serde_json writes it
+
+
+def _serde_float(value: float) -> str:
+    """A finite float as serde_json writes an f64 (ryu's shortest digits, its layout)."""
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    text = repr(value)
+    sign = ""
+    if text[0] == "-":
+        sign, text = "-", text[1:]
+    mantissa, _, exp_text = text.partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    k = (int(exp_text) if exp_text else 0) - len(frac)
+    stripped = digits.rstrip("0")
+    k += len(digits) - len(stripped)
+    digits = stripped
+    length = len(digits)
+    kk = length + k  # the decimal point sits after kk digits
+    if k >= 0 and kk <= 16:
+        out = digits + "0" * k + ".0"
+    elif 0 < kk <= 16:
+        out = digits[:kk] + "." + digits[kk:]
+    elif -5 < kk <= 0:
+        out = "0." + "0" * -kk + digits
+    elif length == 1:
+        out = f"{digits}e{kk - 1}"
+    else:
+        out = f"{digits[0]}.{digits[1:]}e{kk - 1}"
+    return sign + out
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError("", f"{value!r} has no JSON form")
+        return _serde_float(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _write(value: Any, out: list[str], indent: str | None, level: int) -> None:
+    if isinstance(value, Mapping):
+        if not value:
+            out.append("{}")
+            return
+        if indent is None:
+            out.append("{")
+            for i, (k, v) in enumerate(value.items()):
+                out.append(("," if i else "") + _scalar(str(k)) + ":")
+                _write(v, out, None, 0)
+            out.append("}")
+            return
+        inner = "\n" + indent * (level + 1)
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            out.append(("," if i else "") + inner + _scalar(str(k)) + ": ")
+            _write(v, out, indent, level + 1)
+        out.append("\n" + indent * level + "}")
+        return
+    if isinstance(value, (list, tuple)):
+        if not value:
+            out.append("[]")
+            return
+        if indent is None:
+            out.append("[")
+            for i, v in enumerate(value):
+                if i:
+                    out.append(",")
+                _write(v, out, None, 0)
+            out.append("]")
+            return
+        inner = "\n" + indent * (level + 1)
+        out.append("[")
+        for i, v in enumerate(value):
+            out.append(("," if i else "") + inner)
+            _write(v, out, indent, level + 1)
+        out.append("\n" + indent * level + "]")
+        return
+    out.append(_scalar(value))
+
+
+def dumps_compact(value: Any) -> str:
+    """``value`` as ``serde_json::to_string`` writes it: no spaces, UTF-8, keys in order."""
+    out: list[str] = []
+    _write(value, out, None, 0)
+    return "".join(out)
+
+
+def dumps_pretty(value: Any) -> str:
+    """``value`` as ``serde_json::to_string_pretty`` writes it: two-space indent, ``": "``,
+    UTF-8, no trailing newline."""
+    out: list[str] = []
+    _write(value, out, "  ", 0)
+    return "".join(out)
+
+
+def checkpoint_json(cp: t.RunCheckpoint) -> dict[str, Any]:
+    """luft's JSON object of ``cp`` with the maps sorted by agent id (a stable byte form)."""
+    obj = cp.to_json()
+    for name in ("agent_results", "agent_sessions"):
+        entries = obj[name]
+        obj[name] = {k: entries[k] for k in sorted(entries)}
+    return obj
+
+
+# ------------------------------------------------------------------------ the run directory
+
+
+def _loads(text: str, path: Path, line: int | None) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunFileError(path, line if line is not None else exc.lineno,
+                           f"not JSON: {exc.msg} (column {exc.colno})") from None  # fmt: skip
+    except RecursionError:
+        raise RunFileError(path, line, "JSON nested too deeply") from None
+
+
+def read_checkpoint_file(path: str | os.PathLike[str]) -> t.RunCheckpoint:
+    """The RunCheckpoint of a ``checkpoint.json`` (pretty or compact, any key order)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise RunFileError(p, None, "no such file") from None
+    except OSError as exc:
+        raise RunFileError(p, None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise RunFileError(p, line, "not UTF-8") from None
+    obj = _loads(text, p, None)
+    try:
+        return t.RunCheckpoint.from_json(obj)
+    except ValidationError as exc:
+        raise RunFileError(p, None, exc.message, exc.field) from None
+
+
+def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.AgentEvent]]:
+    """``(line number, event)`` for each line of an ``events.jsonl``, read as it goes."""
+    p = Path(path)
+    try:
+        handle = p.open("rb")
+    except FileNotFoundError:
+        raise RunFileError(p, None, "no such file") from None
+    except OSError as exc:
+        raise RunFileError(p, None, f"cannot read: {exc.strerror or exc}") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RunFileError(p, number, "not UTF-8") from None
+            if not text.strip():
+                raise RunFileError(p, number, "empty line (one event per line expected)")
+            obj = _loads(text, p, number)
+            try:
+                event = t.AgentEvent.from_json(obj)
+            except ValidationError as exc:
+                raise RunFileError(p, number, exc.message, exc.field) from None
+            yield number, event
+
+
+def _count_lines(path: Path) -> int | None:
+    try:
+        with path.open("rb") as handle:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
+    except OSError:
+        return None
+
+
+# ----------------------------------------------------------------------- reading from Redis
+
+
+def _read_consistent(
+    client: Any, prefix: str, run_id: uuid.UUID
+) -> tuple[t.RunCheckpoint, str | None, RunKeys, str]:
+    """The checkpoint, the id of the last event it reflects (None: empty log), the run's keys
+    and its run_dir, read so that no change came between the checkpoint and that id."""
+    keys = run_keys(prefix, run_id)
+    with RedisCheckpointBackend(client, prefix=prefix, watch=False) as backend:
+        for _ in range(20):
+            try:
+                before = client.hmget(keys.run, ["version", "run_dir"])
+                newest = client.xrevrange(keys.events, count=1)
+            except Exception as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+            cp = backend.open_run(run_id)
+            if cp is None:
+                raise RunNotFoundError(run_id)
+            if before[0] is not None and int(before[0]) == backend.version:
+                last = entry_id(newest[0][0]) if newest else None
+                run_dir = before[1].decode("utf-8") if before[1] is not None else ""
+                return cp, last, keys, run_dir
+    raise InteropError(f"run {run_id} kept changing while it was read; try again")
+
+
+def _iter_redis_events(client: Any, keys: RunKeys, run_id: uuid.UUID,
+                       last: str | None) -> Iterator[t.AgentEvent]:  # fmt: skip
+    """The run's events up to entry ``last`` (inclusive), one XRANGE page at a time."""
+    if last is None:
+        return
+    lower = "-"
+    while True:
+        try:
+            page = client.xrange(keys.events, min=lower, max=last, count=BATCH)
+        except Exception as exc:
+            raise translate_error(exc, run_id=run_id) from exc
+        for raw_id, fields in page:
+            yield decode_entry(run_id, keys.events, entry_id(raw_id), fields)
+        if len(page) < BATCH:
+            return
+        lower = "(" + entry_id(page[-1][0])
+
+
+def export_run_dir(
+    client: Any,
+    run_id: uuid.UUID | str,
+    directory: str | os.PathLike[str],
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write run ``run_id`` as a luft run directory: ``checkpoint.json`` (pretty, as
+    ``serde_json::to_string_pretty``, maps sorted by agent id, no trailing newline) and
+    ``events.jsonl`` (one compact event per line). The directory is created if missing; files
+    already there are an :class:`InteropError` unless ``overwrite``. Each file is written to a
+    ``.tmp`` sibling and renamed into place."""
+    rid = check_uuid(run_id, "run_id")
+    check_prefix(prefix)
+    out = Path(directory)
+    targets = [out / CHECKPOINT_FILE, out / EVENTS_FILE]
+    if not overwrite:
+        for target in targets:
+            if target.exists():
+                raise InteropError(f"{target} exists (pass overwrite=True / --force to replace)")
+    cp, last, keys, _ = _read_consistent(client, prefix, rid)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InteropError(f"cannot create {out}: {exc.strerror or exc}") from exc
+    count = 0
+    tmp_events = out / (EVENTS_FILE + ".tmp")
+    tmp_cp = out / (CHECKPOINT_FILE + ".tmp")
+    try:
+        with tmp_events.open("w", encoding="utf-8", newline="\n") as handle:
+            for event in _iter_redis_events(client, keys, rid, last):
+                handle.write(dumps_compact(event.to_json()) + "\n")
+                count += 1
+                if progress is not None and count % BATCH == 0:
+                    progress(count, None)
+        tmp_cp.write_text(dumps_pretty(checkpoint_json(cp)), encoding="utf-8", newline="\n")
+        os.replace(tmp_events, targets[1])
+        os.replace(tmp_cp, targets[0])
+    except OSError as exc:
+        for tmp in (tmp_events, tmp_cp):
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise InteropError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    if progress is not None:
+        progress(count, count)
+    return ExportResult(rid, count, str(out))
+
+
+# ------------------------------------------------------------------------- writing to Redis
+
+
+@dataclass
+class _Staging:
+    """The staging keys of one import and what it has written so far."""
+
+    client: Any
+    run_id: uuid.UUID
+    target: RunKeys
+    keys: RunKeys
+    incarnation: str
+    writer: str
+
+    def drop(self) -> None:
+        try:
+            self.client.delete(*self.keys[:9])
+        except Exception:
+            logger.error(
+                "run %s: could not delete the staging keys %s*; they expire in %d s",
+                self.run_id, self.keys.run[: -len("run")], STAGING_TTL, exc_info=True,
+            )  # fmt: skip
+
+
+def _import(
+    client: Any,
+    cp: t.RunCheckpoint,
+    events: Iterable[tuple[str, t.AgentEvent]],
+    *,
+    prefix: str,
+    run_dir: str,
+    replace: bool,
+    max_payload_size: int,
+    progress: Progress | None,
+    total: int | None,
+    where: Callable[[str, LuftRedisError], LuftRedisError],
+) -> ImportResult:
+    """Stage ``cp`` and ``events`` (``(position, event)``; ``where`` turns an error about one
+    event into one that names its position) under the run's hash tag, then swap them in."""
+    check_prefix(prefix)
+    rid = cp.run_id
+    target = run_keys(prefix, rid)
+    try:
+        existed = bool(client.exists(target.run))
+    except Exception as exc:
+        raise translate_error(exc, run_id=rid) from exc
+    if existed and not replace:
+        raise RunExistsError(rid)
+    encoder = Encoder(max_payload_size)
+    token = uuid.uuid4().hex
+    staging = _Staging(client, rid, target, staging_keys(prefix, rid, token), uuid.uuid4().hex,
+                       uuid.uuid4().hex)  # fmt: skip
+    save_args = encoder.save(cp, rid)  # checked before anything is written
+    s = staging.keys
+    try:
+        try:
+            client.hset(s.run, mapping={
+                "schema": SCHEMA_VERSION, "run_id": str(rid), "task": cp.task,
+                "run_dir": run_dir, "status": cp.status.value, "current_phase": "0",
+                "total_tokens": "0", "phases": "0", "created_at": str(cp.created_at),
+                "updated_at": str(cp.updated_at), "version": "0",
+                "incarnation": staging.incarnation,
+            })  # fmt: skip
+            client.expire(s.run, STAGING_TTL)
+        except Exception as exc:
+            raise translate_error(exc, run_id=rid) from exc
+        count, started_phase = _stage_events(client, staging, encoder, events, progress, total,
+                                             where)  # fmt: skip
+        started = [(a, p) for a in dict.fromkeys(cp.started_agent_ids)
+                   if (p := started_phase.get(a)) is not None]  # fmt: skip
+        try:
+            for i in range(0, len(started), BATCH):
+                client.hset(s.started, mapping={str(a): f"0 {p}" for a, p in
+                                                started[i : i + BATCH]})  # fmt: skip
+            save = library().ops.save_checkpoint
+            NO_RETRY.call(lambda: call_function(client, save, list(s),
+                                                [staging.writer, "1", *save_args]))  # fmt: skip
+            pipe = client.pipeline(transaction=False)
+            for key in s[:9]:
+                pipe.expire(key, STAGING_TTL)
+            pipe.execute()
+        except LuftRedisError:
+            raise
+        except Exception as exc:
+            raise translate_error(exc, run_id=rid) from exc
+        reply = _swap(client, staging, cp, replace)
+    except BaseException:
+        staging.drop()
+        raise
+    try:
+        delta = parse_delta(bytes(reply))
+    except (UnknownFormat, ValueError, TypeError) as exc:
+        raise BackendError(f"unexpected reply from restore_run: {exc}") from exc
+    logger.info("run %s: imported (%d events, incarnation %s)", rid, count, delta.inc_after)
+    if progress is not None:
+        progress(count, count)
+    return ImportResult(rid, count, replaced=existed)
+
+
+def _stage_events(
+    client: Any,
+    staging: _Staging,
+    encoder: Encoder,
+    events: Iterable[tuple[str, t.AgentEvent]],
+    progress: Progress | None,
+    total: int | None,
+    where: Callable[[str, LuftRedisError], LuftRedisError],
+) -> tuple[int, dict[uuid.UUID, int]]:
+    """XADD the events to the staging stream in pipelined batches; returns their number and
+    the phase of each agent's latest agent_started (kept as the normal write path keeps it)."""
+    rid, key = staging.run_id, staging.keys.events
+    started_phase: dict[uuid.UUID, int] = {}
+    count = 0
+    pipe = client.pipeline(transaction=False)
+    queued = 0
+
+    def flush() -> None:
+        nonlocal pipe, queued
+        if not queued:
+            return
+        pipe.expire(key, STAGING_TTL)
+        try:
+            pipe.execute()
+        except Exception as exc:
+            raise translate_error(exc, run_id=rid) from exc
+        pipe = client.pipeline(transaction=False)
+        queued = 0
+
+    for position, event in events:
+        try:
+            args = encoder.event(event, "event", rid)
+        except LuftRedisError as exc:
+            raise where(position, exc) from None
+        pipe.xadd(key, {"type": args[0], "data": args[1]})
+        if isinstance(event, t.AgentStarted):
+            started_phase[event.agent_id] = event.phase_id
+        count += 1
+        queued += 1
+        if queued >= BATCH:
+            flush()
+            if progress is not None:
+                progress(count, total)
+    flush()
+    return count, started_phase
+
+
+def _swap(client: Any, staging: _Staging, cp: t.RunCheckpoint, replace: bool) -> Any:
+    restore = library().ops.restore_run
+    keys = [*staging.target, *staging.keys[:9]]
+    args = [staging.writer, "2", "1" if replace else "0", str(cp.updated_at),
+            staging.incarnation]  # fmt: skip
+    try:
+        return DEFAULT_RETRY.call(lambda: call_function(client, restore, keys, args))
+    except Exception as exc:
+        raise translate_error(exc, run_id=staging.run_id) from exc
+
+
+def import_run(
+    client: Any,
+    checkpoint: t.RunCheckpoint,
+    events: Iterable[t.AgentEvent],
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    run_dir: str = "",
+    replace: bool = False,
+    max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+    progress: Progress | None = None,
+    total: int | None = None,
+) -> ImportResult:
+    """Restore a run from ``checkpoint`` and its event log ``events`` (any iterable, consumed
+    once, in order), atomically. The run must not exist unless ``replace``
+    (:class:`RunExistsError`). Timestamps are kept as given."""
+    cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
+
+    def where(position: str, exc: LuftRedisError) -> LuftRedisError:
+        return exc
+
+    return _import(client, cp, ((str(i), e) for i, e in enumerate(events)), prefix=prefix,
+                   run_dir=run_dir, replace=replace, max_payload_size=max_payload_size,
+                   progress=progress, total=total, where=where)  # fmt: skip
+
+
+def import_run_dir(
+    client: Any,
+    directory: str | os.PathLike[str],
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    replace: bool = False,
+    run_dir: str | None = None,
+    max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Load a luft run directory (``checkpoint.json`` + ``events.jsonl``) into Redis,
+    atomically: every event and the whole state, or nothing. An existing run is a
+    :class:`RunExistsError` unless ``replace``. ``run_dir`` (stored as the run's ``run_dir``)
+    defaults to the directory's absolute path. A malformed file raises :class:`RunFileError`
+    naming the file and line."""
+    base = Path(directory)
+    if not base.is_dir():
+        raise RunFileError(base, None, "not a directory")
+    cp_path = base / CHECKPOINT_FILE
+    cp = read_checkpoint_file(cp_path)
+    try:  # what only the encoder checks (unique phase ids, payload sizes) names the file too
+        Encoder(max_payload_size).save(cp, cp.run_id)
+    except ValidationError as exc:
+        raise RunFileError(cp_path, None, exc.message, exc.field) from None
+    events_path = base / EVENTS_FILE
+    if not events_path.is_file():
+        raise RunFileError(events_path, None, "no such file")
+
+    def where(position: str, exc: LuftRedisError) -> LuftRedisError:
+        field = getattr(exc, "field", "")
+        message = getattr(exc, "message", str(exc))
+        return RunFileError(events_path, int(position), message, field)
+
+    events = ((str(n), e) for n, e in read_event_file(events_path))
+    return _import(client, cp, events, prefix=prefix,
+                   run_dir=str(base.resolve()) if run_dir is None else run_dir,
+                   replace=replace, max_payload_size=max_payload_size, progress=progress,
+                   total=_count_lines(events_path), where=where)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- SQLite
+
+SQLITE_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
+    "runs": ("run_id", "task", "status", "started_ts", "run_dir"),
+    "checkpoints": ("run_id", "status", "current_phase", "total_tokens", "created_at",
+                    "updated_at", "workflow_meta", "started_agent_ids"),
+    "phases": ("run_id", "phase_id", "label", "planned", "ok", "failed", "description", "role",
+               "started_ts", "done_ts"),
+    "agents": ("run_id", "agent_id", "phase_id", "status", "output", "findings_json",
+               "input_tokens", "output_tokens", "cache_key_hash", "description", "role",
+               "completed_at", "retry_count"),
+    "agent_sessions": ("run_id", "agent_id", "backend_id", "protocol_session_id", "session_id",
+                       "status", "updated_at", "resumable"),
+    "findings": ("run_id", "agent_id", "kind", "severity", "title", "detail", "file_path",
+                 "line_start", "line_end", "evidence", "data"),
+    "events": ("seq", "run_id", "ts", "type", "payload"),
+}  # fmt: skip
+"""The tables and columns of luft's SQLite schema that luft-redis reads and writes."""
+
+_AGENT_EXTRAS: Final = ("model", "prompt_preview", "started_ts", "done_ts", "elapsed_ms")
+
+
+def _connect_sqlite(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    p = Path(path)
+    if not p.is_file():
+        raise InteropError(f"{p}: no such SQLite database")
+    try:
+        conn = sqlite3.connect(f"file:{p.resolve()}?mode=rw", uri=True, isolation_level=None)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise InteropError(f"{p}: not a usable SQLite database: {exc}") from exc
+    return conn
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> dict[str, tuple[str, bool, bool]]:
+    """``column -> (declared type, not null, has a default)`` of ``table``."""
+    rows = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+    return {r[1]: (str(r[2] or "").upper(), bool(r[3]), r[4] is not None or bool(r[5]))
+            for r in rows}  # fmt: skip
+
+
+def check_sqlite_schema(conn: sqlite3.Connection, path: str = "<database>") -> None:
+    """:class:`SqliteSchemaError` naming the first table or column of :data:`SQLITE_COLUMNS`
+    the database lacks."""
+    for table, wanted in SQLITE_COLUMNS.items():
+        have = _columns(conn, table)
+        if not have:
+            raise SqliteSchemaError(path, table, None, "missing (not a luft checkpoint database?)")
+        for column in wanted:
+            if column not in have:
+                raise SqliteSchemaError(path, table, column, "missing (an older luft schema?)")
+
+
+def sqlite_run_ids(path: str | os.PathLike[str]) -> list[uuid.UUID]:
+    """The ids of the runs in a luft SQLite database that have a checkpoint, sorted."""
+    conn = _connect_sqlite(path)
+    try:
+        check_sqlite_schema(conn, str(path))
+        ids = []
+        for (raw,) in conn.execute("SELECT run_id FROM checkpoints"):
+            ids.append(_blob_uuid(raw, str(path), "checkpoints", "run_id"))
+        return sorted(ids)
+    finally:
+        conn.close()
+
+
+def _blob_uuid(raw: Any, path: str, table: str, column: str) -> uuid.UUID:
+    if isinstance(raw, bytes) and len(raw) == 16:
+        return uuid.UUID(bytes=raw)
+    raise SqliteDataError(path, table, column, f"{raw!r:.60} is not a 16-byte UUID")
+
+
+def _json_col(raw: Any, path: str, table: str, row: str, default: Any = None) -> Any:
+    if raw is None:
+        return default
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "strict")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise SqliteDataError(path, table, row, f"not JSON: {exc}") from None
+
+
+def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
+                           path: str = "<database>") -> tuple[t.RunCheckpoint, str]:  # fmt: skip
+    """Rebuild run ``run_id``'s checkpoint as luft's ``rebuild_checkpoint`` does, and its
+    ``run_dir``. The run's finding list is its agents' findings, in the agents' row order."""
+    rid = run_id.bytes
+    run = conn.execute("SELECT task, run_dir FROM runs WHERE run_id = ?", (rid,)).fetchone()
+    if run is None:
+        raise RunNotFoundError(run_id)
+    ck = conn.execute(
+        "SELECT status, current_phase, total_tokens, created_at, updated_at, workflow_meta, "
+        "started_agent_ids FROM checkpoints WHERE run_id = ?", (rid,)).fetchone()  # fmt: skip
+    if ck is None:
+        raise SqliteDataError(path, "checkpoints", f"run {run_id}", "no checkpoint row")
+    phases = [
+        {"phase_id": r[0], "label": r[1], "planned": r[2], "ok": r[3], "failed": r[4],
+         "description": r[5], "role": r[6]}
+        for r in conn.execute(
+            "SELECT phase_id, label, planned, ok, failed, description, role FROM phases "
+            "WHERE run_id = ? ORDER BY phase_id", (rid,))
+    ]  # fmt: skip
+    results: dict[str, Any] = {}
+    findings: list[Any] = []
+    for r in conn.execute(
+        "SELECT agent_id, phase_id, status, output, findings_json, input_tokens, output_tokens,"
+        " cache_key_hash, description, role, completed_at FROM agents "
+        "WHERE run_id = ? AND status != 'running' ORDER BY rowid", (rid,)):  # fmt: skip
+        aid = str(_blob_uuid(r[0], path, "agents", "agent_id"))
+        row = f"agent {aid}"
+        agent_findings = _json_col(r[4], path, "agents", row, [])
+        if not isinstance(r[5], int) or not isinstance(r[6], int):
+            raise SqliteDataError(path, "agents", row, "input_tokens/output_tokens not integers")
+        results[aid] = {
+            "agent_id": aid, "phase_id": r[1], "status": r[2],
+            "output": _json_col(r[3], path, "agents", row), "findings": agent_findings,
+            "tokens": r[5] + r[6], "completed_at": r[10], "cache_key_hash": r[7],
+            "description": r[8], "role": r[9],
+        }  # fmt: skip
+        if isinstance(agent_findings, list):
+            findings += agent_findings
+    sessions: dict[str, Any] = {}
+    for r in conn.execute(
+        "SELECT agent_id, backend_id, protocol_session_id, session_id, status, updated_at, "
+        "resumable FROM agent_sessions WHERE run_id = ? ORDER BY rowid", (rid,)):  # fmt: skip
+        aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id"))
+        sessions[aid] = {
+            "agent_id": aid, "backend_id": r[1], "protocol_session_id": r[2],
+            "session_id": r[3], "status": r[4], "updated_at": r[5],
+            "resumable": bool(r[6]) if isinstance(r[6], int) else r[6],
+        }  # fmt: skip
+    obj = {
+        "run_id": str(run_id), "task": run[0], "status": ck[0], "current_phase": ck[1],
+        "completed_phases": phases, "agent_results": results, "agent_sessions": sessions,
+        "findings": findings, "total_tokens": ck[2], "created_at": ck[3], "updated_at": ck[4],
+        "workflow_meta": _json_col(ck[5], path, "checkpoints", "workflow_meta"),
+        "started_agent_ids": _json_col(ck[6], path, "checkpoints", "started_agent_ids", []),
+    }  # fmt: skip
+    try:
+        cp = t.RunCheckpoint.from_json(obj)
+    except ValidationError as exc:
+        raise SqliteDataError(path, "checkpoint of", f"run {run_id}",
+                              f"{exc.field}: {exc.message}") from None  # fmt: skip
+    return cp, run[1] if isinstance(run[1], str) else ""
+
+
+def _iter_sqlite_events(conn: sqlite3.Connection, run_id: uuid.UUID,
+                        path: str) -> Iterator[tuple[str, t.AgentEvent]]:  # fmt: skip
+    cursor = conn.execute("SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq",
+                          (run_id.bytes,))  # fmt: skip
+    for seq, payload in cursor:
+        obj = _json_col(payload, path, "events", f"seq {seq}")
+        try:
+            yield str(seq), t.AgentEvent.from_json(obj)
+        except ValidationError as exc:
+            raise SqliteDataError(path, "events", f"seq {seq}",
+                                  f"{exc.field}: {exc.message}") from None  # fmt: skip
+
+
+def import_sqlite(
+    client: Any,
+    path: str | os.PathLike[str],
+    *,
+    run_id: uuid.UUID | str | None = None,
+    prefix: str = DEFAULT_PREFIX,
+    replace: bool = False,
+    max_payload_size: int = DEFAULT_MAX_PAYLOAD_SIZE,
+    progress: Progress | None = None,
+) -> list[ImportResult]:
+    """Import run ``run_id`` (default: every run with a checkpoint) from a luft SQLite
+    database, each run atomically (as :func:`import_run_dir`). Existing runs are a
+    :class:`RunExistsError` unless ``replace``; runs imported before the error stay."""
+    where_path = str(path)
+    ids = [check_uuid(run_id, "run_id")] if run_id is not None else sqlite_run_ids(path)
+    conn = _connect_sqlite(path)
+    out: list[ImportResult] = []
+    try:
+        check_sqlite_schema(conn, where_path)
+        for rid in ids:
+            cp, run_dir = read_sqlite_checkpoint(conn, rid, where_path)
+            (total,) = conn.execute("SELECT count(*) FROM events WHERE run_id = ?",
+                                    (rid.bytes,)).fetchone()  # fmt: skip
+
+            def where(position: str, exc: LuftRedisError) -> LuftRedisError:
+                return SqliteDataError(where_path, "events", f"seq {position}", str(exc))
+
+            out.append(_import(client, cp, _iter_sqlite_events(conn, rid, where_path),
+                             prefix=prefix, run_dir=run_dir, replace=replace,
+                             max_payload_size=max_payload_size, progress=progress,
+                               total=int(total), where=where))  # fmt: skip
+    finally:
+        conn.close()
+    return out
+
+
+def _event_ts(event: t.AgentEvent) -> str | None:
+    ts = getattr(event, "ts", None)
+    return t.format_timestamp(ts) if ts is not None else None
+
+
+def export_sqlite(
+    client: Any,
+    path: str | os.PathLike[str],
+    run_id: uuid.UUID | str,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    replace: bool = False,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write run ``run_id`` into an existing luft SQLite database (made by luft, with its
+    schema), in one transaction. A database whose tables lack a column of
+    :data:`SQLITE_COLUMNS` is refused (:class:`SqliteSchemaError`); a run already there is a
+    :class:`RunExistsError` unless ``replace`` (its rows are then deleted first).
+
+    Rows: ``runs`` and ``checkpoints`` from the checkpoint (``started_ts`` from the
+    ``run_started`` event, else ``created_at``); ``phases`` with ``started_ts``/``done_ts``
+    from the phase events; ``agents`` for each result (tokens split as the agent's last
+    ``agent_done`` event reported them when it adds up, else all as input tokens);
+    ``agent_sessions``; one ``findings`` row per finding of a result; ``events`` in order
+    (``ts``: the event's own, else the one before it)."""
+    rid = check_uuid(run_id, "run_id")
+    where_path = str(path)
+    conn = _connect_sqlite(path)
+    try:
+        check_sqlite_schema(conn, where_path)
+        cp, last, keys, run_dir = _read_consistent(client, prefix, rid)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            count = _write_sqlite(conn, client, cp, last, keys, run_dir, replace, where_path,
+                                  progress)  # fmt: skip
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    except sqlite3.IntegrityError as exc:
+        raise _integrity(where_path, exc) from exc
+    except sqlite3.DatabaseError as exc:
+        raise InteropError(f"{where_path}: {exc}") from exc
+    finally:
+        conn.close()
+    if progress is not None:
+        progress(count, count)
+    return ExportResult(rid, count, where_path)
+
+
+def _integrity(path: str, exc: sqlite3.IntegrityError) -> InteropError:
+    text = str(exc)
+    marker = "NOT NULL constraint failed: "
+    if text.startswith(marker):
+        table, _, column = text[len(marker) :].partition(".")
+        return SqliteSchemaError(path, table, column,
+                                 "required by the database, unknown to luft-redis")  # fmt: skip
+    return InteropError(f"{path}: {text}")
+
+
+def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, last: str | None,
+                  keys: RunKeys, run_dir: str, replace: bool, path: str,
+                  progress: Progress | None) -> int:  # fmt: skip
+    rid = cp.run_id.bytes
+    exists = conn.execute(
+        "SELECT 1 FROM runs WHERE run_id = ? UNION ALL SELECT 1 FROM checkpoints WHERE run_id = ?",
+        (rid, rid),
+    ).fetchone()
+    if exists is not None:
+        if not replace:
+            raise RunExistsError(cp.run_id)
+        for table in ("events", "findings", "agent_sessions", "agents", "phases", "checkpoints",
+                      "runs"):  # fmt: skip
+            conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
+    started_ts = t.format_timestamp(t.Timestamp.from_unix_nanos(cp.created_at * 1_000_000_000))
+    run_cols = _columns(conn, "runs")
+    first_ts: str | None = None
+    run_row: dict[str, Any] = {"run_id": rid, "task": cp.task, "status": cp.status.value,
+                               "started_ts": started_ts, "run_dir": run_dir}  # fmt: skip
+    if "created_at" in run_cols:
+        kind = run_cols["created_at"][0]
+        run_row["created_at"] = cp.created_at if "INT" in kind else started_ts
+    _insert(conn, "runs", run_row)
+    _insert(conn, "checkpoints", {
+        "run_id": rid, "status": cp.status.value, "current_phase": cp.current_phase,
+        "total_tokens": cp.total_tokens, "created_at": cp.created_at,
+        "updated_at": cp.updated_at,
+        "workflow_meta": None if cp.workflow_meta is None else dumps_compact(cp.workflow_meta),
+        "started_agent_ids": dumps_compact([str(a) for a in cp.started_agent_ids]),
+    })  # fmt: skip
+    # the events (streamed), remembering what other tables take from them
+    phase_ts: dict[int, list[str | None]] = {}
+    agent_info: dict[uuid.UUID, dict[str, Any]] = {}
+    count = 0
+    pending: list[tuple[Any, ...]] = []
+    previous: str | None = None
+    for event in _iter_redis_events(client, keys, cp.run_id, last):
+        ts = _event_ts(event)
+        if isinstance(event, t.RunStarted) and first_ts is None:
+            first_ts = ts
+        if ts is None:
+            ts = previous if previous is not None else started_ts
+        previous = ts
+        if isinstance(event, t.PhaseStarted):
+            phase_ts.setdefault(event.phase_id, [None, None])[0] = ts
+        elif isinstance(event, t.PhaseDone):
+            phase_ts.setdefault(event.phase_id, [None, None])[1] = ts
+        elif isinstance(event, t.AgentStarted):
+            info = agent_info.setdefault(event.agent_id, {})
+            info.update(model=event.model, prompt_preview=event.prompt_preview, started_ts=ts)
+        elif isinstance(event, t.AgentDone):
+            info = agent_info.setdefault(event.agent_id, {})
+            info.update(tokens=event.tokens, retry_count=event.retry_count, done_ts=ts,
+                        elapsed_ms=event.elapsed_ms)  # fmt: skip
+        pending.append((rid, ts, event.TYPE, dumps_compact(event.to_json())))
+        count += 1
+        if len(pending) >= BATCH:
+            _insert_events(conn, pending)
+            pending = []
+            if progress is not None:
+                progress(count, None)
+    _insert_events(conn, pending)
+    if first_ts is not None and first_ts != started_ts:
+        conn.execute("UPDATE runs SET started_ts = ? WHERE run_id = ?", (first_ts, rid))
+        if "created_at" in run_cols and "INT" not in run_cols["created_at"][0]:
+            conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (first_ts, rid))
+
+    for p in cp.completed_phases:
+        ts_pair = phase_ts.get(p.phase_id, [None, None])
+        _insert(conn, "phases", {
+            "run_id": rid, "phase_id": p.phase_id, "label": p.label, "planned": p.planned,
+            "ok": p.ok, "failed": p.failed, "description": p.description, "role": p.role,
+            "started_ts": ts_pair[0], "done_ts": ts_pair[1],
+        })  # fmt: skip
+    agent_cols = _columns(conn, "agents")
+    for aid in sorted(cp.agent_results):
+        r = cp.agent_results[aid]
+        info = agent_info.get(aid, {})
+        usage = info.get("tokens")
+        if isinstance(usage, t.TokenUsage) and usage.total() == r.tokens:
+            tokens_in, tokens_out = usage.input, usage.output
+        else:
+            tokens_in, tokens_out = r.tokens, 0
+        row: dict[str, Any] = {
+            "run_id": rid, "agent_id": aid.bytes, "phase_id": r.phase_id, "status": r.status,
+            "output": None if r.output is None else dumps_compact(r.output),
+            "findings_json": dumps_compact([f.to_json() for f in r.findings]),
+            "input_tokens": tokens_in, "output_tokens": tokens_out,
+            "cache_key_hash": r.cache_key_hash, "description": r.description, "role": r.role,
+            "completed_at": r.completed_at, "retry_count": info.get("retry_count", 0),
+        }  # fmt: skip
+        for extra in _AGENT_EXTRAS:
+            if extra in agent_cols and extra in info:
+                row[extra] = info[extra]
+        _insert(conn, "agents", row)
+        for f in r.findings:
+            line = f.location.line if f.location is not None else None
+            _insert(conn, "findings", {
+                "run_id": rid, "agent_id": aid.bytes, "kind": f.kind,
+                "severity": f.severity.value, "title": f.title, "detail": f.detail,
+                "file_path": f.location.file if f.location is not None else None,
+                "line_start": line, "line_end": line,
+                "evidence": dumps_compact(list(f.evidence)),
+                "data": None if f.data is None else dumps_compact(f.data),
+            }, verb="INSERT OR REPLACE")  # fmt: skip
+    for aid in sorted(cp.agent_sessions):
+        s = cp.agent_sessions[aid]
+        _insert(conn, "agent_sessions", {
+            "run_id": rid, "agent_id": aid.bytes, "backend_id": s.backend_id,
+            "protocol_session_id": s.protocol_session_id, "session_id": s.session_id,
+            "status": s.status, "updated_at": s.updated_at, "resumable": int(s.resumable),
+        })  # fmt: skip
+    return count
+
+
+def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    if rows:
+        conn.executemany("INSERT INTO events (run_id, ts, type, payload) VALUES (?, ?, ?, ?)",
+                         rows)  # fmt: skip
+
+
+def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any],
+            verb: str = "INSERT") -> None:  # fmt: skip
+    names = ", ".join(row)
+    marks = ", ".join("?" for _ in row)
+    conn.execute(f"{verb} INTO {table} ({names}) VALUES ({marks})", tuple(row.values()))

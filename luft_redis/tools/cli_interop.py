@@ -1,0 +1,248 @@
+"""``luft-redis`` subcommands that move runs between Redis and luft's own stores.
+
+::
+
+    luft-redis export RUN_ID -o DIR [--force]          a luft run directory from a run
+    luft-redis import DIR [--replace] [--run-dir P]    a luft run directory into Redis
+    luft-redis import-sqlite PATH [--run RUN_ID] [--replace]
+    luft-redis export-sqlite PATH RUN_ID [--replace]
+
+Registered by :func:`add_commands` from ``luft_redis.tools.cli.build_parser``. Errors are
+:mod:`luft_redis.errors` (exit 1) or Redis connection errors (exit 2), reported by
+``cli.main``. The work is done by :mod:`luft_redis.interop`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any, Final, TextIO
+
+from .. import interop
+from ..connect import make_client
+from ..keys import DEFAULT_PREFIX
+
+__all__ = ["add_commands", "progress_reporter"]
+
+_URL_ENV: Final = "LUFT_REDIS_URL"
+_DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
+_TIMEOUT: Final = 10.0
+
+
+def _run_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a run id (UUID): {text!r}") from None
+
+
+def _add_connection(parser: argparse.ArgumentParser) -> None:
+    default_url = os.environ.get(_URL_ENV) or _DEFAULT_URL
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=default_url,
+        help=f"Redis URL (default: env {_URL_ENV}, else {_DEFAULT_URL})",
+    )
+    parser.add_argument("--cluster", action="store_true", help="the URL names a Redis Cluster node")
+    parser.add_argument(
+        "--tls-ca-cert",
+        metavar="FILE",
+        default=None,
+        help="CA certificate file to verify the server with (rediss:// URLs)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=DEFAULT_PREFIX,
+        help=f"key prefix of the runs (default: {DEFAULT_PREFIX})",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+@contextlib.contextmanager
+def _client(args: argparse.Namespace) -> Iterator[Any]:
+    kwargs: dict[str, Any] = {"socket_connect_timeout": _TIMEOUT, "socket_timeout": _TIMEOUT}
+    if args.tls_ca_cert:
+        kwargs["ssl_ca_certs"] = args.tls_ca_cert
+    client = make_client(args.redis, cluster=args.cluster, **kwargs)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------- progress
+
+
+@contextlib.contextmanager
+def progress_reporter(
+    label: str, *, enabled: bool = True, stream: TextIO | None = None
+) -> Iterator[interop.Progress | None]:
+    """A ``progress(done, total)`` callback showing ``label`` on stderr while it runs: a rich
+    progress bar when ``rich`` is installed and stderr is a terminal, else a plain line
+    rewritten in place (a terminal) or nothing (a pipe: the command's summary line says it
+    all). The one place where the display is chosen."""
+    out = sys.stderr if stream is None else stream
+    if not enabled or not out.isatty():
+        yield None
+        return
+    try:
+        rich_progress: Any = importlib.import_module("rich.progress")
+    except ImportError:
+        rich_progress = None
+    if rich_progress is not None:
+        console = importlib.import_module("rich.console").Console(file=out)
+        with rich_progress.Progress(console=console, transient=True) as bar:
+            task = bar.add_task(label, total=None)
+
+            def update_rich(done: int, total: int | None) -> None:
+                bar.update(task, completed=done, total=total)
+
+            yield update_rich
+        return
+    last = 0.0
+
+    def update_plain(done: int, total: int | None) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last < 0.1 and done != total:
+            return
+        last = now
+        if total:
+            width = 30
+            filled = min(width, done * width // total)
+            text = f"{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} events"
+        else:
+            text = f"{label}: {done} events"
+        out.write("\r" + text[: _columns() - 1] + "\x1b[K")
+        out.flush()
+
+    try:
+        yield update_plain
+    finally:
+        out.write("\r\x1b[K")
+        out.flush()
+
+
+def _columns() -> int:
+    try:
+        return max(20, os.get_terminal_size(sys.stderr.fileno()).columns)
+    except (OSError, ValueError):
+        return 80
+
+
+# ------------------------------------------------------------------------------- commands
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    with _client(args) as client, progress_reporter("export", enabled=not args.quiet) as bar:
+        result = interop.export_run_dir(
+            client, args.run_id, args.output, prefix=args.prefix, overwrite=args.force, progress=bar
+        )
+    print(f"run {result.run_id}: exported to {result.target} ({result.events} events)")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    with _client(args) as client, progress_reporter("import", enabled=not args.quiet) as bar:
+        result = interop.import_run_dir(
+            client,
+            args.directory,
+            prefix=args.prefix,
+            replace=args.replace,
+            run_dir=args.run_dir,
+            progress=bar,
+        )
+    how = "replaced" if result.replaced else "imported"
+    print(f"run {result.run_id}: {how} from {args.directory} ({result.events} events)")
+    return 0
+
+
+def _cmd_import_sqlite(args: argparse.Namespace) -> int:
+    with _client(args) as client, progress_reporter("import", enabled=not args.quiet) as bar:
+        results = interop.import_sqlite(
+            client,
+            args.path,
+            run_id=args.run,
+            prefix=args.prefix,
+            replace=args.replace,
+            progress=bar,
+        )
+    for result in results:
+        how = "replaced" if result.replaced else "imported"
+        print(f"run {result.run_id}: {how} from {args.path} ({result.events} events)")
+    if not results:
+        print(f"no runs in {args.path}")
+    return 0
+
+
+def _cmd_export_sqlite(args: argparse.Namespace) -> int:
+    with _client(args) as client, progress_reporter("export", enabled=not args.quiet) as bar:
+        result = interop.export_sqlite(
+            client, args.path, args.run_id, prefix=args.prefix, replace=args.replace, progress=bar
+        )
+    print(f"run {result.run_id}: exported to {result.target} ({result.events} events)")
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``export``, ``import``, ``import-sqlite`` and ``export-sqlite`` to ``sub`` (the
+    subparsers action of ``luft-redis``)."""
+    export = sub.add_parser(
+        "export",
+        help="write a run as a luft run directory",
+        description="Write checkpoint.json and events.jsonl as luft does.",
+    )
+    export.add_argument("run_id", metavar="RUN_ID", type=_run_id)
+    export.add_argument("-o", "--output", metavar="DIR", required=True, help="the run directory")
+    export.add_argument("--force", action="store_true", help="replace files already in DIR")
+    _add_connection(export)
+    export.set_defaults(handler=_cmd_export)
+
+    imp = sub.add_parser(
+        "import",
+        help="load a luft run directory into Redis, atomically",
+        description="Load checkpoint.json and events.jsonl as one run; its "
+        "stored timestamps are kept.",
+    )
+    imp.add_argument("directory", metavar="DIR")
+    imp.add_argument("--replace", action="store_true", help="replace the run if it exists")
+    imp.add_argument(
+        "--run-dir", default=None, help="run_dir to store (default: DIR's absolute path)"
+    )
+    _add_connection(imp)
+    imp.set_defaults(handler=_cmd_import)
+
+    isql = sub.add_parser(
+        "import-sqlite",
+        help="load runs from a luft SQLite database",
+        description="Each run is loaded atomically.",
+    )
+    isql.add_argument("path", metavar="PATH")
+    isql.add_argument(
+        "--run",
+        metavar="RUN_ID",
+        type=_run_id,
+        default=None,
+        help="only this run (default: every run with a checkpoint)",
+    )
+    isql.add_argument("--replace", action="store_true", help="replace runs that exist")
+    _add_connection(isql)
+    isql.set_defaults(handler=_cmd_import_sqlite)
+
+    esql = sub.add_parser(
+        "export-sqlite",
+        help="write a run into an existing luft SQLite database",
+        description="The database must have luft's schema.",
+    )
+    esql.add_argument("path", metavar="PATH")
+    esql.add_argument("run_id", metavar="RUN_ID", type=_run_id)
+    esql.add_argument("--replace", action="store_true", help="replace the run if it is there")
+    _add_connection(esql)
+    esql.set_defaults(handler=_cmd_export_sqlite)
