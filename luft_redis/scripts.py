@@ -21,6 +21,7 @@ import redis
 import redis.exceptions
 
 from . import errors
+from .connect import scripting_missing
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "lua_dir", "script_source", "translate_error"]
 
@@ -112,6 +113,8 @@ def translate_error(exc: BaseException, *, run_id: object = None) -> errors.Luft
         if text.startswith("LUFT_"):
             code, _, message = text[5:].partition(" ")
             return _domain_error(code, message, run_id)
+        if (no_lua := scripting_missing(text)) is not None:  # fakeredis without Lua
+            return no_lua
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return errors.ConnectionError(f"Redis is unreachable: {exc}")
