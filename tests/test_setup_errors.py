@@ -177,5 +177,6 @@ def test_fakeredis_with_lua_is_accepted() -> None:
     backend = RedisCheckpointBackend(fakeredis.FakeRedis(), watch=False)
     run_id = uuid.uuid4()
     backend.init_run(run_id, "t", "/tmp/r")
-    assert backend.get_checkpoint().run_id == run_id
+    checkpoint = backend.get_checkpoint()
+    assert checkpoint is not None and checkpoint.run_id == run_id
     backend.close()

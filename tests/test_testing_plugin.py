@@ -49,8 +49,11 @@ def test_a_second_worker_on_the_same_server(luft_backend, luft_make_backend):
     worker = luft_make_backend(watch=False)
     assert worker is not luft_backend and worker.client is not luft_backend.client
     assert worker.open_run(run_id).status == CheckpointStatus.RUNNING
+    before = luft_backend.version
     worker.append_event(done(run_id, 5))
-    assert luft_backend.sync().total_tokens == 5
+    assert worker.get_checkpoint().total_tokens == 5
+    assert luft_backend.wait_for_change(before, timeout=10)   # the change notice arrived
+    assert luft_backend.get_checkpoint().total_tokens == 5
 
 
 def test_async_backend_on_fakeredis(luft_async_backend):
