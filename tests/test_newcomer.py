@@ -197,6 +197,47 @@ def test_the_wheel_has_the_version_licence_scripts_and_entry_points(
     assert "luft-redis = luft_redis.tools.cli:main" in entry_points
 
 
+@pytest.mark.slow
+@pytest.mark.server
+def test_the_wheel_installs_and_the_quickstart_runs_on_it(
+    built: dict[str, Path], redis_url: str, tmp_path: Path
+) -> None:
+    """``pip install dist/luft_redis-*.whl`` into a new virtual environment, then the README's
+    quickstart with that environment's Python. The dependencies are borrowed from the running
+    environment (a path entry after the new one's own site-packages), so nothing is
+    downloaded, and luft_redis itself can only come from the wheel."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)  # fmt: skip
+    python = venv / "bin" / "python"
+    installed = subprocess.run(  # this environment's pip, installing into the new one
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+         "--no-deps", "--no-index", str(built["wheel"])],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = subprocess.run([str(python), "-c", purelib], capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()  # fmt: skip
+    borrowed = [p for p in sys.path if p.endswith("site-packages")]
+    (Path(site) / "zz_borrowed_deps.pth").write_text("\n".join(borrowed) + "\n")
+    which = "import luft_redis; print(luft_redis.__file__, luft_redis.__version__)"
+    where = subprocess.run([str(python), "-c", which], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60, check=False)  # fmt: skip
+    assert where.returncode == 0, where.stderr
+    path, version = where.stdout.split()
+    assert Path(path).is_relative_to(venv) and version == luft_redis.__version__
+    assert (venv / "bin" / "luft-redis").is_file()
+
+    quickstart = code_blocks(readme_section("Quickstart"), "python")[0]
+    (tmp_path / "quickstart.py").write_text(quickstart, encoding="utf-8")
+    done = subprocess.run([str(python), "quickstart.py"], cwd=tmp_path,
+                          env={**os.environ, "LUFT_REDIS_URL": redis_url}, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == "1540 ok"
+
+
 def test_the_licence_is_mit_for_the_contributors() -> None:
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License\n")
