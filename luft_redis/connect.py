@@ -4,11 +4,19 @@
 ``unix://`` make a ``Redis`` (``cluster=True``: a ``RedisCluster``), and
 ``redis+sentinel://[:password@]host:port[,host:port...]/<service>[/<db>]`` (``rediss+sentinel``
 for TLS) asks those Sentinels for the primary of ``<service>`` and follows failovers.
+
+A client that cannot work is refused here, with a :class:`~luft_redis.errors.ConfigurationError`
+that names what to change: one that decodes responses, and a fakeredis without Lua (its
+``fakeredis[lua]`` extra, lupa, is missing), at construction for a fakeredis client and at
+the first script for any other server that does not know the scripting commands
+(:func:`scripting_missing`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import re
 import urllib.parse
 from typing import Any
 
@@ -30,8 +38,19 @@ __all__ = [
     "check_sync_client",
     "is_cluster",
     "make_client",
+    "scripting_missing",
     "sentinel_client",
 ]
+
+#: What to install when fakeredis has no Lua (the extra that brings in lupa).
+LUA_EXTRA = "fakeredis[lua]"
+
+# A server without scripting answers the commands luft-redis runs its scripts with (EVALSHA,
+# EVAL, SCRIPT LOAD; FCALL, FUNCTION LOAD for Redis functions) as unknown commands.
+_NO_SCRIPTING = re.compile(
+    r"unknown command [`']?(evalsha|eval|evalsha_ro|eval_ro|script|fcall|fcall_ro|function)\b",
+    re.IGNORECASE,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,14 +84,55 @@ def _connection_kwargs(client: Any) -> dict[str, Any] | None:
 
 def _check_decoding(client: Any) -> None:
     kwargs = _connection_kwargs(client)
-    if kwargs and kwargs.get("decode_responses"):
+    if kwargs:
+        _check_decoding_kwargs(kwargs)
+
+
+def _check_decoding_kwargs(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("decode_responses"):
         raise ConfigurationError(
-            "the Redis client must use decode_responses=False: luft-redis stores binary blobs"
+            "the Redis client must use decode_responses=False (the default): luft-redis "
+            "stores binary blobs, which a decoding client would try to read as text"
         )
 
 
+def _no_lua_error(what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{what}, and luft-redis runs every change as one Lua script: with fakeredis, install "
+        f"its Lua support, pip install '{LUA_EXTRA}' (or luft-redis's own extra, "
+        "'luft-redis[fakeredis]')"
+    )
+
+
+def _fakeredis_has_lua() -> bool:
+    """Whether the installed fakeredis runs Lua (it does when it could import lupa)."""
+    try:
+        from fakeredis.commands_mixins import ScriptingCommandsMixin
+    except ImportError:  # another layout of fakeredis: judge by lupa, which its Lua needs
+        return importlib.util.find_spec("lupa") is not None
+    return hasattr(ScriptingCommandsMixin, "evalsha")
+
+
+def _check_scripting(client: Any) -> None:
+    """Refuse a fakeredis client whose fakeredis cannot run Lua (no I/O: a class check)."""
+    if type(client).__module__.partition(".")[0] == "fakeredis" and not _fakeredis_has_lua():
+        raise _no_lua_error("this fakeredis cannot run Lua scripts (lupa is not installed)")
+
+
+def scripting_missing(error: BaseException | str) -> ConfigurationError | None:
+    """The :class:`ConfigurationError` to raise when ``error`` (a reply or its text) says the
+    server does not know the scripting commands (fakeredis without Lua); else ``None``."""
+    found = _NO_SCRIPTING.search(str(error))
+    if found is None:
+        return None
+    return _no_lua_error(
+        f"the Redis server does not run Lua scripts (unknown command {found.group(1).lower()!r})"
+    )
+
+
 def check_sync_client(client: Any) -> None:
-    """Refuse an asyncio client (and one that decodes responses) for the sync backend."""
+    """Refuse an asyncio client (and one that decodes responses, or a fakeredis without Lua)
+    for the sync backend."""
     if _is_async(client):
         raise ClientTypeError(
             f"{type(client).__name__} is an asyncio client: use "
@@ -80,10 +140,12 @@ def check_sync_client(client: Any) -> None:
             "redis.cluster.RedisCluster to RedisCheckpointBackend"
         )
     _check_decoding(client)
+    _check_scripting(client)
 
 
 def check_async_client(client: Any) -> None:
-    """Refuse a sync client (and one that decodes responses) for the asyncio backend."""
+    """Refuse a sync client (and one that decodes responses, or a fakeredis without Lua)
+    for the asyncio backend."""
     if not _is_async(client):
         raise ClientTypeError(
             f"{type(client).__name__} is not an asyncio client: use "
@@ -91,6 +153,7 @@ def check_async_client(client: Any) -> None:
             "redis.asyncio.cluster.RedisCluster to AsyncRedisCheckpointBackend"
         )
     _check_decoding(client)
+    _check_scripting(client)
 
 
 def _sentinel_parts(url: str, client_kwargs: dict[str, Any]) -> tuple[list[tuple[str, int]],
@@ -147,11 +210,13 @@ def sentinel_client(url: str, *, asyncio: bool = False, **client_kwargs: Any) ->
 
 def make_client(url: str, *, cluster: bool = False, asyncio: bool = False,
                 **client_kwargs: Any) -> Any:  # fmt: skip
-    """The client ``from_url`` makes for ``url`` (always ``decode_responses=False``).
+    """The client ``from_url`` makes for ``url`` (always ``decode_responses=False``: asking for
+    ``True`` is a :class:`ConfigurationError`).
 
     Unless ``retry=`` is given, the client does not retry by itself (:func:`no_retry`): the
     backend's ``RetryPolicy`` is the one retry layer, with one deadline.
     """
+    _check_decoding_kwargs(client_kwargs)
     client_kwargs["decode_responses"] = False
     client_kwargs.setdefault("retry", no_retry(asyncio=asyncio))
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):

@@ -49,6 +49,7 @@ import redis.exceptions
 from redis.crc import key_slot
 
 from . import errors
+from .connect import scripting_missing
 from .retry import is_access_error, is_function_missing, tls_failure
 
 __all__ = [
@@ -353,6 +354,8 @@ def translate_error(
                 "or later; with fakeredis, install its Lua extra (pip install 'fakeredis[lua]') "
                 "and keep its version at 7 or later"
             )
+        if (no_lua := scripting_missing(text)) is not None:  # fakeredis without Lua
+            return no_lua
         if text.startswith("WRONGTYPE") and key is not None:
             return errors.CorruptDataError(key, "type", "is not the type luft-redis stores there")
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
