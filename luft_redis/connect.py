@@ -98,9 +98,9 @@ def _check_decoding_kwargs(kwargs: dict[str, Any]) -> None:
 
 def _no_lua_error(what: str) -> ConfigurationError:
     return ConfigurationError(
-        f"{what}, and luft-redis runs every change as one Lua script: with fakeredis, install "
-        f"its Lua support, pip install '{LUA_EXTRA}' (or luft-redis's own extra, "
-        "'luft-redis[fakeredis]')"
+        f"{what}, and luft-redis runs every change as one Lua function (Redis Functions, Redis "
+        f"7.0 or later): with fakeredis, install its Lua support, pip install '{LUA_EXTRA}' "
+        "(or luft-redis's own extra, 'luft-redis[fakeredis]')"
     )
 
 

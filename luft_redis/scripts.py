@@ -73,7 +73,6 @@ _INCLUDE = re.compile(r'^--- @include "([^"]+)"[ \t]*$', re.MULTILINE)
 _EACH_CALL = re.compile(r"^--- @each-call (.+?)[ \t]*$", re.MULTILINE)
 _SCRIPT_FILE = re.compile(r"^([a-z_]+)-(\d+)\.lua$")
 _KEY_INDEX = re.compile(r"\bKEYS\[(\d+)\]")
-_NO_FUNCTIONS = re.compile(r"^(?:ERR )?unknown command '(?:fcall|fcall_ro|function)'", re.I)
 
 SCRIPT_NAMES = (
     "init_run",
@@ -348,12 +347,6 @@ def translate_error(
         if text.startswith("LUFT_"):
             code, _, message = text[5:].partition(" ")
             return _domain_error(code, message, run_id)
-        if _NO_FUNCTIONS.match(text):
-            return errors.ConfigurationError(
-                f"this server has no Redis Functions ({text.strip()}): luft-redis needs Redis 7.0 "
-                "or later; with fakeredis, install its Lua extra (pip install 'fakeredis[lua]') "
-                "and keep its version at 7 or later"
-            )
         if (no_lua := scripting_missing(text)) is not None:  # fakeredis without Lua
             return no_lua
         if text.startswith("WRONGTYPE") and key is not None:

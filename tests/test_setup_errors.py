@@ -166,7 +166,7 @@ def test_fakeredis_without_lua_is_refused_and_says_which_extra_to_install() -> N
     for first_call in ("sync_first_call", "async_first_call"):
         message = out[first_call]
         assert message is not None, f"{first_call}: not a ConfigurationError"
-        assert "unknown command 'evalsha'" in message
+        assert "unknown command 'fcall'" in message
         assert "pip install 'fakeredis[lua]'" in message
     assert out["keys_after"] == []  # nothing was written
 
