@@ -467,6 +467,7 @@ def test_recreated_run_is_followed(target: Target, how: str) -> None:
             AsyncRedisCheckpointBackend(shared)  # fmt: skip
         sibling = AsyncRedisCheckpointBackend(shared)  # same client and listener as writer
         admin = AsyncRedisCheckpointBackend(target.client(), watch=False)
+        blind = AsyncRedisCheckpointBackend(target.client(), watch=False)  # only its own writes
         bound = (reader, writer, sibling)
         run_id = uuid.uuid4()
         monitor: FreshnessMonitor | None = None
@@ -476,6 +477,7 @@ def test_recreated_run_is_followed(target: Target, how: str) -> None:
             await writer.upsert_agent_result(result(uuid.uuid4(), 2))
             assert await reader.open_run(run_id) is not None
             assert await sibling.open_run(run_id) is not None
+            assert await blind.open_run(run_id) is not None
             assert await converges(bound, target), [describe(b) for b in bound]
             monitor = FreshnessMonitor(bound, lambda cp: cp is None or cp.task != NEW_TASK)
             if how == "delete":
@@ -503,13 +505,23 @@ def test_recreated_run_is_followed(target: Target, how: str) -> None:
             assert set(mine.agent_results) == {agent} and mine.total_tokens == 7
             assert mine == await target.load(run_id)
             assert await converges(bound, target), [describe(b) for b in bound]
+
+            # a writer that does not watch learns of the new incarnation from its own write
+            other = uuid.uuid4()
+            await blind.append_event(agent_done(run_id, other, tokens=5))
+            theirs = blind.get_checkpoint()
+            assert theirs is not None and theirs.task == NEW_TASK
+            assert set(theirs.agent_results) == {agent, other} and theirs.total_tokens == 12
+            assert theirs == await target.load(run_id)
+            assert not blind.cache_is_fresh  # watch=False never vouches
+            assert await converges(bound, target), [describe(b) for b in bound]
             assert monitor.observations > 0
             lies = await monitor.stop()
             assert lies == [], lies[:5]
         finally:
             if monitor is not None:
                 await monitor.stop()
-            await target.aclose([reader, writer, sibling, admin])
+            await target.aclose([reader, writer, sibling, admin, blind])
 
     run(main)
 
