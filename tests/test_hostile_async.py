@@ -592,8 +592,9 @@ def test_noop_cancel_from_a_lagging_cache(target: Target, lag: str) -> None:
             await other.append_event(completed(run_id))
             truth = await target.load(run_id)
             assert truth is not None and truth.status is CheckpointStatus.COMPLETED
-            before = lagging.get_checkpoint()
-            assert before is not None and before.status is CheckpointStatus.RUNNING  # it lags
+            if lag == "watch=False":  # (delayed notices may have arrived on a loaded machine)
+                before = lagging.get_checkpoint()
+                assert before is not None and before.status is CheckpointStatus.RUNNING
 
             await lagging.cancel()  # a no-op on the server
             assert await target.load(run_id) == truth  # really a no-op
@@ -730,6 +731,8 @@ class _World:
         self.admin = target.client()
         self.run_id = uuid.uuid4()
         self.counter = 0
+        self.kills = 0
+        self.killed = 0
 
     async def start(self) -> None:
         await self.backends[0].init_run(self.run_id, "task 0", "/d")
@@ -747,8 +750,9 @@ class _World:
     async def kill_subscribers(self, who: int) -> None:
         """Reconnect: the server closes every pub/sub connection (CLIENT KILL TYPE pubsub);
         fakeredis has no CLIENT KILL, so there the listener drops its connection."""
+        self.kills += 1
         if self.target.kind == "redis":
-            await self.admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            self.killed += int(await self.admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
             return
         listener = AsyncChangeListener.existing(self.backends[who].client)
         assert listener is not None
@@ -826,6 +830,8 @@ async def _play(world: _World, steps: list[tuple[str, int, int]]) -> None:
     for gate in world.gates:
         gate.seconds = 0.0
     await asyncio.sleep(max(DELAYS) + MAX_STALENESS)
+    if world.kills and world.target.kind == "redis":
+        assert world.killed >= 1, "CLIENT KILL TYPE pubsub found no subscriber connection"
 
 
 PROPERTY = settings(
