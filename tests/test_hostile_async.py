@@ -625,7 +625,7 @@ def test_noop_cancel_from_a_lagging_cache(target: Target, lag: str) -> None:
 def test_slow_wait_does_not_delay_notices(redis_server: LocalRedisServer) -> None:
     """``slow`` writes three times with a WAIT for a replica that does not exist (each write
     returns NotDurableError after 1 s); ``watcher`` shares its client. Every notice written
-    while a slow write is in flight (and not in its last 0.3 s) reaches the watcher before that
+    while a slow write is in flight (and not in its last 0.5 s) reaches the watcher before that
     slow write returns."""
     with redis.Redis.from_url(redis_server.url) as conn:
         conn.flushall()
@@ -688,10 +688,10 @@ def test_slow_wait_does_not_delay_notices(redis_server: LocalRedisServer) -> Non
             durations = [end - start for start, end in spans if end is not None and start]
             assert len(durations) == 3 and min(durations) >= 0.9, durations  # WAIT took ~1 s
             late = [(i, round(w - spans[i][0], 3)) for i, w, seen in ticks  # type: ignore[operator]
-                    if not seen and spans[i][1] - w > 0.3]  # type: ignore[operator]  # fmt: skip
+                    if not seen and spans[i][1] - w > 0.5]  # type: ignore[operator]  # fmt: skip
             assert late == [], f"notices held up behind a slow WAIT (write, written at): {late}"
             for index in range(3):  # sampled all along each WAIT
-                assert sum(1 for i, _, seen in ticks if i == index and seen) >= 3, ticks
+                assert sum(1 for i, _, seen in ticks if i == index and seen) >= 2, ticks
             assert await converges([watcher], target)
             cp = slow.get_checkpoint()
             assert cp == await target.load(slow_run)  # the writes were applied
