@@ -38,6 +38,7 @@ from .frontend import (
     Binding,
     FrontEnd,
 )
+from .index import finishes, index_add, index_remove, score_of
 from .keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
 from .listener import ChangeListener, Refresher, weak_work
 from .retry import DEFAULT_RETRY, RetryPolicy
@@ -477,7 +478,13 @@ class RedisCheckpointBackend(FrontEnd):
                 raise
             binding.cache.install(state, generation)
             self._adopt(binding)
+            self._index(binding)
         self._check_durable(acked)
+
+    def _index(self, binding: Binding) -> None:
+        """ZADD the run to the run index (luft_redis.index), after a lifecycle change."""
+        index_add(self._client, self._retry, self._prefix, binding.run_id,
+                  score_of(binding.cache.snapshot()))  # fmt: skip
 
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
@@ -511,6 +518,7 @@ class RedisCheckpointBackend(FrontEnd):
             raise RunNotBoundError("delete_run")
         keys = run_keys(self._prefix, rid)
         existed = self._call(self._scripts.delete_run, (), list(keys), rid)
+        index_remove(self._client, self._retry, self._prefix, rid)
         if rid == self.run_id:
             self._unbind()
         return bool(int(existed))
@@ -544,6 +552,8 @@ class RedisCheckpointBackend(FrontEnd):
         if args == ["0"]:
             return
         self._write(self._scripts.append_events, args, binding)
+        if finishes(events):
+            self._index(binding)
 
     def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
         """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
@@ -559,17 +569,21 @@ class RedisCheckpointBackend(FrontEnd):
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
         binding = self._need_run("cancel")
         self._write(self._scripts.cancel, (), binding)
+        self._index(binding)
 
     def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
         self._write(self._scripts.reset_status_to_running, (), binding)
+        self._index(binding)
 
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
         binding = self._need_run("save_checkpoint")
         args = self._encoder.save(checkpoint, binding.run_id)
         self._write(self._scripts.save_checkpoint, args, binding)
+        if checkpoint.status is not t.CheckpointStatus.RUNNING:
+            self._index(binding)
 
     # -- reads (get_checkpoint, get_findings, can_resume: FrontEnd, from the cache) --------
 

@@ -17,7 +17,11 @@ key                                    type    holds
 ``<prefix>:{<run>}:findings_order``    list    finding segment ids in list order
 ``<prefix>:{<run>}:writers``           hash    ``<writer id>`` -> ``<op seq> <reply>``
 ``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices
+``<prefix>:{<prefix>}:runs``           zset    run index: run id -> updated_at (unix seconds)
 =====================================  ======  ================================================
+
+The run index is the one key outside a run's slot: the backend keeps it up to date itself, after
+the scripts that create, finish, resume or delete a run (see :mod:`luft_redis.index`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from typing import NamedTuple
 
 from .errors import ConfigurationError
 
-__all__ = ["DEFAULT_PREFIX", "RunKeys", "check_prefix", "run_keys", "run_pattern"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "RunKeys",
+    "check_prefix",
+    "run_index_key",
+    "run_keys",
+    "run_pattern",
+]
 
 DEFAULT_PREFIX = "luft"
 """Key prefix used when none is given; one prefix is one namespace of runs."""
@@ -73,6 +84,12 @@ def run_keys(prefix: str, run_id: uuid.UUID) -> RunKeys:
     """The keys of run ``run_id`` under ``prefix``, all tagged ``{<run-id>}``."""
     base = f"{prefix}:{{{run_id}}}:"
     return RunKeys(*(base + name for name in RunKeys._fields))
+
+
+def run_index_key(prefix: str) -> str:
+    """The sorted set indexing the runs under ``prefix`` (in its own slot, tagged
+    ``{<prefix>}``): member the run id, score its ``updated_at`` at its last lifecycle change."""
+    return f"{prefix}:{{{prefix}}}:runs"
 
 
 def run_pattern(prefix: str) -> str:

@@ -40,6 +40,7 @@ from ..frontend import (
     Binding,
     FrontEnd,
 )
+from ..index import finishes, index_add_async, index_remove_async, score_of
 from ..keys import DEFAULT_PREFIX, run_id_from_key, run_keys, run_pattern
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..scripts import translate_error
@@ -463,7 +464,13 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 raise
             binding.cache.install(state, generation)
             self._adopt(binding)
+            await self._index(binding)
         self._check_durable(acked)
+
+    async def _index(self, binding: Binding) -> None:
+        """ZADD the run to the run index (luft_redis.index), after a lifecycle change."""
+        await index_add_async(self._client, self._retry, self._prefix, binding.run_id,
+                              score_of(binding.cache.snapshot()))  # fmt: skip
 
     async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
         """Load run ``run_id`` (not its event log) and bind to it; None if it does not exist
@@ -496,6 +503,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             raise RunNotBoundError("delete_run")
         keys = run_keys(self._prefix, rid)
         existed = await self._call(self._scripts.delete_run, (), list(keys), rid)
+        await index_remove_async(self._client, self._retry, self._prefix, rid)
         if rid == self.run_id:
             self._unbind()
         return bool(int(existed))
@@ -528,6 +536,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if args == ["0"]:
             return
         await self._write(self._scripts.append_events, args, binding)
+        if finishes(events):
+            await self._index(binding)
 
     async def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
         """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
@@ -544,17 +554,21 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
         binding = self._need_run("cancel")
         await self._write(self._scripts.cancel, (), binding)
+        await self._index(binding)
 
     async def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
         await self._write(self._scripts.reset_status_to_running, (), binding)
+        await self._index(binding)
 
     async def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
         """Replace the run's whole state (not its event log) with ``checkpoint``, atomically."""
         binding = self._need_run("save_checkpoint")
         args = self._encoder.save(checkpoint, binding.run_id)
         await self._write(self._scripts.save_checkpoint, args, binding)
+        if checkpoint.status is not t.CheckpointStatus.RUNNING:
+            await self._index(binding)
 
     # -- reads -----------------------------------------------------------------------------
 
