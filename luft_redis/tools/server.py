@@ -403,6 +403,13 @@ class LocalRedisServer:
                 self._dir = None
                 self._owns_dir = False
 
+    def detach(self) -> None:
+        """Leave the server running after this process exits, with its directory (no stop
+        at exit); ``luft-redis demo --keep`` uses it."""
+        with _live_lock:
+            _live_servers.discard(self)
+        self._owns_dir = False
+
     def kill(self) -> None:
         """Simulate a crash: SIGKILL the server and keep its port and directory.
 
