@@ -413,9 +413,12 @@ def test_cli_cancel_leaves_a_completed_run(
         backend.append_event(
             RunDone(run_id=run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage())
         )
-    assert cli.main(["cancel", str(run_id), "--redis", redis_url]) == 0
-    out = capsys.readouterr().out
-    assert "completed" in out and "only a running run" in out
+    assert cli.main(["cancel", str(run_id), "--redis", redis_url]) == 1
+    err = capsys.readouterr().err
+    assert "is completed" in err and "only a running run" in err and "nothing changed" in err
+    with RedisCheckpointBackend.from_url(redis_url) as backend:
+        cp = backend.open_run(run_id)
+        assert cp is not None and cp.status is CheckpointStatus.COMPLETED
 
 
 def test_cli_runs_unreachable_exits_2(closed_url: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -154,18 +154,19 @@ def render_run(cp: t.RunCheckpoint, *, note: str = "") -> RenderableType:
 def watch_run(backend: RedisCheckpointBackend, console: Console) -> t.RunCheckpoint | None:
     """Draw the bound run live until it reaches a final status; the final checkpoint (None
     when the run was deleted meanwhile). Ctrl-C raises KeyboardInterrupt."""
+    shown = backend.version  # read before the snapshot: a change in between is drawn next
     cp = backend.get_checkpoint()
     if cp is None:
         return None
     with Live(render_run(cp), console=console, auto_refresh=False,
               transient=False) as live:  # fmt: skip
         while cp.status not in _FINAL:
-            version = backend.version
             # woken by the run's change notices (the listener); the timeout only keeps the
             # display honest about a listener that lost its connection
-            changed = backend.wait_for_change(after_version=version, timeout=TICK)
+            changed = backend.wait_for_change(after_version=shown, timeout=TICK)
             if not changed and backend.cache_is_fresh:
                 continue
+            shown = backend.version
             fresh = backend.sync()  # no I/O while the cache is fresh; None once deleted
             if fresh is None:
                 return None
