@@ -29,7 +29,8 @@ Client = redis.Redis | RedisCluster
 
 
 def _index(client: Client, prefix: str = "luft") -> dict[str, float]:
-    return {m.decode(): s for m, s in client.zrange(run_index_key(prefix), 0, -1, withscores=True)}
+    pairs: Any = client.zrange(run_index_key(prefix), 0, -1, withscores=True)
+    return {member.decode(): float(score) for member, score in pairs}
 
 
 def _updated_at(client: Client, run_id: uuid.UUID) -> float:
