@@ -53,8 +53,8 @@ logger = logging.getLogger(__name__)
 ROW_FIELDS = ("status", "total_tokens", "updated_at", "created_at", "task", "current_phase")
 """The run-hash fields :func:`read_page` reads for each row (one HMGET)."""
 
-_PAGE = 500
-"""Index entries read per round trip while a filter skips rows."""
+_PAGE = 1000
+"""The most index entries read per round trip while a filter skips rows."""
 
 
 def finishes(events: Iterable[t.AgentEvent]) -> bool:
@@ -202,15 +202,18 @@ def read_page(client: Any, prefix: str, *, limit: int, since: float | None = Non
 
     ``since`` (unix seconds) drops runs indexed before it; ``statuses`` keeps only those
     statuses. Without a status filter that is one ZREVRANGEBYSCORE and one pipelined page of
-    reads; with one, pages of :data:`_PAGE` entries until ``limit`` rows matched.
+    reads; with one, pages that double in size (up to :data:`_PAGE`) until ``limit``
+    rows matched.
     """
     key = run_index_key(prefix)
     low: Any = "-inf" if since is None else since
     page = Page(rows=[], indexed=int(client.zcard(key)))
     offset = 0
     want = set(statuses)
+    size = limit
     while len(page.rows) < limit:
-        size = limit - len(page.rows) if not want else max(_PAGE, limit)
+        # without a filter, exactly what is missing; with one, pages that double in size
+        size = limit - len(page.rows) if not want else min(max(size, limit), _PAGE)
         members = client.zrevrangebyscore(key, "+inf", low, start=offset, num=size)
         if not members:
             break
@@ -222,6 +225,7 @@ def read_page(client: Any, prefix: str, *, limit: int, since: float | None = Non
                 page.rows.append(row)
         if len(members) < size:
             break
+        size *= 2
     page.rows = page.rows[:limit]
     # the index orders by the last lifecycle change; show the page by its real last update
     page.rows.sort(key=lambda r: (r.updated_at, str(r.run_id)), reverse=True)
