@@ -44,7 +44,8 @@ pytestmark = pytest.mark.server
 ACL_COMMANDS = (
     "+evalsha +script|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget +hset "
     "+hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
-    "+spublish +ssubscribe +sunsubscribe +ping"
+    "+spublish +ssubscribe +sunsubscribe +ping +xread +zadd +zrem +zcard +zrange "
+    "+zrevrangebyscore"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 PASSWORD = "s3cret-for-tests"
@@ -232,9 +233,10 @@ def test_wrong_password_is_a_connection_error(
     bad = acl.user_url.replace(PASSWORD, "wrong")
     with RedisCheckpointBackend.from_url(bad) as backend, pytest.raises(LuftRedisError):
         backend.init_run(uuid.uuid4(), "t", "/d")
-    assert cli.main(["runs", "--redis", bad]) == 2
+    assert cli.main(["runs", "--redis", bad]) == 1  # refused credentials, not unreachable
     captured = capsys.readouterr()
     assert "wrong" not in captured.err and "Traceback" not in captured.err
+    assert "refused the credentials" in captured.err
 
 
 # -------------------------------------------------------------------------------- TLS
