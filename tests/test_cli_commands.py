@@ -30,7 +30,7 @@ from luft_redis import (
 )
 from luft_redis.keys import run_index_key, run_keys
 from luft_redis.tools import cli
-from luft_redis.tools.server import LocalRedisServer
+from luft_redis.tools.server import LocalRedisCluster, LocalRedisServer
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
@@ -259,3 +259,22 @@ def test_every_command_has_a_description(capsys: pytest.CaptureFixture[str]) -> 
         description = rest.split("\n\n")[0]
         assert description and not description.lstrip().startswith(("options:", "-")), (
             command, text)  # fmt: skip
+
+
+@pytest.mark.cluster
+def test_runs_on_a_cluster(redis_cluster: LocalRedisCluster,
+                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    redis_cluster.flushall()
+    runs = [uuid.uuid4() for _ in range(5)]
+    with redis_cluster.client() as client:
+        with RedisCheckpointBackend(client, watch=False) as backend:
+            for run in runs:
+                backend.init_run(run, "on a cluster", "/tmp/c")
+        for i, run in enumerate(runs):
+            client.hset(run_keys("luft", run).run, "updated_at", str(1000 + i))
+            client.zadd(run_index_key("luft"), {str(run): 1000 + i})
+    assert cli.main(["--cluster", "--redis", redis_cluster.url, "runs", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["run_id"] for row in rows] == [str(r) for r in reversed(runs)]
+    assert cli.main(["runs", "--cluster", "--redis", redis_cluster.url, "--rebuild-index"]) == 0
+    assert "5 run(s) indexed" in capsys.readouterr().out

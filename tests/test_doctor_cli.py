@@ -442,6 +442,9 @@ def test_cli_demo_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "luft_redis.tools.demo", module)
     assert cli.main(["demo", "--workers", "3", "--help", "x"]) == 7
     assert seen == [["--workers", "3", "--help", "x"]]
+    # a global --redis before the command goes to the demo too
+    assert cli.main(["--redis", "redis://127.0.0.1:7/0", "-v", "demo", "--fast"]) == 7
+    assert seen[-1] == ["--redis", "redis://127.0.0.1:7/0", "--fast"]
 
 
 def test_cli_demo_not_available(

@@ -475,7 +475,6 @@ def _cmd_watch(args: argparse.Namespace) -> int:
             if final is None:
                 raise _Fail(f"run {run_id} was deleted")
     finally:
-        time.sleep(0.1)  # let the listener let go of the connection before it closes
         client.close()
     return EXIT_OK
 
