@@ -41,6 +41,7 @@ from .frontend import (
     Binding,
     FrontEnd,
 )
+from .index import finishes, index_add, index_remove, score_of
 from .keys import (
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,
@@ -554,7 +555,13 @@ class RedisCheckpointBackend(FrontEnd):
                 raise
             binding.cache.install(state, generation)
             self._adopt(binding)
+            self._index(binding)
         self._check_durable(acked)
+
+    def _index(self, binding: Binding) -> None:
+        """ZADD the run to the run index (luft_redis.index), after a lifecycle change."""
+        index_add(self._client, self._retry, self._prefix, binding.run_id,
+                  score_of(binding.cache.snapshot()))  # fmt: skip
 
     @traced("open_run", run_arg=True)
     def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
@@ -591,6 +598,7 @@ class RedisCheckpointBackend(FrontEnd):
         keys = [*run_keys(self._prefix, rid), tombstone_key(self._prefix, rid)]
         ttl = (str(TOMBSTONE_TTL),)
         existed, acked = self._execute(self._scripts.delete_run, ttl, keys, rid)
+        index_remove(self._client, self._retry, self._prefix, rid)
         if rid == self.run_id:
             self._unbind()
         self._check_durable(acked)
@@ -631,6 +639,8 @@ class RedisCheckpointBackend(FrontEnd):
         if args == ["0"]:
             return
         self._write(self._scripts.append_events, args, binding)
+        if finishes(events):
+            self._index(binding)
 
     @traced("upsert_agent_result")
     def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
@@ -649,12 +659,14 @@ class RedisCheckpointBackend(FrontEnd):
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
         binding = self._need_run("cancel")
         self._write(self._scripts.cancel, (), binding)
+        self._index(binding)
 
     @traced("reset_status_to_running")
     def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
         self._write(self._scripts.reset_status_to_running, (), binding)
+        self._index(binding)
 
     @traced("save_checkpoint")
     def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
@@ -662,6 +674,8 @@ class RedisCheckpointBackend(FrontEnd):
         binding = self._need_run("save_checkpoint")
         args = self._encoder.save(checkpoint, binding.run_id)
         self._write(self._scripts.save_checkpoint, args, binding)
+        if checkpoint.status is not t.CheckpointStatus.RUNNING:
+            self._index(binding)
 
     # -- reads (get_checkpoint, get_findings, can_resume: FrontEnd, from the cache) --------
 

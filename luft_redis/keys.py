@@ -19,7 +19,11 @@ key                                    type    holds
 ``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices
 ``<prefix>:{<run>}:deleted``           hash    ``<writer id>`` -> ``<op seq> <reply>`` of a
                                                delete_run, expiring (``TOMBSTONE_TTL``)
+``<prefix>:{<prefix>}:runs``           zset    run index: run id -> updated_at (unix seconds)
 =====================================  ======  ================================================
+
+The run index is the one key outside a run's slot: the backend keeps it up to date itself, after
+the scripts that create, finish, resume or delete a run (see :mod:`luft_redis.index`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "TOMBSTONE_TTL",
     "RunKeys",
     "check_prefix",
+    "run_index_key",
     "run_keys",
     "run_pattern",
     "staging_keys",
@@ -95,6 +100,8 @@ def tombstone_key(prefix: str, run_id: uuid.UUID) -> str:
     """The hash that remembers, per writer, the last ``delete_run`` of the run and its reply
     (not one of :class:`RunKeys`: it outlives the run by :data:`TOMBSTONE_TTL` seconds)."""
     return f"{prefix}:{{{run_id}}}:deleted"
+
+
 def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
     """The staging keys of an import of ``run_id`` (``luft_redis.interop``):
     ``<prefix>:{<run-id>}:import:<token>:<name>``, in the run's slot, swapped in by
@@ -103,6 +110,12 @@ def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
         raise ConfigurationError(f"staging token {token!r} is not a hex id")
     base = f"{prefix}:{{{run_id}}}:import:{token}:"
     return RunKeys(*(base + name for name in RunKeys._fields))
+
+
+def run_index_key(prefix: str) -> str:
+    """The sorted set indexing the runs under ``prefix`` (in its own slot, tagged
+    ``{<prefix>}``): member the run id, score its ``updated_at`` at its last lifecycle change."""
+    return f"{prefix}:{{{prefix}}}:runs"
 
 
 def run_pattern(prefix: str) -> str:

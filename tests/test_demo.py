@@ -7,9 +7,16 @@ itself and fails loudly when one does not hold).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
 import time
 
 import pytest
+import redis
 
 from luft_redis.tools import demo
 from luft_redis.tools.server import find_redis_server
@@ -32,7 +39,12 @@ def _check_crash_and_resume(code: int, text: str) -> None:
     assert "reset_status_to_running" in text
     assert "invariants hold" in text
     assert "Summary" in text and ": completed" in text
-    assert "redis-cli -p" in text and "HGETALL" in text and "XREVRANGE" in text
+    # phases are numbered by their phase_id, as `show` and `events` print them
+    assert "phase 0 'discover' (phases 0-2)" in text and "phase 3" not in text
+    # phase 0 finishes once, and once more as "again" when the resume re-opened it
+    assert text.count("phase 0 done:") == 1
+    assert text.count("phase 0 done again (the resume re-opened it)") <= 1
+    assert "follow it from another terminal: luft-redis --redis redis://" in text
 
 
 @pytest.mark.server
@@ -46,6 +58,54 @@ def test_demo_embedded_redis_server(
     _check_crash_and_resume(code, text)
     assert "Started a private redis-server" in text
     assert took < 60, took
+    # the server is gone at exit: no redis-cli command that would fail is printed
+    assert "redis-cli" not in text and "Run the demo with --keep" in text
+
+
+@pytest.mark.server
+def test_demo_keep_leaves_the_server_and_the_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if find_redis_server() is None:
+        pytest.skip("redis-server not found")
+    monkeypatch.delenv(demo.FAKEREDIS_ENV, raising=False)
+    code, text, _ = _run(["--fast", "--no-crash", "--phases", "1", "--agents", "3",
+                          "--workers", "2", "--keep"], capsys)  # fmt: skip
+    assert code == 0, text
+    url = re.search(r"keeps running on (redis://127\.0\.0\.1:\d+/0)", text)
+    run = re.search(r"Run id ([0-9a-f-]{36}), kept on", text)
+    assert url is not None and run is not None, text
+    client = redis.Redis.from_url(url.group(1))
+    try:
+        # the printed commands work after the demo: the server and the run are there
+        assert f"luft-redis --redis {url.group(1)} show {run.group(1)}" in text
+        shown = subprocess.run([sys.executable, "-m", "luft_redis", "--redis", url.group(1),
+                                "show", run.group(1), "--json", "--events", "0"],
+                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["status"] == "completed"
+        line = next(line for line in text.splitlines() if "HGETALL" in line)
+        key = line.split('"')[1]
+        assert client.hget(key, "status") == b"completed"
+    finally:
+        with contextlib.suppress(redis.exceptions.ConnectionError):
+            client.shutdown(nosave=True)
+        client.close()
+        workdir = re.search(r" in (/\S+) \(appendonly yes\)", text)
+        if workdir is not None:
+            shutil.rmtree(workdir.group(1), ignore_errors=True)
+
+
+def test_demo_without_fakeredis_is_one_line() -> None:
+    code = ("import sys; sys.modules['fakeredis'] = None\n"
+            "from luft_redis.tools import demo\n"
+            "raise SystemExit(demo.main(['--fakeredis', '--fast']))")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "pip install 'fakeredis[lua]'" in lines[0], result.stderr
 
 
 def test_demo_fakeredis_fallback(
@@ -55,6 +115,7 @@ def test_demo_fakeredis_fallback(
     code, text, took = _run(["--fast", "--workers", "3", "--agents", "6"], capsys)
     _check_crash_and_resume(code, text)
     assert "embedded fakeredis" in text and "NOT durable" in text
+    assert "redis-cli" not in text and "ends with the demo" in text
     assert took < 60, took
 
 

@@ -414,9 +414,12 @@ def test_cli_cancel_leaves_a_completed_run(
         backend.append_event(
             RunDone(run_id=run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage())
         )
-    assert cli.main(["cancel", str(run_id), "--redis", redis_url]) == 0
-    out = capsys.readouterr().out
-    assert "completed" in out and "only a running run" in out
+    assert cli.main(["cancel", str(run_id), "--redis", redis_url]) == 1
+    err = capsys.readouterr().err
+    assert "is completed" in err and "only a running run" in err and "nothing changed" in err
+    with RedisCheckpointBackend.from_url(redis_url) as backend:
+        cp = backend.open_run(run_id)
+        assert cp is not None and cp.status is CheckpointStatus.COMPLETED
 
 
 def test_cli_runs_unreachable_exits_2(closed_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -440,6 +443,9 @@ def test_cli_demo_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "luft_redis.tools.demo", module)
     assert cli.main(["demo", "--workers", "3", "--help", "x"]) == 7
     assert seen == [["--workers", "3", "--help", "x"]]
+    # a global --redis before the command goes to the demo too
+    assert cli.main(["--redis", "redis://127.0.0.1:7/0", "-v", "demo", "--fast"]) == 7
+    assert seen[-1] == ["--redis", "redis://127.0.0.1:7/0", "--fast"]
 
 
 def test_cli_demo_not_available(

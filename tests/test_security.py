@@ -50,7 +50,8 @@ pytestmark = pytest.mark.server
 ACL_COMMANDS = (
     "+fcall +fcall_ro +function|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget "
     "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
-    "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping"
+    "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping "
+    "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 #: What docs/security.md adds to the user for each option that needs more.

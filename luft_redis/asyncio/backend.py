@@ -46,6 +46,7 @@ from ..frontend import (
     Binding,
     FrontEnd,
 )
+from ..index import finishes, index_add_async, index_remove_async, score_of
 from ..keys import (
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,
@@ -582,7 +583,13 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 raise
             binding.cache.install(state, generation)
             self._adopt(binding)
+            await self._index(binding)
         self._check_durable(acked)
+
+    async def _index(self, binding: Binding) -> None:
+        """ZADD the run to the run index (luft_redis.index), after a lifecycle change."""
+        await index_add_async(self._client, self._retry, self._prefix, binding.run_id,
+                              score_of(binding.cache.snapshot()))  # fmt: skip
 
     @traced("open_run", run_arg=True)
     async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
@@ -618,6 +625,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         keys = [*run_keys(self._prefix, rid), tombstone_key(self._prefix, rid)]
         ttl = (str(TOMBSTONE_TTL),)
         existed, acked = await self._execute(self._scripts.delete_run, ttl, keys, rid)
+        await index_remove_async(self._client, self._retry, self._prefix, rid)
         if rid == self.run_id:
             self._unbind()
         self._check_durable(acked)
@@ -657,6 +665,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if args == ["0"]:
             return
         await self._write(self._scripts.append_events, args, binding)
+        if finishes(events):
+            await self._index(binding)
 
     @traced("upsert_agent_result")
     async def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
@@ -676,12 +686,14 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """running -> cancelled; a completed or failed run is left as it is (no error)."""
         binding = self._need_run("cancel")
         await self._write(self._scripts.cancel, (), binding)
+        await self._index(binding)
 
     @traced("reset_status_to_running")
     async def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
         await self._write(self._scripts.reset_status_to_running, (), binding)
+        await self._index(binding)
 
     @traced("save_checkpoint")
     async def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
@@ -689,6 +701,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         binding = self._need_run("save_checkpoint")
         args = self._encoder.save(checkpoint, binding.run_id)
         await self._write(self._scripts.save_checkpoint, args, binding)
+        if checkpoint.status is not t.CheckpointStatus.RUNNING:
+            await self._index(binding)
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -2,19 +2,27 @@
 
 Subcommands::
 
-    luft-redis doctor [--redis URL]                  is this Redis safe for checkpoints?
-    luft-redis runs   [--redis URL] [--prefix P]     every stored run, one line each
-    luft-redis show   RUN_ID [--events N] ...        a run's checkpoint and its last events
-    luft-redis cancel RUN_ID ...                     cancel a running run
-    luft-redis delete RUN_ID ...                     delete a run and its event log
-    luft-redis gc --older-than 7d [--dry-run] ...    delete old finished runs (cli_retention)
-    luft-redis demo   ...                            the demo (luft_redis.tools.demo), if installed
+    luft-redis doctor                       is this Redis safe for checkpoints?
+    luft-redis runs [--status S] [--since 7d] [--limit N] [--rebuild-index]
+                                            runs from the run index, newest update first
+    luft-redis show   RUN_ID [--events N]   a run's checkpoint and its last events
+    luft-redis events RUN_ID [--follow] [--since ID] [--type T ...] [--json]
+                                            a run's event log; --follow tails it
+    luft-redis watch  RUN_ID                a live view of one run until it ends
+    luft-redis cancel RUN_ID                cancel a running run
+    luft-redis delete RUN_ID [--yes]        delete a run and its event log (asks on a terminal)
+    luft-redis gc --older-than 7d [--dry-run]  delete old finished runs (cli_retention)
+    luft-redis export RUN_ID -o DIR / import DIR / import-sqlite / export-sqlite
+                                            move runs in and out of luft (cli_interop)
+    luft-redis demo   ...                   the demo (luft_redis.tools.demo)
 
-``--redis`` defaults to env ``LUFT_REDIS_URL``, else ``redis://127.0.0.1:6379/0``;
-``--cluster`` talks to a Redis Cluster, ``--tls-ca-cert`` trusts a CA for ``rediss://``.
+Connection options go before or after the subcommand: ``--redis`` (default: env
+``LUFT_REDIS_URL``, else ``redis://127.0.0.1:6379/0``), ``--prefix``, ``--cluster`` (a Redis
+Cluster), ``--tls-ca-cert`` (a CA for ``rediss://``).
 
-Exit codes: 0 success (``doctor``: the server is safe), 1 failure (``doctor``: something is
-unsafe; a run that does not exist; corrupt data), 2 Redis unreachable or a usage error.
+Exit codes: 0 success (``doctor``: the server is safe); 1 failure (``doctor``: something is
+unsafe; a run that does not exist; corrupt data; refused credentials; ``cancel`` of a completed
+or failed run; ``delete`` not confirmed); 2 Redis unreachable or a usage error; 130 interrupted.
 ``python -m luft_redis`` runs the same tool.
 """
 
@@ -24,10 +32,13 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib
+import io
 import json
 import logging
 import os
+import re
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
@@ -38,14 +49,18 @@ import redis.cluster
 import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from .. import codec
+from .. import codec, index
 from .. import types as t
 from ..backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
 from ..keys import DEFAULT_PREFIX, run_keys
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
+from . import live
 from .doctor import ServerReport, check_server
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
@@ -64,6 +79,8 @@ EXIT_REFUSED: Final = 3
 """Redis was reached but refused this client: password, ACL permission or TLS certificate."""
 
 _DEFAULT_EVENTS: Final = 10
+_DEFAULT_LIMIT: Final = 50
+_PIPE_WIDTH: Final = 240
 _TIMEOUT: Final = 10.0
 
 
@@ -223,6 +240,25 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- runs
 
 
+def _console() -> Console:
+    """A rich console on the current stdout (no syntax highlighting: data, not code)."""
+    return Console(file=sys.stdout, highlight=False)
+
+
+def _print(renderable: Any) -> None:
+    """Print a rich table: styled on a terminal; to a pipe as whole lines (never cut to an
+    assumed 80 columns) without trailing padding."""
+    console = _console()
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    wide = Console(file=io.StringIO(), highlight=False, width=_PIPE_WIDTH, color_system=None)
+    with wide.capture() as capture:
+        wide.print(renderable)
+    for line in capture.get().splitlines():
+        print(line.rstrip())
+
+
 def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     for result in cp.agent_results.values():
@@ -249,31 +285,87 @@ def _one_line(text: str, limit: int = 60) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
 
 
+_DURATION: Final = re.compile(r"^(\d+)([smhdw])$")
+_UNIT_SECONDS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``7d``, ``12h``, ``30m``, ``45s``, ``2w`` ago, or an RFC 3339 time, as unix seconds."""
+    match = _DURATION.match(text.strip())
+    if match:
+        base = time.time() if now is None else now
+        return base - int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration (7d, 12h, 30m, 45s, 2w) or an RFC 3339 time: {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no time zone: add Z or an offset such as +02:00"
+        )
+    return when.timestamp()
+
+
+def _positive(text: str) -> int:
+    value = _positive_or_zero(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
-    code = EXIT_OK
-    with _backend(args) as backend:
-        run_ids = backend.list_runs()
-        if not args.json:
-            print(f"{'run id':<36}  {'status':<9}  {'tokens':>12}  {'updated (UTC)':<20}  task")
-        for run_id in run_ids:
-            try:
-                cp = backend.open_run(run_id)
-            except CorruptDataError as exc:
-                print(f"{run_id}: {exc}", file=sys.stderr)
-                code = EXIT_FAILURE
-                continue
-            if cp is None:  # deleted since the SCAN
-                continue
-            if args.json:
-                print(_dumps(_summary(cp)))
-            else:
-                print(
-                    f"{cp.run_id!s:<36}  {cp.status.value:<9}  {cp.total_tokens:>12}  "
-                    f"{_timestamp(cp.updated_at):<20}  {_one_line(cp.task)}"
-                )
-        if not args.json:
-            print(f"{len(run_ids)} run(s) under prefix {args.prefix!r}", file=sys.stderr)
-    return code
+    client = _connect(args)
+    try:
+        if args.rebuild_index:
+            indexed, removed = index.rebuild(client, args.prefix)
+            print(f"run index of prefix {args.prefix!r} rebuilt: {indexed} run(s) indexed, "
+                  f"{removed} stale entr{'y' if removed == 1 else 'ies'} removed")  # fmt: skip
+            return EXIT_OK
+        page = index.read_page(client, args.prefix, limit=args.limit, since=args.since,
+                               statuses=args.status or ())  # fmt: skip
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise translate_error(exc) from exc
+    finally:
+        client.close()
+    if args.json:
+        for row in page.rows:
+            print(_dumps({
+                "run_id": str(row.run_id), "status": row.status, "task": row.task,
+                "current_phase": row.current_phase, "total_tokens": row.total_tokens,
+                "agents": row.agents, "created_at": _timestamp(row.created_at),
+                "updated_at": _timestamp(row.updated_at),
+            }))  # fmt: skip
+    else:
+        table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+        table.add_column("run id", no_wrap=True, min_width=36)
+        table.add_column("status", no_wrap=True)
+        table.add_column("tokens", justify="right", no_wrap=True)
+        table.add_column("agents", justify="right", no_wrap=True)
+        table.add_column("updated (UTC)", no_wrap=True)
+        table.add_column("task", overflow="ellipsis", no_wrap=True, ratio=1)
+        for row in page.rows:
+            table.add_row(
+                str(row.run_id), Text(row.status, style=_STATUS_STYLE.get(row.status, "")),
+                str(row.total_tokens), str(row.agents), _timestamp(row.updated_at),
+                Text(_one_line(row.task)),
+            )  # fmt: skip
+        _print(table)
+        more = " (--limit shows more)" if len(page.rows) == args.limit else ""
+        print(f"{len(page.rows)} run(s) shown of {page.indexed} indexed under prefix "
+              f"{args.prefix!r}{more}", file=sys.stderr)  # fmt: skip
+    if page.gone:
+        print(f"{page.gone} index entr{'y' if page.gone == 1 else 'ies'} without a run skipped "
+              "(`luft-redis runs --rebuild-index` removes them)", file=sys.stderr)  # fmt: skip
+    if page.indexed == 0:
+        print("the run index is empty; runs stored before it existed (luft-redis 0.1) are "
+              "listed after `luft-redis runs --rebuild-index`", file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
+_STATUS_STYLE: Final = {"running": "cyan", "completed": "green", "failed": "red",
+                        "cancelled": "yellow"}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- show
@@ -313,18 +405,83 @@ def _cmd_show(args: argparse.Namespace) -> int:
         except redis.exceptions.RedisError:
             summary["events"] = None
         summary["log_trimmed"] = backend.log_trimmed  # retention: the log lost its oldest events
-        if args.json:
-            print(_dumps(summary))
-        else:
-            for name, value in summary.items():
-                multiline = isinstance(value, str) and not value.isprintable()
-                shown = _dumps(value) if isinstance(value, dict) or multiline else value
-                print(f"{name + ':':<18}{shown}")
         events = _last_events(backend, run_id, args.events)
-        if events and not args.json:
+    if args.json:
+        print(_dumps(summary))
+    else:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for name, value in summary.items():
+            multiline = isinstance(value, str) and not value.isprintable()
+            shown = _dumps(value) if isinstance(value, dict) or multiline else str(value)
+            style = _STATUS_STYLE.get(shown, "") if name == "status" else ""
+            grid.add_row(name + ":", Text(shown, style=style))
+        _print(grid)
+        if events:
             print(f"--- last {len(events)} event(s), oldest first")
-        for eid, event in events:
-            print(_dumps({"id": eid, **event.to_json()}))
+    for eid, event in events:
+        print(_dumps({"id": eid, **event.to_json()}))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- events, watch
+
+
+_ENTRY_ID: Final = re.compile(r"^\d+(-\d+)?$")
+
+
+def _entry_id(text: str) -> str:
+    if not _ENTRY_ID.match(text):
+        raise argparse.ArgumentTypeError(f"not a stream entry id (<ms>-<seq>): {text!r}")
+    return text
+
+
+def _event_type(text: str) -> str:
+    if text not in t.EVENT_TYPES:
+        known = ", ".join(sorted(t.EVENT_TYPES))
+        raise argparse.ArgumentTypeError(f"unknown event type {text!r}; one of: {known}")
+    return text
+
+
+def _cmd_events(args: argparse.Namespace) -> int:
+    run_id: uuid.UUID = args.run_id
+    with _backend(args) as backend:
+        if backend.open_run(run_id) is None:
+            raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+        try:
+            for entry in live.follow_events(backend, args.since, args.follow, args.type or ()):
+                if args.json:
+                    line = json.dumps(entry.event.to_json(), ensure_ascii=False,
+                                      separators=(",", ":"))  # fmt: skip
+                else:
+                    line = live.event_line(entry.id, entry.event)
+                print(line, flush=args.follow)
+        except KeyboardInterrupt:  # the way out of --follow: not an error
+            return EXIT_OK
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            with contextlib.suppress(OSError):
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit
+            return EXIT_OK
+    return EXIT_OK
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    run_id: uuid.UUID = args.run_id
+    client = _connect(args)
+    try:
+        # watch=True: the change listener keeps the cache current from the run's notices
+        with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
+            if backend.open_run(run_id) is None:
+                raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+            try:
+                final = live.watch_run(backend, _console())
+            except KeyboardInterrupt:
+                return EXIT_OK
+            if final is None:
+                raise _Fail(f"run {run_id} was deleted")
+    finally:
+        client.close()
     return EXIT_OK
 
 
@@ -347,16 +504,40 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         elif after.status is t.CheckpointStatus.CANCELLED:
             print(f"run {run_id}: {status} (it already was)")
         else:
-            print(f"run {run_id}: {status} (only a running run can be cancelled)")
+            raise _Fail(
+                f"run {run_id} is {status}: only a running run can be cancelled; nothing changed"
+            )
     return EXIT_OK
 
 
 # ---------------------------------------------------------------------------- delete
 
 
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; True for y/yes."""
+    try:
+        answer = input(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _cmd_delete(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
+        if not args.yes and sys.stdin is not None and sys.stdin.isatty():
+            keys = run_keys(args.prefix, run_id)
+            try:
+                status, task = backend.client.hmget(keys.run, ["status", "task"])
+                count = backend.client.xlen(keys.events)
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                raise translate_error(exc, run_id=run_id) from exc
+            if status is None:
+                raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+            what = (f"{status.decode('utf-8', 'replace')}, {count} event(s), task "
+                    f"{_one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
+            if not _confirm(f"Delete run {run_id} ({what}) and its event log? [y/N] "):
+                raise _Fail(f"run {run_id}: not deleted")
         if not backend.delete_run(run_id):
             raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
         print(f"run {run_id}: deleted, with its event log")
@@ -382,56 +563,112 @@ def _run_demo(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------- parser
 
 
-def _add_connection(parser: argparse.ArgumentParser, *, prefix: bool) -> None:
+_GLOBAL_VALUE_OPTIONS: Final = ("--redis", "--prefix", "--tls-ca-cert")
+_GLOBAL_FLAGS: Final = ("-v", "--verbose", "--cluster")
+
+
+def _add_connection(
+    parser: argparse.ArgumentParser, *, prefix: bool = True, top: bool = False
+) -> None:
+    """The connection options. On the top-level parser (``top``) they carry the defaults; on
+    a subcommand they default to SUPPRESS, so that options given before the subcommand are
+    kept and options given after it win."""
     default_url = os.environ.get(URL_ENV) or DEFAULT_URL
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
     parser.add_argument(
         "--redis",
         metavar="URL",
-        default=default_url,
+        default=default(default_url),
         help=f"Redis URL (default: env {URL_ENV}, else {DEFAULT_URL}); "
-        "redis://, rediss:// (TLS) or unix://",
+        "redis://, rediss:// (TLS), unix:// or redis+sentinel://",
     )
-    parser.add_argument("--cluster", action="store_true", help="the URL names a Redis Cluster node")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        default=default(False),
+        help="the URL names a Redis Cluster node",
+    )
     parser.add_argument(
         "--tls-ca-cert",
         metavar="FILE",
-        default=None,
+        default=default(None),
         help="CA certificate file to verify the server with (rediss:// URLs)",
     )
     if prefix:
         parser.add_argument(
             "--prefix",
-            default=DEFAULT_PREFIX,
+            default=default(DEFAULT_PREFIX),
             help=f"key prefix of the runs (default: {DEFAULT_PREFIX})",
         )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default(False), help="log debug messages"
+    )
+
+
+def _add_command(
+    sub: Any, name: str, summary: str, description: str, handler: Callable[..., int],
+    *, run_id: bool = False,
+) -> argparse.ArgumentParser:  # fmt: skip
+    """A subcommand with its one-line help, its --help description and the connection
+    options."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    if run_id:
+        parser.add_argument("run_id", metavar="RUN_ID", type=_run_id, help="the run's id (UUID)")
+    _add_connection(parser)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``luft-redis`` (``demo`` arguments are not parsed here)."""
     parser = argparse.ArgumentParser(
         prog="luft-redis",
-        description="Inspect and operate luft-redis checkpoints stored in Redis.",
+        description="Inspect and operate luft-redis checkpoints stored in Redis. Connection "
+        "options (--redis, --prefix, --cluster, --tls-ca-cert) go before or after the command.",
+        epilog=f"Environment: {URL_ENV} is the Redis URL when --redis is not given. Exit codes: "
+        "0 success; 1 failure (a run that does not exist, corrupt data, refused credentials, "
+        "an unsafe server for doctor); 2 Redis unreachable or a usage error; 130 interrupted.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    _add_connection(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    doctor = sub.add_parser(
-        "doctor",
-        help="check that the server keeps checkpoints safe",
-        description="Check eviction policy, persistence, version and cluster mode. "
-        "Exit 0 when safe, 1 when something is unsafe, 2 when unreachable.",
-    )
-    _add_connection(doctor, prefix=True)
-    doctor.set_defaults(handler=_cmd_doctor)
+    _add_command(
+        sub, "doctor", "check that the server keeps checkpoints safe",
+        "Check eviction policy, persistence, version and cluster mode of the server.\n"
+        "Exit 0 when safe, 1 when something is unsafe, 2 when unreachable.", _cmd_doctor,
+    )  # fmt: skip
 
-    runs = sub.add_parser("runs", help="list the stored runs")
-    _add_connection(runs, prefix=True)
+    runs = _add_command(
+        sub, "runs", "list the runs, most recently updated first",
+        "List the runs under the prefix from the run index (a sorted set per prefix), most\n"
+        "recently updated first: status, tokens, agents started, last update and task.\n"
+        "--rebuild-index rebuilds the index from a SCAN of the keyspace (after an upgrade\n"
+        "from luft-redis 0.1, or when `runs` reports entries without a run).", _cmd_runs,
+    )  # fmt: skip
+    runs.add_argument("--status", action="append", metavar="STATUS",
+                      choices=[s.value for s in t.CheckpointStatus],
+                      help="only runs with this status (running, completed, failed, "
+                           "cancelled); repeat for several")  # fmt: skip
+    runs.add_argument("--since", type=parse_since, metavar="WHEN", default=None,
+                      help="only runs updated since: a duration ago (7d, 12h, 30m) or an "
+                           "RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
+    runs.add_argument("--limit", type=_positive, default=_DEFAULT_LIMIT, metavar="N",
+                      help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
     runs.add_argument("--json", action="store_true", help="one JSON object per run")
-    runs.set_defaults(handler=_cmd_runs)
+    runs.add_argument("--rebuild-index", action="store_true",
+                      help="rebuild the run index from a SCAN, then exit")  # fmt: skip
 
-    show = sub.add_parser("show", help="a run's checkpoint summary and its last events")
-    show.add_argument("run_id", metavar="RUN_ID", type=_run_id)
-    _add_connection(show, prefix=True)
+    show = _add_command(
+        sub, "show", "a run's checkpoint summary and its last events",
+        "Print a run's checkpoint summary (status, phase, tokens, agents, findings) and its\n"
+        "last events as luft JSON lines.", _cmd_show, run_id=True,
+    )  # fmt: skip
     show.add_argument(
         "--events",
         metavar="N",
@@ -440,45 +677,102 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how many of the last events to print as JSON lines (default {_DEFAULT_EVENTS})",
     )
     show.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    show.set_defaults(handler=_cmd_show)
 
-    cancel = sub.add_parser("cancel", help="cancel a running run")
-    cancel.add_argument("run_id", metavar="RUN_ID", type=_run_id)
-    _add_connection(cancel, prefix=True)
-    cancel.set_defaults(handler=_cmd_cancel)
+    events = _add_command(
+        sub, "events", "a run's event log, one line per event; --follow tails it",
+        "Print a run's event log, one readable line per event (time, entry id, type, main\n"
+        "fields), or luft's JSON lines with --json. --follow waits for new events (XREAD\n"
+        "BLOCK) until the run's run_done or Ctrl-C.", _cmd_events, run_id=True,
+    )  # fmt: skip
+    events.add_argument("--follow", "-f", action="store_true",
+                        help="keep printing new events until run_done or Ctrl-C")  # fmt: skip
+    events.add_argument("--since", type=_entry_id, metavar="ID", default=None,
+                        help="only events after this stream entry id (<ms>-<seq>)")  # fmt: skip
+    events.add_argument("--type", action="append", type=_event_type, metavar="T",
+                        help="only events of this type (agent_done, log, ...); repeat for "
+                             "several")  # fmt: skip
+    events.add_argument("--json", action="store_true",
+                        help="luft's JSON lines (the format of luft's events.jsonl)")  # fmt: skip
 
-    delete = sub.add_parser("delete", help="delete a run and its event log")
-    delete.add_argument("run_id", metavar="RUN_ID", type=_run_id)
-    _add_connection(delete, prefix=True)
-    delete.set_defaults(handler=_cmd_delete)
+    _add_command(
+        sub, "watch", "a live view of one run until it ends",
+        "Show one run live: status, phase, tokens, agents done and failed, the latest\n"
+        "findings and a progress bar for the current phase. It is redrawn from the run's\n"
+        "change notices (no polling) and ends when the run reaches a final status, or on\n"
+        "Ctrl-C.", _cmd_watch, run_id=True,
+    )  # fmt: skip
 
+    _add_command(
+        sub, "cancel", "cancel a running run",
+        "Cancel a running run (status cancelled). A run that is already cancelled is left as\n"
+        "it is (exit 0); a completed or failed run cannot be cancelled (exit 1).",
+        _cmd_cancel, run_id=True,
+    )  # fmt: skip
+
+    delete = _add_command(
+        sub, "delete", "delete a run and its event log",
+        "Delete every key of a run, its event log included, in one atomic step. On a terminal\n"
+        "it asks first; --yes skips the question. From a script (stdin not a terminal) it\n"
+        "does not ask.", _cmd_delete, run_id=True,
+    )  # fmt: skip
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    # -- more subcommands register here: add_commands(sub) from their own modules
+    from . import cli_interop  # export, import, import-sqlite, export-sqlite
     from .cli_retention import add_commands as add_retention_commands  # gc
 
     add_retention_commands(sub)
+    cli_interop.add_commands(sub)
 
     sub.add_parser(
-        "demo", help="run the demo (arguments go to luft_redis.tools.demo)", add_help=False
-    )
-    from . import cli_interop  # export, import, import-sqlite, export-sqlite
-
-    cli_interop.add_commands(sub)
+        "demo", help="run the demo (luft-redis demo --help for its options)", add_help=False,
+        description="A simulated luft workflow run by worker processes on one Redis run.",
+    )  # fmt: skip
     return parser
 
 
 def _split_demo(argv: Sequence[str]) -> list[str] | None:
-    """The demo's arguments when the command is ``demo`` (after global options), else None."""
-    for index, arg in enumerate(argv):
-        if arg in ("-v", "--verbose"):
+    """The demo's arguments when the command is ``demo`` (after global options), else None.
+
+    A global ``--redis URL`` before ``demo`` is passed on to it."""
+    forwarded: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg in _GLOBAL_FLAGS:
+            index += 1
             continue
-        return list(argv[index + 1 :]) if arg == "demo" else None
+        name, eq, value = arg.partition("=")
+        if name in _GLOBAL_VALUE_OPTIONS:
+            if not eq:
+                index += 1
+                value = argv[index] if index < len(argv) else ""
+            if name == "--redis":
+                forwarded = ["--redis", value]
+            index += 1
+            continue
+        return forwarded + list(argv[index + 1 :]) if arg == "demo" else None
+    return None
+
+
+def _auth_failure(exc: BaseException) -> BaseException | None:
+    """The authentication or permission error in ``exc``'s chain, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, redis.exceptions.AuthenticationError) or (
+            isinstance(current, redis.exceptions.ResponseError)
+            and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
+        ) or type(current).__name__ in ("AuthenticationError", "PermissionDeniedError"):
+            return current
+        current = current.__cause__ or current.__context__
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``luft-redis`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-v", "--verbose") for a in args_list[:1]):
-        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     demo_args = _split_demo(args_list)
     if demo_args is not None:
         return _run_demo(demo_args)
@@ -487,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help, or a usage error already printed by argparse
         return exc.code if isinstance(exc.code, int) else EXIT_UNREACHABLE
+    if args.verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         try:
@@ -501,31 +797,35 @@ def main(argv: list[str] | None = None) -> int:
     except _Fail as exc:
         print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
         return exc.code
-    except ConnectionError as exc:
-        print(
-            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
-            file=sys.stderr,
-        )
-        return EXIT_UNREACHABLE
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.RedisClusterException,
-    ) as exc:
-        print(
-            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
-            file=sys.stderr,
-        )
-        return EXIT_UNREACHABLE
-    except LuftRedisError as exc:
-        print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    except redis.exceptions.RedisError as exc:
-        print(f"luft-redis {args.command}: Redis error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"luft-redis {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        auth = _auth_failure(exc)
+        if auth is None:
+            return _report(args, exc)
+        print(f"luft-redis {args.command}: Redis at {redact_url(args.redis)} refused the "
+              f"credentials or the permission (check the user and password in the URL, and "
+              f"the ACL): {auth}", file=sys.stderr)  # fmt: skip
+        return EXIT_FAILURE
+
+
+def _report(args: argparse.Namespace, exc: Exception) -> int:
+    """Print a failure of a subcommand; its exit code (re-raises what is not ours)."""
+    if isinstance(exc, (ConnectionError, redis.exceptions.ConnectionError,
+                        redis.exceptions.TimeoutError, redis.exceptions.RedisClusterException)):
+        print(
+            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_UNREACHABLE
+    if isinstance(exc, LuftRedisError):
+        print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    if isinstance(exc, redis.exceptions.RedisError):
+        print(f"luft-redis {args.command}: Redis error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    raise exc
 
 
 def _refusal(exc: BaseException, args: argparse.Namespace) -> AccessError | None:

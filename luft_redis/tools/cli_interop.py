@@ -26,7 +26,6 @@ from typing import Any, Final, TextIO
 
 from .. import interop
 from ..connect import make_client
-from ..keys import DEFAULT_PREFIX
 
 __all__ = ["add_commands", "progress_reporter"]
 
@@ -43,25 +42,10 @@ def _run_id(text: str) -> uuid.UUID:
 
 
 def _add_connection(parser: argparse.ArgumentParser) -> None:
-    default_url = os.environ.get(_URL_ENV) or _DEFAULT_URL
-    parser.add_argument(
-        "--redis",
-        metavar="URL",
-        default=default_url,
-        help=f"Redis URL (default: env {_URL_ENV}, else {_DEFAULT_URL})",
-    )
-    parser.add_argument("--cluster", action="store_true", help="the URL names a Redis Cluster node")
-    parser.add_argument(
-        "--tls-ca-cert",
-        metavar="FILE",
-        default=None,
-        help="CA certificate file to verify the server with (rediss:// URLs)",
-    )
-    parser.add_argument(
-        "--prefix",
-        default=DEFAULT_PREFIX,
-        help=f"key prefix of the runs (default: {DEFAULT_PREFIX})",
-    )
+    """The CLI's connection options (given before or after the command) and ``--quiet``."""
+    from .cli import _add_connection as add_connection  # cli imports this module
+
+    add_connection(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 

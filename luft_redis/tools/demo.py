@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import multiprocessing as mp
 import multiprocessing.process
@@ -47,6 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import redis
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from ..backend import RedisCheckpointBackend
 from ..keys import run_keys
@@ -296,20 +300,24 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
     want_fake = args.fakeredis or os.environ.get(FAKEREDIS_ENV, "") not in ("", "0", "false")
     binary = None if want_fake else find_redis_server()
     if binary is not None:
-        server = LocalRedisServer(binary=binary, appendonly=True)
+        workdir = tempfile.mkdtemp(prefix="luft-redis-demo-") if args.keep else None
+        server = LocalRedisServer(binary=binary, appendonly=True, dir=workdir)
+        kept = False
         try:
             server.start()
-            print(
-                f"Started a private redis-server (pid {server.pid}) on 127.0.0.1:{server.port}"
-                f" in {server.dir} (appendonly yes); it is stopped at exit.",
-                file=out,
-            )
+            fate = ("--keep: it keeps running after the demo" if args.keep
+                    else "it is stopped at exit (--keep keeps it)")  # fmt: skip
+            print(f"Started a private redis-server (pid {server.pid}) on {server.url} in "
+                  f"{server.dir} (appendonly yes); {fate}.", file=out)  # fmt: skip
             yield Target(server.url, "redis-server", "127.0.0.1", server.port, 0)
+            if args.keep:
+                server.detach()
+                kept = True
         finally:
-            server.stop()
+            if not kept:
+                server.stop()
         return
-    import fakeredis  # only for the fallback: a test dependency, not a runtime one
-
+    fakeredis = _import_fakeredis()
     reason = "as asked" if want_fake else "no redis-server on PATH"
     port = find_free_port()
     fake = fakeredis.TcpFakeServer(("127.0.0.1", port), server_type="redis")
@@ -317,8 +325,8 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
                               name="luft-redis-demo-fakeredis", daemon=True)  # fmt: skip
     thread.start()
     print(f"Using an embedded fakeredis server on 127.0.0.1:{port} ({reason}): it serves the "
-          "worker processes over TCP, Lua included, but it is in memory only, NOT durable.",
-          file=out)  # fmt: skip
+          "worker processes over TCP, Lua included, but it is in memory only, NOT durable, "
+          "and it ends with the demo.", file=out)  # fmt: skip
     try:
         yield Target(f"redis://127.0.0.1:{port}/0", "fakeredis", "127.0.0.1", port, 0)
     finally:
@@ -327,11 +335,25 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
         thread.join(timeout=5)
 
 
+def _import_fakeredis() -> Any:
+    """fakeredis with Lua, or DemoError saying what to install."""
+    try:
+        import fakeredis  # only for the fallback: a test dependency, not a runtime one
+    except ImportError:
+        raise DemoError("the embedded server needs fakeredis: pip install 'fakeredis[lua]' "
+                        "(or put redis-server on PATH, or pass --redis URL)") from None
+    if importlib.util.find_spec("lupa") is None:
+        raise DemoError("fakeredis is installed without Lua (luft-redis runs every change as "
+                        "a Lua script): pip install 'fakeredis[lua]'")  # fmt: skip
+    return fakeredis
+
+
 # ------------------------------------------------------------------------------ the display
 
 
 class Display:
-    """A live progress line on a TTY; periodic plain lines otherwise."""
+    """A live progress line on a terminal (rich: cut to the terminal's width, redrawn in
+    place); periodic plain lines otherwise."""
 
     def __init__(self, out: TextIO, plan: list[list[Job]], interval: float) -> None:
         self.out = out
@@ -341,7 +363,8 @@ class Display:
         self.started = time.monotonic()
         self._last_draw = 0.0
         self._last_line = ""
-        self._drawn = False
+        self._console = Console(file=out, highlight=False) if self.tty else None
+        self._live: Live | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -350,11 +373,13 @@ class Display:
         parts = []
         for p, jobs in enumerate(self.plan):
             done = sum(1 for j in jobs if j.agent_id in cp.agent_results)
-            parts.append(f"P{p + 1} {done}/{len(jobs)}")
-        return (f"[{self.elapsed():5.1f}s] phase {phase + 1}/{len(self.plan)} "
-                f"{self.plan[phase][0].label:<8} agents {' '.join(parts)} | "
-                f"tokens {cp.total_tokens:,} | findings {len(cp.findings)} | "
-                f"workers {alive}/{workers} alive")  # fmt: skip
+            parts.append(f"P{p} {done}/{len(jobs)}")
+        return (f"[{self.elapsed():5.1f}s] phase {phase} {self.plan[phase][0].label} | "
+                f"agents {' '.join(parts)} | tokens {cp.total_tokens:,} | "
+                f"findings {len(cp.findings)} | workers {alive}/{workers} alive")  # fmt: skip
+
+    def _text(self, line: str) -> Text:
+        return Text(line, style="bold", no_wrap=True, overflow="ellipsis")
 
     def update(self, cp: RunCheckpoint, phase: int, alive: int, workers: int,
                force: bool = False) -> None:  # fmt: skip
@@ -365,30 +390,34 @@ class Display:
         if not self.tty and text[9:] == self._last_line[9:] and not force:
             return
         self._last_draw, self._last_line = now, text
-        if self.tty:
-            self.out.write("\r\x1b[2K\x1b[1m" + text + "\x1b[0m")
-            self._drawn = True
+        if self._console is not None:
+            if self._live is None:
+                self._live = Live(self._text(text), console=self._console, auto_refresh=False,
+                                  transient=True)  # fmt: skip
+                self._live.start()
+            else:
+                self._live.update(self._text(text), refresh=True)
         else:
             self.out.write(text + "\n")
-        self.out.flush()
+            self.out.flush()
 
     def say(self, message: str) -> None:
-        """A message line (above the live line on a TTY)."""
-        if self.tty and self._drawn:
-            self.out.write("\r\x1b[2K")
-            self._drawn = False
+        """A message line (above the live line on a terminal)."""
         prefix = f"[{self.elapsed():5.1f}s] " if message and not message.startswith(" ") else ""
+        if self._console is not None:
+            # printed above the live line, wrapped to the terminal's width
+            self._console.print(Text(prefix + message))
+            return
         self.out.write(prefix + message + "\n")
-        if self.tty and self._last_line:
-            self.out.write("\x1b[1m" + self._last_line + "\x1b[0m")
-            self._drawn = True
         self.out.flush()
 
     def finish(self) -> None:
-        if self.tty and self._drawn:
-            self.out.write("\n")
-            self.out.flush()
-            self._drawn = False
+        """Stop the live line for good and leave its last state once, as a plain line."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.stop()  # transient: the live line goes
+            assert self._console is not None
+            self._console.print(self._text(self._last_line))
 
 
 # ------------------------------------------------------------------------------ the coordinator
@@ -480,6 +509,8 @@ class Coordinator:
                                         meta)  # fmt: skip
         self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
                          f"{args.workers} workers, seed {args.seed}")  # fmt: skip
+        self.display.say(f"follow it from another terminal: luft-redis --redis "
+                         f"{self.target.url} watch {self.run_id}")  # fmt: skip
         self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
                                              ts=_now()))  # fmt: skip
         ok = False
@@ -517,9 +548,9 @@ class Coordinator:
     def run_phase(self, p: int, jobs: list[Job]) -> None:
         self.backend.append_event(PhaseStarted(
             run_id=self.run_id, phase_id=p, label=jobs[0].label, planned=len(jobs),
-            description=f"phase {p + 1}: {jobs[0].label}", role=jobs[0].role, ts=_now(),
+            description=f"phase {p}: {jobs[0].label}", role=jobs[0].role, ts=_now(),
         ))  # fmt: skip
-        self.display.say(f"phase {p + 1}/{len(self.plan)} '{jobs[0].label}': "
+        self.display.say(f"phase {p} '{jobs[0].label}' (phases 0-{len(self.plan) - 1}): "
                          f"{len(jobs)} agent jobs queued")  # fmt: skip
         self.enqueue(jobs)
         extra = self.wait_phase(p, jobs)
@@ -536,7 +567,8 @@ class Coordinator:
                                             failed=failed, ts=_now()))  # fmt: skip
         self.display.update(self.checkpoint(), current, self.alive(), len(self.procs),
                             force=True)  # fmt: skip
-        self.display.say(f"phase {p + 1} done: {ok} ok, {failed} failed")
+        again = " again (the resume re-opened it)" if p < current else ""
+        self.display.say(f"phase {p} done{again}: {ok} ok, {failed} failed")
 
     def wait_phase(self, p: int, jobs: list[Job]) -> set[int]:
         """Wait until every awaited agent is finished, from the cache alone; crash if due.
@@ -563,9 +595,9 @@ class Coordinator:
                     deadline = time.monotonic() + self.phase_timeout
                     continue
             if self.alive() == 0:
-                raise DemoError(f"phase {p + 1}: every worker process has exited")
+                raise DemoError(f"phase {p}: every worker process has exited")
             if time.monotonic() > deadline:
-                raise DemoError(f"phase {p + 1}: {len(waiting)} agents still unfinished after "
+                raise DemoError(f"phase {p}: {len(waiting)} agents still unfinished after "
                                 f"{self.phase_timeout:.0f}s")  # fmt: skip
             # woken by the change notices of the workers' writes (the coherent cache)
             self.backend.wait_for_change(after_version=version, timeout=0.25)
@@ -661,7 +693,7 @@ class Coordinator:
             first = self.plan[q][0]
             self.backend.append_event(PhaseStarted(
                 run_id=self.run_id, phase_id=q, label=first.label, planned=len(self.plan[q]),
-                description=f"phase {q + 1}: {first.label} (resumed)", role=first.role,
+                description=f"phase {q}: {first.label} (resumed)", role=first.role,
                 ts=_now(),
             ))  # fmt: skip
         self.enqueue(reruns)
@@ -720,7 +752,7 @@ class Coordinator:
                             "log's agent_done tokens")  # fmt: skip
         for summary in cp.completed_phases:
             if (summary.ok, summary.failed) != (len(self.plan[summary.phase_id]), 0):
-                problems.append(f"phase {summary.phase_id + 1}: ok={summary.ok} "
+                problems.append(f"phase {summary.phase_id}: ok={summary.ok} "
                                 f"failed={summary.failed}")  # fmt: skip
         if problems:
             raise DemoError("invariants violated: " + "; ".join(problems))
@@ -738,7 +770,8 @@ class Coordinator:
         failed_events = sum(
             1 for e in self.events if isinstance(e, AgentDone) and e.status is not AgentStatus.OK
         )
-        phases = ", ".join(f"{s.label} {s.ok}/{s.ok + s.failed} ok" for s in cp.completed_phases)
+        phases = ", ".join(f"{s.phase_id} {s.label} {s.ok}/{s.ok + s.failed} ok"
+                           for s in cp.completed_phases)
         reruns = len(self.stats.rerun_interrupted) + len(self.stats.rerun_failed)
         print("", file=out)
         print("Summary", file=out)
@@ -758,28 +791,39 @@ class Coordinator:
         print(f"  findings  {len(cp.findings)}: {by_sev}", file=out)
         print(f"  events    {len(self.events)} in the log", file=out)
         print(f"  time      {self.display.elapsed():.1f} s", file=out)
-        tgt = self.target
+        self.print_inspect()
+
+    def print_inspect(self) -> None:
+        """How to look at the run after the demo: only commands that will work then."""
+        out, tgt, keep = self.out, self.target, self.args.keep
+        print("", file=out)
+        if tgt.kind == "fakeredis":
+            print("The embedded fakeredis server ends with the demo, and the run with it. Put "
+                  "redis-server on PATH (or pass --redis URL) and --keep to inspect it "
+                  "afterwards.", file=out)  # fmt: skip
+            return
+        if not keep:
+            what = ("its keys are deleted" if tgt.kind == "given"
+                    else "the private redis-server is stopped")  # fmt: skip
+            print(f"The run is gone: {what} at exit. Run the demo with --keep to keep it and "
+                  "inspect it afterwards.", file=out)  # fmt: skip
+            return
+        if tgt.kind == "redis-server":
+            print(f"--keep: the private redis-server keeps running on {tgt.url}; stop it with: "
+                  f"redis-cli -p {tgt.port} shutdown nosave", file=out)  # fmt: skip
         cli = (
             "redis-cli"
             + (f" -h {tgt.host}" if tgt.host not in ("127.0.0.1", "localhost") else "")
             + f" -p {tgt.port}"
             + (f" -n {tgt.db}" if tgt.db else "")
         )
-        print("", file=out)
-        print("Inspect the run:", file=out)
+        print(f"Run id {self.run_id}, kept on {tgt.url}. Inspect it:", file=out)
+        print(f"  luft-redis --redis {tgt.url} show {self.run_id}", file=out)
+        print(f"  luft-redis --redis {tgt.url} events {self.run_id}", file=out)
+        print(f"  luft-redis --redis {tgt.url} runs", file=out)
         print(f'  {cli} HGETALL "{self.keys.run}"', file=out)
         print(f'  {cli} XLEN "{self.keys.events}"', file=out)
         print(f'  {cli} XREVRANGE "{self.keys.events}" + - COUNT 5', file=out)
-        notes = []
-        if tgt.kind != "given":
-            what = "private redis-server" if tgt.kind == "redis-server" else "embedded fakeredis"
-            notes.append(f"the {what} is stopped when the demo exits: pass --redis URL "
-                         "(and --keep) to keep the run")  # fmt: skip
-        elif not self.args.keep:
-            notes.append("the run's keys are deleted when the demo exits: pass --keep to "
-                         "keep them")  # fmt: skip
-        for note in notes:
-            print(f"  ({note})", file=out)
 
     def cleanup(self) -> None:
         with contextlib.suppress(Exception):
@@ -787,9 +831,10 @@ class Coordinator:
                 self.demo_keys.jobs,
                 *(self.demo_keys.working(i) for i in range(1, len(self.procs) + 1)),
             ]
-            if not self.args.keep:
-                names += [k for name, k in self.keys._asdict().items() if name != "changes"]
             self.client.delete(*names)
+        if not self.args.keep:
+            with contextlib.suppress(Exception):
+                self.backend.delete_run(self.run_id)  # its keys and its run-index entry
         with contextlib.suppress(Exception):
             self.backend.close()
         # the listener thread unsubscribes within its poll interval; closing the client
@@ -830,7 +875,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=7, help="random seed of the plan (7)")
     parser.add_argument("--fast", action="store_true", help="short agent durations (tests)")
     parser.add_argument("--no-crash", action="store_true", help="do not kill a worker")
-    parser.add_argument("--keep", action="store_true", help="do not delete the run's keys")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the run (and the private redis-server, which then keeps "
+                             "running) to inspect it after the demo")  # fmt: skip
     return parser
 
 

@@ -409,6 +409,13 @@ class LocalRedisServer:
             with _live_lock:
                 _live_servers.discard(self)
 
+    def detach(self) -> None:
+        """Leave the server running after this process exits, with its directory (no stop
+        at exit); ``luft-redis demo --keep`` uses it."""
+        with _live_lock:
+            _live_servers.discard(self)
+        self._owns_dir = False
+
     def kill(self) -> None:
         """Simulate a crash: SIGKILL the server and keep its port and directory.
 
