@@ -237,8 +237,8 @@ def test_refused_credentials_are_not_unreachable(password_server: LocalRedisServ
     for url in (f"redis://:wrong@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0"):
         for command in (("runs",), ("show", str(uuid.uuid4()))):
             result = luft("--redis", url, *command)
-            assert result.returncode == 1, (url, command, result.stderr)
-            assert "refused the credentials" in result.stderr, result.stderr
+            assert result.returncode == cli.EXIT_REFUSED, (url, command, result.stderr)
+            assert "refused" in result.stderr, result.stderr
             assert "cannot reach" not in result.stderr and "Traceback" not in result.stderr
             assert "wrong" not in result.stderr  # the password is redacted
     good = luft("--redis", f"redis://:s3cret@127.0.0.1:{port}/0", "runs", "--json")

@@ -21,8 +21,9 @@ Connection options go before or after the subcommand: ``--redis`` (default: env
 Cluster), ``--tls-ca-cert`` (a CA for ``rediss://``).
 
 Exit codes: 0 success (``doctor``: the server is safe); 1 failure (``doctor``: something is
-unsafe; a run that does not exist; corrupt data; refused credentials; ``cancel`` of a completed
-or failed run; ``delete`` not confirmed); 2 Redis unreachable or a usage error; 130 interrupted.
+unsafe; a run that does not exist; corrupt data; ``cancel`` of a completed or failed run;
+``delete`` not confirmed); 2 Redis unreachable or a usage error; 3 Redis refused the client
+(password, ACL permission, TLS certificate); 130 interrupted.
 ``python -m luft_redis`` runs the same tool.
 """
 
@@ -632,8 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect and operate luft-redis checkpoints stored in Redis. Connection "
         "options (--redis, --prefix, --cluster, --tls-ca-cert) go before or after the command.",
         epilog=f"Environment: {URL_ENV} is the Redis URL when --redis is not given. Exit codes: "
-        "0 success; 1 failure (a run that does not exist, corrupt data, refused credentials, "
-        "an unsafe server for doctor); 2 Redis unreachable or a usage error; 130 interrupted.",
+        "0 success; 1 failure (a run that does not exist, corrupt data, an unsafe server for "
+        "doctor); 2 Redis unreachable or a usage error; 3 Redis refused the client (password, "
+        "ACL, TLS certificate); 130 interrupted.",
     )
     _add_connection(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
