@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
+import re
 import subprocess
 import sys
 import time
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
