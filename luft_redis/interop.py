@@ -43,6 +43,7 @@ from .errors import (
     ValidationError,
 )
 from .fcall import call_function
+from .index import index_add
 from .keys import (
     DEFAULT_PREFIX,
     SCHEMA_VERSION,
@@ -525,6 +526,7 @@ def _import(
         delta = parse_delta(bytes(reply))
     except (UnknownFormat, ValueError, TypeError) as exc:
         raise BackendError(f"unexpected reply from restore_run: {exc}") from exc
+    index_add(client, DEFAULT_RETRY, prefix, rid, float(cp.updated_at))  # `luft-redis runs`
     logger.info("run %s: imported (%d events, incarnation %s)", rid, count, delta.inc_after)
     if progress is not None:
         progress(count, count)

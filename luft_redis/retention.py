@@ -28,6 +28,7 @@ import redis
 
 from .errors import ConfigurationError, ValidationError
 from .fcall import call_function
+from .index import index_remove
 from .keys import DEFAULT_PREFIX, check_prefix, run_id_from_key, run_keys, run_pattern
 from .retry import DEFAULT_RETRY
 from .scripts import library, translate_error
@@ -314,7 +315,11 @@ def collect_garbage(
                 done = delete(list(run_keys(prefix, run.run_id)))
             except _REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run.run_id) from exc
-            (report.deleted if int(done) == 1 else report.skipped).append(run.run_id)
+            if int(done) == 1:
+                report.deleted.append(run.run_id)
+                index_remove(client, DEFAULT_RETRY, prefix, run.run_id)  # `luft-redis runs`
+            else:
+                report.skipped.append(run.run_id)
         logger.info("gc: deleted %d run(s) so far", len(report.deleted))
         batch.clear()
 

@@ -34,7 +34,7 @@ from luft_redis.interop import (
     dumps_compact,
     dumps_pretty,
 )
-from luft_redis.keys import run_keys
+from luft_redis.keys import run_index_key, run_keys
 
 Client = Any
 
@@ -190,8 +190,11 @@ def test_round_trip_is_byte_equal(redis_client: Client, tmp_path: Path) -> None:
     inc = run[b"incarnation"].decode()
     (_writer, last), = redis_client.hgetall(keys.writers).items()  # fmt: skip
     assert last.decode() == f"2 {inc} 0 {inc} 1"
+    # the run index lists it (for `luft-redis runs`), scored by its stored updated_at
+    index = run_index_key("luft")
+    assert redis_client.zscore(index, str(RUN)) == float(run[b"updated_at"].decode())
     # nothing else: no staging key left, no TTL on the run's keys
-    assert _all_keys(redis_client) == sorted(
+    assert [k for k in _all_keys(redis_client) if k != index.encode()] == sorted(
         k.encode() for k in keys[:9] if redis_client.exists(k)
     )
     assert all(redis_client.ttl(k) == -1 for k in keys[:9])

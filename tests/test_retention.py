@@ -40,7 +40,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis.errors import ConfigurationError, ValidationError
-from luft_redis.keys import run_keys
+from luft_redis.keys import run_index_key, run_keys
 from luft_redis.scripts import script_source
 from luft_redis.tools.doctor import check_runs, check_server
 from luft_redis.tools.server import LocalRedisServer
@@ -447,8 +447,11 @@ def test_gc_deletes_exactly_the_old_finished_runs(
     assert {aged_runs[n] for n in old_finished} == set(report.deleted)
     assert not report.skipped
     assert _existing(redis_client, aged_runs) == set(aged_runs) - old_finished
-    for name in old_finished:  # every key of the run went
+    for name in old_finished:  # every key of the run went, and its run index entry
         assert redis_client.exists(*key_list(aged_runs[name])) == 0
+        assert redis_client.zscore(run_index_key("luft"), str(aged_runs[name])) is None
+    for name in set(aged_runs) - old_finished:
+        assert redis_client.zscore(run_index_key("luft"), str(aged_runs[name])) is not None
 
 
 def test_gc_by_status_and_dry_run(redis_client: Any, aged_runs: dict[str, uuid.UUID]) -> None:
