@@ -133,44 +133,53 @@ class RunState:
             return RunState.from_whole(self.run_id, self.keys, delta)
         parts = delta.records()
         loader = _Loader(self.run_id, self.keys)
+        keys = self.keys
         run_fields: dict[str, Any] = {}
         results: list[tuple[uuid.UUID, t.AgentResultCache | None]] = []
         sessions: list[tuple[uuid.UUID, t.AgentSessionCheckpoint | None]] = []
         phases: list[tuple[int, t.PhaseSummary | None]] = []
         started: list[uuid.UUID] = []
         segments: list[tuple[str, tuple[t.Finding, ...] | None]] = []
+        blobs: dict[str, bytes] = {}  # F records' blobs by segment (an L3 E res may name one)
+        shared = delta.shared_findings
         i, n = 0, len(parts)
         while i < n:
             tag = parts[i]
-            if tag == b"R":
-                name = parts[i + 1].decode()
-                run_fields[name] = self._run_field(loader, name, parts[i + 2])
-                i += 3
-            elif tag == b"E":
+            if tag == b"E":
                 section, entity, count = parts[i + 1], parts[i + 2].decode(), int(parts[i + 3])
-                attrs = parts[i + 4 : i + 4 + 2 * count]
-                if len(attrs) != 2 * count:
+                end = i + 4 + 2 * count
+                if end > n or count < 0:
                     raise ValueError("truncated entity record")
-                i += 4 + 2 * count
-                fields = {f"{entity}:{attrs[j].decode()}": attrs[j + 1]
-                          for j in range(0, len(attrs), 2)}  # fmt: skip
+                attrs = {parts[j].decode(): parts[j + 1] for j in range(i + 4, end, 2)}
+                i = end
                 if section == b"res":
-                    aid = loader._agent_id(self.keys.results, entity)
-                    results.append((aid, loader._results(fields)[aid] if fields else None))
+                    aid = loader._agent_id(keys.results, entity)
+                    if shared and attrs.get("findings") == b"":
+                        if entity not in blobs:
+                            raise ValueError(f"E res {entity} names a findings blob not sent")
+                        attrs["findings"] = blobs[entity]
+                    results.append((aid, loader._result(aid, entity, attrs) if attrs else None))
                 elif section == b"ses":
-                    aid = loader._agent_id(self.keys.sessions, entity)
+                    aid = loader._agent_id(keys.sessions, entity)
+                    fields = {f"{entity}:{name}": value for name, value in attrs.items()}
                     sessions.append((aid, loader._sessions(fields)[aid] if fields else None))
                 elif section == b"ph":
-                    pid = loader._uint(self.keys.phases, entity, entity.encode(), t.U32_MAX)
+                    pid = loader._uint(keys.phases, entity, entity.encode(), t.U32_MAX)
+                    fields = {f"{entity}:{name}": value for name, value in attrs.items()}
                     phases.append((pid, loader._phases(fields)[pid] if fields else None))
                 else:
                     raise ValueError(f"unknown delta section {section[:8]!r}")
+            elif tag == b"R":
+                name = parts[i + 1].decode()
+                run_fields[name] = self._run_field(loader, name, parts[i + 2])
+                i += 3
             elif tag == b"S":
                 started += loader._started({parts[i + 1].decode(): parts[i + 2]})
                 i += 3
             elif tag == b"F":
                 seg = parts[i + 1].decode()
-                found = loader._findings(parts[i + 2], key=self.keys.findings, field=seg)
+                blobs[seg] = parts[i + 2]
+                found = loader._findings(parts[i + 2], key=keys.findings, field=seg)
                 segments.append((seg, found))
                 i += 3
             elif tag == b"X":
@@ -670,30 +679,41 @@ class _Loader:
         out: dict[uuid.UUID, t.AgentResultCache] = {}
         for aid_text, attrs in self._entity(key, fields).items():
             agent_id = self._agent_id(key, aid_text)
-            f = f"{aid_text}:"
+            out[agent_id] = self._result(agent_id, aid_text, attrs)
+        return immutables.Map(out)
+
+    def _result(self, agent_id: uuid.UUID, aid_text: str,
+                attrs: dict[str, bytes]) -> t.AgentResultCache:  # fmt: skip
+        """One result from its attributes (name -> stored value), every field checked."""
+        key = self.keys.results
+        f = f"{aid_text}:"
+        try:
+            status_raw, phase_raw = attrs["status"], attrs["phase_id"]
+            tokens_raw, completed_raw = attrs["tokens"], attrs["completed_at"]
+        except KeyError:
             for name in ("status", "phase_id", "tokens", "completed_at"):
                 if name not in attrs:
-                    raise CorruptDataError(key, f + name, "is missing")
-            status = self._text(key, f + "status", attrs["status"])
-            if status not in t.AGENT_RESULT_STATUSES:
-                raise CorruptDataError(key, f + "status", f"{status!r} is not an agent status")
-            output = attrs.get("output")
-            findings = attrs.get("findings")
-            out[agent_id] = t.AgentResultCache._trusted(
-                agent_id=agent_id,
-                phase_id=self._uint(key, f + "phase_id", attrs["phase_id"], t.U32_MAX),
-                status=status,
-                output=None if output is None else codec.decode_json(
-                    output, key=key, field=f + "output"),
-                findings=() if findings is None else self._findings(
-                    findings, key=key, field=f + "findings"),
-                tokens=self._uint(key, f + "tokens", attrs["tokens"]),
-                completed_at=self._uint(key, f + "completed_at", attrs["completed_at"]),
-                cache_key_hash=self._opt(key, f + "cache_key_hash", attrs, "cache_key_hash"),
-                description=self._opt(key, f + "description", attrs, "description"),
-                role=self._opt(key, f + "role", attrs, "role"),
-            )  # fmt: skip
-        return immutables.Map(out)
+                    raise CorruptDataError(key, f + name, "is missing") from None
+            raise
+        status = self._text(key, f + "status", status_raw)
+        if status not in t.AGENT_RESULT_STATUSES:
+            raise CorruptDataError(key, f + "status", f"{status!r} is not an agent status")
+        output = attrs.get("output")
+        findings = attrs.get("findings")
+        return t.AgentResultCache._trusted(
+            agent_id=agent_id,
+            phase_id=self._uint(key, f + "phase_id", phase_raw, t.U32_MAX),
+            status=status,
+            output=None if output is None else codec.decode_json(
+                output, key=key, field=f + "output"),
+            findings=() if findings is None else self._findings(
+                findings, key=key, field=f + "findings"),
+            tokens=self._uint(key, f + "tokens", tokens_raw),
+            completed_at=self._uint(key, f + "completed_at", completed_raw),
+            cache_key_hash=self._opt(key, f + "cache_key_hash", attrs, "cache_key_hash"),
+            description=self._opt(key, f + "description", attrs, "description"),
+            role=self._opt(key, f + "role", attrs, "role"),
+        )  # fmt: skip
 
     def _sessions(
         self, fields: dict[str, bytes]
