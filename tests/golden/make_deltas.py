@@ -23,11 +23,11 @@ import fakeredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_fixtures import RUN, run_full, run_minimal, run_saved  # noqa: E402
+from make_fixtures import RUN, run_full, run_minimal, run_saved
 
-from luft_redis import RedisCheckpointBackend  # noqa: E402
-from luft_redis import backend as backend_module  # noqa: E402
-from luft_redis.delta import FORMAT, parse_delta  # noqa: E402
+from luft_redis import RedisCheckpointBackend
+from luft_redis import backend as backend_module
+from luft_redis.delta import FORMAT, parse_delta
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,11 +41,11 @@ def capture(make: Any) -> dict[str, Any]:
         replies.append(bytes(payload))
         return parse_delta(payload)
 
-    backend_module.parse_delta = grab  # type: ignore[assignment]
+    setattr(backend_module, "parse_delta", grab)  # noqa: B010
     try:
         make(backend)
     finally:
-        backend_module.parse_delta = parse_delta
+        setattr(backend_module, "parse_delta", parse_delta)  # noqa: B010
     cp = backend.get_checkpoint()
     assert cp is not None
     out = {
