@@ -401,3 +401,84 @@ def test_close_releases_the_subscriber_connection_at_once(redis_client: Client) 
     assert alive == []
     assert redis_client.pubsub_shardnumsub(channel)[0][1] == 0
     client.close()
+
+
+def test_a_phase_started_without_its_label_is_refused_before_anything_is_written(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    """Issue 10: the script checks every event's arguments before its first write, so a
+    phase_started whose label is missing fails with nothing stored (it used to fail at the
+    phase's HSET, after the XADD of the whole batch)."""
+    writer, _ = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    keys = list(writer.keys or ())
+    before = fresh(writer)
+    ok = writer._encoder.events([done(run_id, uuid.uuid4())], run_id)
+    phase = writer._encoder.events(
+        [PhaseStarted(run_id=run_id, phase_id=1, label="scan", planned=2)], run_id)
+    assert phase[1] == "phase_started" and phase[4] == "scan"  # count, type, blob, ids, label
+    # a batch of a valid agent_done, then the phase_started cut before its label
+    args = ["2", *ok[1:], *phase[1:4]]
+    with pytest.raises(luft_redis_errors.LuftRedisError, match="label|argument"):
+        writer._call(writer._scripts.append_events, ("w-label", "1", *args), keys, run_id)
+    assert writer.client.xlen(writer.keys.events) == 0  # type: ignore[union-attr]
+    assert fresh(writer) == before
+
+
+def test_an_agent_done_delta_carries_its_findings_blob_once(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    """Format L3: the result's E record points at the F record instead of repeating the blob,
+    and both a writer and another process rebuild the same findings from it."""
+    from luft_redis import codec
+    from luft_redis.delta import FORMAT, parse_delta
+
+    writer, reader = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    event = done(run_id, uuid.uuid4())
+    blob = codec.encode_findings(event.findings)
+    args = writer._encoder.events([event], run_id)
+    keys = list(writer.keys or ())
+    reply = writer._call(writer._scripts.append_events, ("w-once", "1", *args), keys, run_id)
+    delta = parse_delta(reply)
+    assert delta.fmt == FORMAT == b"L3"
+    assert reply.count(blob) == 1
+    records = delta.records()
+    assert records.count(blob) == 1
+    e = records.index(b"E")
+    attrs = records[e + 4 : e + 4 + 2 * int(records[e + 3])]
+    assert attrs[attrs.index(b"findings") + 1] == b""
+    cp = fresh(writer)
+    assert cp.agent_results[event.agent_id].findings == event.findings
+    assert eventually(lambda: reader.get_checkpoint() == cp)
+
+
+def test_a_delta_naming_a_findings_blob_it_lacks_makes_the_cache_stale_not_a_read_fail(
+    make_backend: Factory,
+) -> None:
+    """An L3 E res record whose empty findings names no F record cannot be applied: the read
+    still answers (the last good state) and the cache reports stale until it reloads."""
+    from luft_redis.delta import parse_delta
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    event = done(run_id, uuid.uuid4())
+    args = writer._encoder.events([event], run_id)
+    keys = list(writer.keys or ())
+    reply = writer._call(writer._scripts.append_events, ("w-bad", "1", *args), keys, run_id)
+    good = parse_delta(reply)
+    records = good.records()
+    f = records.index(b"F")
+    cut = records[:f] + records[f + 3 :]  # drop the F record, keep the E res pointing at it
+    index = b" ".join(str(len(p)).encode() for p in cut)
+    body = reply[: good.body] + str(len(index)).encode() + b":" + index + b"".join(cut)
+    bad = parse_delta(body)
+    assert bad.records() == cut
+    cache = writer._binding.cache  # type: ignore[union-attr]
+    before = writer.get_checkpoint()
+    assert cache.offer(bad).name == "APPLIED"
+    assert writer.get_checkpoint() == before  # the read answers; nothing half-applied
+    assert not cache.synced
