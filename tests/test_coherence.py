@@ -420,7 +420,7 @@ def test_a_phase_started_without_its_label_is_refused_before_anything_is_written
     assert phase[1] == "phase_started" and phase[4] == "scan"  # count, type, blob, ids, label
     # a batch of a valid agent_done, then the phase_started cut before its label
     args = ["2", *ok[1:], *phase[1:4]]
-    with pytest.raises(luft_redis_errors.LuftRedisError, match="label|argument"):
+    with pytest.raises(luft_redis_errors.LuftRedisError, match=r"label|argument"):
         writer._call(writer._scripts.append_events, ("w-label", "1", *args), keys, run_id)
     assert writer.client.xlen(writer.keys.events) == 0  # type: ignore[union-attr]
     assert fresh(writer) == before
