@@ -294,6 +294,10 @@ class RunCache:
         self._changes = 0  # counts every change of tip, for waiters
         self.current: t.RunCheckpoint | None = None
         """The checkpoint when nothing is queued, else None: what a read returns at once."""
+        self.last_payload: bytes | None = None
+        """The bytes of the last delta that continued the chain: the notice of a write whose
+        reply came first (or the reply of one whose notice came first) is these same bytes,
+        and a listener drops it with one comparison, before parsing anything."""
         _LIVE.add(self)
 
     # -- reads (no I/O) --------------------------------------------------------------------
@@ -395,6 +399,7 @@ class RunCache:
             self.current = None
             self._pending.append(delta)
             self._tip = (delta.inc_after, delta.v_after)
+            self.last_payload = delta.payload
             self._bump()
             return Offer.APPLIED
         if delta.inc_after == inc and delta.v_after <= version:

@@ -482,3 +482,84 @@ def test_a_delta_naming_a_findings_blob_it_lacks_makes_the_cache_stale_not_a_rea
     assert cache.offer(bad).name == "APPLIED"
     assert writer.get_checkpoint() == before  # the read answers; nothing half-applied
     assert not cache.synced
+
+
+def test_a_writers_own_notice_is_dropped_before_it_is_parsed(
+    make_backend: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The notice of a write whose reply was applied is the reply's bytes: the listener drops
+    it with one comparison (no header parse, no lock, no work for the front end)."""
+    import luft_redis.coherence as coherence
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    writer.append_event(done(run_id, uuid.uuid4()))
+    binding = writer._binding
+    assert binding is not None
+    cache = binding.cache
+    own = cache.last_payload
+    assert own is not None
+    work: list[object] = []
+    watch = coherence.Watch(cache, binding.channel, work.append)
+
+    def refuse(payload: bytes) -> Any:
+        raise AssertionError("an own notice was parsed")
+
+    monkeypatch.setattr(coherence, "parse_delta", refuse)
+    tip, generation = cache.tip, cache.generation
+    watch.notice(bytes(bytearray(own)))  # equal bytes, another object (as off the socket)
+    assert work == [] and cache.tip == tip and cache.generation == generation
+    monkeypatch.undo()
+    other = bytes(own).replace(b"append", b"appenD")  # not the same notice: parsed as usual
+    watch.notice(other)
+    assert cache.tip == tip
+
+
+@pytest.mark.parametrize("user_setting", [False, True])
+def test_decoding_in_two_threads_leaves_the_gc_as_the_user_set_it(
+    make_backend: Factory, monkeypatch: pytest.MonkeyPatch, user_setting: bool,
+) -> None:
+    """Issue 10, no global side effects: loading and applying never toggle the cyclic GC (a
+    process-wide switch), whatever the user set, with two threads decoding at once."""
+    import gc
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    for _ in range(20):
+        writer.append_event(done(run_id, uuid.uuid4()))
+    calls: list[str] = []
+    real_disable, real_enable = gc.disable, gc.enable
+    monkeypatch.setattr(gc, "disable", lambda: calls.append("disable") or real_disable())
+    monkeypatch.setattr(gc, "enable", lambda: calls.append("enable") or real_enable())
+    was = gc.isenabled()
+    (real_enable if user_setting else real_disable)()
+    seen: set[bool] = set()
+    errors: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            for _ in range(15):
+                reader = RedisCheckpointBackend(writer.client, watch=False)
+                reader.open_run(run_id)
+                reader.append_event(done(run_id, uuid.uuid4()))
+                reader.get_checkpoint()  # applies the write's delta
+                seen.add(gc.isenabled())
+                reader.close()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=decode) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            seen.add(gc.isenabled())
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        assert seen == {user_setting} and gc.isenabled() is user_setting
+        assert calls == []
+    finally:
+        (real_enable if was else real_disable)()
