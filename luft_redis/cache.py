@@ -231,6 +231,9 @@ class RunState:
         return loader._text(k, name, raw)
 
 
+_RESULT_STATUS = {status.encode(): status for status in t.AGENT_RESULT_STATUSES}
+"""A result's stored status -> its text (the valid ones; anything else is checked slowly)."""
+
 _RUN_ATTRS = frozenset({
     "version", "updated_at", "status", "current_phase", "total_tokens", "incarnation",
     "created_at", "task", "workflow_meta",
@@ -648,7 +651,7 @@ class _Loader:
         state.total_tokens = self._uint(k, "total_tokens", need("total_tokens"))
         state.updated_at = self._uint(k, "updated_at", need("updated_at"))
         state._phases = self._phases(self._hash(keys.phases, phases_raw))
-        state.results = self._results(self._hash(keys.results, results_raw))
+        state.results = self._results_raw(results_raw)
         state.sessions = self._sessions(self._hash(keys.sessions, sessions_raw))
         state._started = dict.fromkeys(self._started(self._hash(keys.started, started_raw)))
         state._segments = dict(self._segments(self._hash(keys.findings, seg_raw), order_raw))
@@ -679,6 +682,44 @@ class _Loader:
         found.sort(key=lambda item: item[0])
         return {p.phase_id: p for _, p in found}
 
+    def _entities_raw(self, key: str, flat: Any) -> dict[str, dict[str, bytes]]:
+        """``_entity(_hash(...))`` in one pass over a raw HGETALL reply."""
+        if isinstance(flat, dict):
+            pairs: Any = flat.items()
+        elif isinstance(flat, list) and len(flat) % 2 == 0:
+            it = iter(flat)
+            pairs = zip(it, it, strict=False)  # even length checked above
+        else:
+            raise CorruptDataError(key, "", "unexpected reply shape")
+        out: dict[str, dict[str, bytes]] = {}
+        get = out.get
+        for raw_name, value in pairs:
+            if type(raw_name) is bytes:
+                try:
+                    name = raw_name.decode()
+                except UnicodeDecodeError:
+                    name = self._text(key, "<field name>", raw_name)
+            else:
+                name = self._text(key, "<field name>", raw_name)
+            owner, sep, attr = name.partition(":")
+            if not sep or not attr:
+                raise CorruptDataError(key, name, "field name is not <id>:<attribute>")
+            group = get(owner)
+            if group is None:
+                out[owner] = {attr: value}
+            else:
+                group[attr] = value
+        return out
+
+    def _results_raw(self, flat: Any) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
+        key = self.keys.results
+        result = self._result
+        agent_id = self._agent_id
+        return immutables.Map({
+            (aid := agent_id(key, aid_text)): result(aid, aid_text, attrs)
+            for aid_text, attrs in self._entities_raw(key, flat).items()
+        })  # fmt: skip
+
     def _results(self, fields: dict[str, bytes]) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
         key = self.keys.results
         out: dict[uuid.UUID, t.AgentResultCache] = {}
@@ -689,36 +730,58 @@ class _Loader:
 
     def _result(self, agent_id: uuid.UUID, aid_text: str,
                 attrs: dict[str, bytes]) -> t.AgentResultCache:  # fmt: skip
-        """One result from its attributes (name -> stored value), every field checked."""
+        """One result from its attributes (name -> stored value), every field checked (the
+        field names for an error are built only when there is one)."""
         key = self.keys.results
-        f = f"{aid_text}:"
-        try:
-            status_raw, phase_raw = attrs["status"], attrs["phase_id"]
-            tokens_raw, completed_raw = attrs["tokens"], attrs["completed_at"]
-        except KeyError:
+        get = attrs.get
+        status_raw, phase_raw = get("status"), get("phase_id")
+        tokens_raw, completed_raw = get("tokens"), get("completed_at")
+        if status_raw is None or phase_raw is None or tokens_raw is None or completed_raw is None:
             for name in ("status", "phase_id", "tokens", "completed_at"):
                 if name not in attrs:
-                    raise CorruptDataError(key, f + name, "is missing") from None
-            raise
-        status = self._text(key, f + "status", status_raw)
-        if status not in t.AGENT_RESULT_STATUSES:
-            raise CorruptDataError(key, f + "status", f"{status!r} is not an agent status")
-        output = attrs.get("output")
-        findings = attrs.get("findings")
+                    raise CorruptDataError(key, f"{aid_text}:{name}", "is missing")
+        status = _RESULT_STATUS.get(status_raw)  # type: ignore[arg-type]
+        if status is None:
+            text = self._text(key, f"{aid_text}:status", status_raw)
+            if text not in t.AGENT_RESULT_STATUSES:
+                raise CorruptDataError(
+                    key, f"{aid_text}:status", f"{text!r} is not an agent status")
+            status = text
+        output, findings = get("output"), get("findings")
+        cache_key_hash, description, role = get("cache_key_hash"), get("description"), get("role")
         return t.AgentResultCache._trusted(
             agent_id=agent_id,
-            phase_id=self._uint(key, f + "phase_id", phase_raw, t.U32_MAX),
+            phase_id=self._num(key, aid_text, "phase_id", phase_raw, t.U32_MAX),
             status=status,
             output=None if output is None else codec.decode_json(
-                output, key=key, field=f + "output"),
+                output, key=key, field=f"{aid_text}:output"),
             findings=() if findings is None else self._findings(
-                findings, key=key, field=f + "findings"),
-            tokens=self._uint(key, f + "tokens", tokens_raw),
-            completed_at=self._uint(key, f + "completed_at", completed_raw),
-            cache_key_hash=self._opt(key, f + "cache_key_hash", attrs, "cache_key_hash"),
-            description=self._opt(key, f + "description", attrs, "description"),
-            role=self._opt(key, f + "role", attrs, "role"),
+                findings, key=key, field=f"{aid_text}:findings"),
+            tokens=self._num(key, aid_text, "tokens", tokens_raw),
+            completed_at=self._num(key, aid_text, "completed_at", completed_raw),
+            cache_key_hash=None if cache_key_hash is None else self._str(
+                key, aid_text, "cache_key_hash", cache_key_hash),
+            description=None if description is None else self._str(
+                key, aid_text, "description", description),
+            role=None if role is None else self._str(key, aid_text, "role", role),
         )  # fmt: skip
+
+    def _num(self, key: str, owner: str, name: str, raw: Any, hi: int = t.U64_MAX) -> int:
+        """``_uint`` of attribute ``name`` of ``owner``, naming the field only on error."""
+        if type(raw) is bytes and raw.isdigit() and (raw[0] != 48 or len(raw) == 1):
+            value = int(raw)
+            if value <= hi:
+                return value
+        return self._uint(key, f"{owner}:{name}", raw, hi)
+
+    def _str(self, key: str, owner: str, name: str, raw: Any) -> str:
+        """``_text`` of attribute ``name`` of ``owner``, naming the field only on error."""
+        if type(raw) is bytes:
+            try:
+                return raw.decode()
+            except UnicodeDecodeError:
+                pass
+        return self._text(key, f"{owner}:{name}", raw)
 
     def _sessions(
         self, fields: dict[str, bytes]

@@ -197,6 +197,20 @@ class _Bad(Exception):
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+    def inside(self, path: str, step: str) -> _Bad:
+        """This error, seen from the value at ``path`` that holds the failing one at ``step``
+        (a field name, or ``[i]``). Nested values are decoded with an empty path and prefixed
+        only when they fail, so decoding builds no path strings."""
+        inner = self.path
+        if inner and not inner.startswith("["):
+            inner = "." + inner
+        full = step + inner
+        if path:
+            full = path + ("" if full.startswith("[") else ".") + full
+        return _Bad(full, self.message)
 
 
 class _Newer(Exception):
@@ -325,7 +339,15 @@ def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
     def tuple_unpack(x: Any, path: str) -> tuple[Any, ...]:
         if type(x) is not list:
             raise _Bad(path, "expected an array")
-        return tuple(unpack(v, f"{path}[{i}]") for i, v in enumerate(x))
+        try:
+            return tuple([unpack(v, "") for v in x])
+        except _Bad as exc:
+            for i, v in enumerate(x):  # find which item failed (errors only)
+                try:
+                    unpack(v, "")
+                except _Bad:
+                    raise exc.inside(path, f"[{i}]") from None
+            raise  # pragma: no cover - the same values failed once
 
     return tuple_pack, tuple_unpack
 
@@ -426,18 +448,24 @@ def _record_codec(cls: type[t.Record], fmt: int = FORMAT) -> tuple[Packer, Unpac
         del out[i:]
         return out
 
+    missing = [(name, spec.default if spec.has_default else None)
+               for name, spec in zip(names, specs, strict=True)]  # fmt: skip
+    new = object.__new__
+    setter = object.__setattr__
+
     def unpack(x: Any, path: str) -> Any:
         if type(x) is not list or not first_optional <= len(x) <= n:
             raise _Bad(path, f"expected a {cls.__name__} array")
-        values: dict[str, Any] = {}
-        for i, name in enumerate(names):
-            sub = f"{path}.{name}" if path else name
-            if i < len(x):
-                values[name] = unpackers[i](x[i], sub)
-            else:
-                spec = specs[i]
-                values[name] = spec.default if spec.has_default else None
-        return cls._trusted(**values)
+        value = new(cls)  # as cls._trusted: every field is checked here
+        name = ""
+        try:
+            for name, unpacker, item in zip(names, unpackers, x, strict=False):  # x may be short
+                setter(value, name, unpacker(item, ""))
+        except _Bad as exc:
+            raise exc.inside(path, name) from None
+        for name, default in missing[len(x):]:
+            setter(value, name, default)
+        return value
 
     codec = (pack, unpack)
     _RECORD_CODECS[cls, fmt] = codec

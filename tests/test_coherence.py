@@ -531,8 +531,15 @@ def test_decoding_in_two_threads_leaves_the_gc_as_the_user_set_it(
         writer.append_event(done(run_id, uuid.uuid4()))
     calls: list[str] = []
     real_disable, real_enable = gc.disable, gc.enable
-    monkeypatch.setattr(gc, "disable", lambda: calls.append("disable") or real_disable())
-    monkeypatch.setattr(gc, "enable", lambda: calls.append("enable") or real_enable())
+    def spy(name: str, real: Callable[[], None]) -> Callable[[], None]:
+        def call() -> None:
+            calls.append(name)
+            real()
+
+        return call
+
+    monkeypatch.setattr(gc, "disable", spy("disable", real_disable))
+    monkeypatch.setattr(gc, "enable", spy("enable", real_enable))
     was = gc.isenabled()
     (real_enable if user_setting else real_disable)()
     seen: set[bool] = set()
