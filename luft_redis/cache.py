@@ -90,13 +90,17 @@ class RunState:
         self._findings: tuple[t.Finding, ...] = ()
         self.snapshot = self._build()
 
-    def _build(self) -> t.RunCheckpoint:
+    def _build(self, phases: bool = True, started: bool = True) -> t.RunCheckpoint:
+        """The snapshot of the state; the phase and started tuples of the previous snapshot
+        are reused unless ``phases``/``started`` say they changed (they are O(n) to copy)."""
+        old = getattr(self, "snapshot", None)
         return t.RunCheckpoint._trusted(
             run_id=self.run_id,
             task=self.task,
             status=self.status,
             current_phase=self.current_phase,
-            completed_phases=tuple(self._phases.values()),
+            completed_phases=tuple(self._phases.values()) if phases or old is None
+            else old.completed_phases,
             agent_results=t.FrozenMap._wrap(self.results),
             agent_sessions=t.FrozenMap._wrap(self.sessions),
             findings=self._findings,
@@ -104,7 +108,8 @@ class RunState:
             created_at=self.created_at,
             updated_at=self.updated_at,
             workflow_meta=self.workflow_meta,
-            started_agent_ids=tuple(self._started),
+            started_agent_ids=tuple(self._started) if started or old is None
+            else old.started_agent_ids,
         )
 
     # -- loading ---------------------------------------------------------------------------
@@ -215,7 +220,7 @@ class RunState:
                 self._findings += group
         if rebuild:
             self._findings = tuple(itertools.chain.from_iterable(self._segments.values()))
-        self.snapshot = self._build()
+        self.snapshot = self._build(phases=bool(phases), started=bool(started))
         return self
 
     def _run_field(self, loader: _Loader, name: str, raw: bytes) -> Any:

@@ -72,9 +72,12 @@ def split(payload: bytes, start: int = 0, limit: int = -1) -> tuple[list[bytes],
     return parts, pos
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Delta:
-    """One script's change: ``(inc_before, v_before) -> (inc_after, v_after)`` and its records."""
+    """One script's change: ``(inc_before, v_before) -> (inc_after, v_after)`` and its records.
+
+    Treat it as immutable (it is not frozen only because a frozen dataclass is slower to make,
+    and one is made for every reply and notice)."""
 
     inc_before: str
     v_before: int
