@@ -25,6 +25,7 @@ is unpacked with size limits; nothing stored is ever evaluated or unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import uuid
 from collections.abc import Callable
@@ -550,10 +551,9 @@ class _Recent:
     def add(self, blob: bytes, value: Any) -> None:
         items = self._items
         if len(items) >= self.size:
-            try:
-                del items[next(iter(items))]  # the oldest
-            except (StopIteration, KeyError, RuntimeError):  # another thread got there first
-                pass
+            # the oldest; another thread may have got there first
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del items[next(iter(items))]
         items[blob] = value
 
     def get(self, blob: bytes) -> Any:
