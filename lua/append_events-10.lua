@@ -36,6 +36,7 @@ local function main()
 
   -- 1. checks and reads, over a simulated state, collecting the writes
   local writes = {}
+  local started_fields, result_fields, new_segments = {}, {}, {}
   local run_changed = {}
   local started, started_len = {}, nil
   local results, phases = {}, {}
@@ -126,7 +127,8 @@ local function main()
       entry.phase = pid
       local value = entry.seq .. ' ' .. pid
       writes[#writes + 1] = function()
-        redis.call('HSET', K_STARTED, aid, value)
+        started_fields[#started_fields + 1] = aid
+        started_fields[#started_fields + 1] = value
         rec('S', aid, value)
       end
 
@@ -168,8 +170,8 @@ local function main()
       run_changed.total_tokens = true
       touch_id(touched_results, aid)
       writes[#writes + 1] = function()
-        redis.call('HSET', K_RESULTS, unpack(fields))
-        if new_findings then set_agent_findings(aid, new_findings) end
+        for j = 1, #fields do result_fields[#result_fields + 1] = fields[j] end
+        if new_findings then set_agent_findings(aid, new_findings, new_segments) end
       end
 
     elseif etype == 'phase_started' or etype == 'phase_done' then
@@ -246,7 +248,14 @@ local function main()
   for i = 1, #entries do
     redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
   end
+  -- one HSET per hash and one RPUSH for the whole batch (a later value of a field in the same
+  -- HSET wins, as it would in separate calls)
   for i = 1, #writes do writes[i]() end
+  if #started_fields > 0 then hset_flat(K_STARTED, started_fields) end
+  if #result_fields > 0 then hset_flat(K_RESULTS, result_fields) end
+  for i = 1, #new_segments, 4000 do
+    redis.call('RPUSH', K_FINDINGS_ORDER, unpack(new_segments, i, math.min(i + 3999, #new_segments)))
+  end
   for i = 1, #touched_results do
     local aid = touched_results[i]
     local entry = results[aid]

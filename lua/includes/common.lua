@@ -329,13 +329,14 @@ end
 -- shows, so saving that changes nothing). Segments "<aid>#2", "<aid>#3", ... left by
 -- save_checkpoint for the same agent are dropped too (an agent with such segments always has
 -- its own segment, so a new segment has none).
-local function set_agent_findings(aid, blob)
+-- With `push` (a list), a new segment's id is appended to it for the caller to RPUSH later.
+local function set_agent_findings(aid, blob, push)
   if blob == EMPTY_LIST then
     if redis.call('HDEL', K_FINDINGS, aid) == 0 then return end
     redis.call('LREM', K_FINDINGS_ORDER, 1, aid)
     rec('X', aid)
   elseif redis.call('HSETNX', K_FINDINGS, aid, blob) == 1 then
-    redis.call('RPUSH', K_FINDINGS_ORDER, aid)
+    if push then push[#push + 1] = aid else redis.call('RPUSH', K_FINDINGS_ORDER, aid) end
     rec('F', aid, blob)
     F_SENT[aid] = blob
     return
