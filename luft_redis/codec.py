@@ -481,6 +481,36 @@ _NO_DEFAULT = object()
 # --------------------------------------------------------------------------------------------
 
 
+class _Recent:
+    """The last few blobs this process encoded, with the (immutable) values they were encoded
+    from: the change a write's reply brings back holds those very bytes, and decoding them
+    again would only rebuild equal objects (the stored form round-trips exactly; the golden
+    tests hold it to that). Bounded; only encoding adds to it, so a load of other processes'
+    data never fills it."""
+
+    __slots__ = ("_items", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: dict[bytes, Any] = {}
+
+    def add(self, blob: bytes, value: Any) -> None:
+        items = self._items
+        if len(items) >= self.size:
+            # the oldest; another thread may have got there first
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del items[next(iter(items))]
+        items[blob] = value
+
+    def get(self, blob: bytes, default: Any = None) -> Any:
+        return self._items.get(blob, default)
+
+
+_RECENT_FINDINGS = _Recent(512)
+_RECENT_JSON = _Recent(512)
+_MISSING = object()
+
+
 def encode_event(event: t.AgentEvent) -> bytes:
     """The compact stored form of ``event`` (its run id left out), in format :data:`FORMAT`."""
     body = _record_codec(type(event))[0](event)
@@ -518,11 +548,16 @@ def decode_event(
 
 def encode_json(value: Any) -> bytes:
     """The stored form of a (checked) JSON value: msgpack, in format :data:`FORMAT`."""
-    return _HEADER + msgpack.packb(value)  # type: ignore[no-any-return]
+    blob: bytes = _HEADER + msgpack.packb(value)
+    _RECENT_JSON.add(blob, value)
+    return blob
 
 
 def decode_json(blob: bytes, *, key: str, field: str) -> Any:
     """The frozen JSON value stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
+    recent = _RECENT_JSON.get(blob, _MISSING)
+    if recent is not _MISSING:  # this process encoded these very bytes from this value
+        return recent
     try:
         return _unpack_json(_open(blob)[1], "")
     except (_Bad, _Newer) as exc:
@@ -535,32 +570,6 @@ _check_tables()
 _FINDINGS = {fmt: _tuple(*_record_codec(t.Finding, fmt)) for fmt in FORMATS}
 
 
-class _Recent:
-    """The last few blobs this process encoded, with the (immutable) values they were encoded
-    from: the change a write's reply brings back holds those very bytes, and decoding them
-    again would only rebuild equal objects (the stored form round-trips exactly; the golden
-    tests hold it to that). Bounded; only encoding adds to it, so a load of other processes'
-    data never fills it."""
-
-    __slots__ = ("_items", "size")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: dict[bytes, Any] = {}
-
-    def add(self, blob: bytes, value: Any) -> None:
-        items = self._items
-        if len(items) >= self.size:
-            # the oldest; another thread may have got there first
-            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
-                del items[next(iter(items))]
-        items[blob] = value
-
-    def get(self, blob: bytes) -> Any:
-        return self._items.get(blob)
-
-
-_RECENT_FINDINGS = _Recent(512)
 
 
 def encode_findings(findings: tuple[t.Finding, ...]) -> bytes:

@@ -570,3 +570,47 @@ def test_decoding_in_two_threads_leaves_the_gc_as_the_user_set_it(
         assert calls == []
     finally:
         (real_enable if was else real_disable)()
+
+
+def test_blobs_this_process_encoded_decode_to_what_a_full_decode_gives() -> None:
+    """The codec remembers the values behind the last blobs it encoded (a write's reply brings
+    those bytes back); what it hands back must equal, type for type, a full decode."""
+    from luft_redis import codec
+    from luft_redis.types import Location
+
+    findings = (
+        Finding(kind="bug", severity=Severity.HIGH, title="t", detail="d",
+                location=Location(file="a.rs", line=3), evidence=("e",),
+                data={"x": [1, 2.0, True, None], "big": 2**64 - 1}),
+        Finding(kind="k", severity=Severity.LOW, title="u", detail=""),
+    )  # fmt: skip
+    value = {"answer": 42, "list": [1.0, "two", {"n": None}], "s": "日本"}
+    blob_f = codec.encode_findings(findings)
+    frozen = AgentDone(
+        run_id=uuid.uuid4(), agent_id=uuid.uuid4(), status=AgentStatus.OK,
+        tokens=TokenUsage(), elapsed_ms=1, output=value,
+    ).output  # fmt: skip
+    blob_j = codec.encode_json(frozen)
+    remembered = (codec.decode_findings(blob_f, key="k", field="f"),
+                  codec.decode_json(blob_j, key="k", field="o"))  # fmt: skip
+    assert remembered[0] is findings and remembered[1] is frozen
+    codec._RECENT_FINDINGS._items.clear()
+    codec._RECENT_JSON._items.clear()
+    full = (codec.decode_findings(blob_f, key="k", field="f"),
+            codec.decode_json(blob_j, key="k", field="o"))  # fmt: skip
+    assert full[0] is not findings and full == remembered
+    assert canon_json(full[1]) == canon_json(remembered[1])
+
+
+def canon_json(value: Any) -> str:
+    """A type-exact text form of a (frozen) JSON value (tells 1, 1.0 and True apart)."""
+    import json
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, str | int | float | bool) or v is None:
+            return [type(v).__name__, v]
+        if hasattr(v, "items"):
+            return {k: plain(x) for k, x in v.items()}
+        return [plain(x) for x in v]
+
+    return json.dumps(plain(value), sort_keys=True, ensure_ascii=False)
