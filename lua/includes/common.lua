@@ -163,7 +163,13 @@ end
 -- The delta under construction: its records, in order (see the header).
 local FORMAT = 'L3'
 local DELTA = {}
-local F_SENT = {} -- segment id -> the blob of this delta's F record for it
+-- Segment id -> the blob of the F record sent for it, valid for the delta table F_SENT_DELTA
+-- only (so a prelude defined once and kept across calls never mixes two calls' records).
+local F_SENT, F_SENT_DELTA = {}, nil
+local function sent_findings(aid, blob)
+  if F_SENT_DELTA ~= DELTA then F_SENT, F_SENT_DELTA = {}, DELTA end
+  F_SENT[aid] = blob
+end
 local function rec(...)
   local parts = {...}
   for i = 1, #parts do DELTA[#DELTA + 1] = parts[i] end
@@ -177,9 +183,10 @@ local function rec_attrs(tag, id, out)
   DELTA[n + 3] = id
   DELTA[n + 4] = tostring(#out / 2)
   n = n + 4
+  local sent = F_SENT_DELTA == DELTA and F_SENT[id]
   for i = 1, #out, 2 do
     local value = out[i + 1]
-    if out[i] == 'findings' and F_SENT[id] == value then value = '' end
+    if out[i] == 'findings' and sent == value then value = '' end
     DELTA[n + i] = out[i]
     DELTA[n + i + 1] = value
   end
@@ -338,12 +345,12 @@ local function set_agent_findings(aid, blob, push)
   elseif redis.call('HSETNX', K_FINDINGS, aid, blob) == 1 then
     if push then push[#push + 1] = aid else redis.call('RPUSH', K_FINDINGS_ORDER, aid) end
     rec('F', aid, blob)
-    F_SENT[aid] = blob
+    sent_findings(aid, blob)
     return
   else
     redis.call('HSET', K_FINDINGS, aid, blob)
     rec('F', aid, blob)
-    F_SENT[aid] = blob
+    sent_findings(aid, blob)
   end
   local k = 2
   while redis.call('HDEL', K_FINDINGS, aid .. '#' .. k) == 1 do
