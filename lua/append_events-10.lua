@@ -9,12 +9,13 @@
   ARGV[1] writer id   ARGV[2] operation sequence   then ARGS (= ARGV[3..]):
   ARGS[1] number of events, then per event:
     type (plain text, the entry's "type" field), stored event (opaque msgpack, the entry's
-    "data" field), number of rule arguments, the rule arguments by type:
-      agent_started  agent_id, phase_id
-      agent_done     agent_id, status (lower case), tokens total, output (opt), findings (opt)
-      phase_started  phase_id, label, planned, description (opt), role (opt)
-      phase_done     phase_id, ok, failed
-      run_done       status, total tokens
+    "data" field), then the rule arguments, a fixed number by type; "<a> <b>" is one argument
+    of space-separated words (ids, lower-case names and decimals never hold a space):
+      agent_started  "<agent_id> <phase_id>"
+      agent_done     "<agent_id> <status> <tokens total>", output (opt), findings (opt)
+      phase_started  "<phase_id> <planned>", label, description (opt), role (opt)
+      phase_done     "<phase_id> <ok> <failed>"
+      run_done       "<status> <total tokens>"
       other types    none
 
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
@@ -39,6 +40,7 @@ local function main()
 
   -- 1. checks and reads, over a simulated state, collecting the writes
   local writes = {}
+  local started_fields, result_fields, new_segments = {}, {}, {}
   local run_changed = {}
   local started, started_len = {}, nil
   local results, phases = {}, {}
@@ -73,9 +75,21 @@ local function main()
       local p = aid .. ':'
       local found = redis.call('HMGET', K_RESULTS, p .. 'status', p .. 'output', p .. 'findings')
       entry = {exists = found[1] ~= false, output = found[2] ~= false, findings = found[3] ~= false}
+      -- a result new in this batch holds exactly what the batch writes (its E record is
+      -- built from that, with no read back)
+      entry.new = not (entry.exists or entry.output or entry.findings)
+      entry.attrs = {}
       results[aid] = entry
     end
     return entry
+  end
+
+  -- The rule arguments of an event: `n` of them, from ARGS[pos]; "<a> <b>" ones split by
+  -- `pattern`. Fails with LUFT_BAD_ARG when one is missing or malformed.
+  local function words(value, pattern, etype)
+    local a, b, c = string.match(value or '', pattern)
+    if not a then fail('BAD_ARG', etype .. ' arguments are malformed') end
+    return a, b, c
   end
 
   local function phase_known(pid)
@@ -98,15 +112,15 @@ local function main()
   local pos = 2
   local entries = {}
   for _ = 1, count do
-    local etype, blob, nargs = ARGS[pos], ARGS[pos + 1], tonumber(arg_uint(ARGS[pos + 2], 'nargs'))
+    local etype, blob = ARGS[pos], ARGS[pos + 1]
     if etype == nil or blob == nil then fail('BAD_ARG', 'argument list is short') end
-    local a = {}
-    for i = 1, nargs do a[i] = ARGS[pos + 2 + i] end
-    pos = pos + 3 + nargs
+    local a1, a2, a3, a4 = ARGS[pos + 2], ARGS[pos + 3], ARGS[pos + 4], ARGS[pos + 5]
+    pos = pos + 2
     entries[#entries + 1] = {etype, blob}
 
     if etype == 'agent_started' then
-      local aid, pid = a[1], arg_uint(a[2], 'phase_id')
+      local aid, pid = words(a1, '^(%S+) (%d+)$', etype)
+      pos = pos + 1
       local entry = started_entry(aid)
       if not entry then
         if started_len == nil then started_len = redis.call('HLEN', K_STARTED) end
@@ -117,33 +131,41 @@ local function main()
       entry.phase = pid
       local value = entry.seq .. ' ' .. pid
       writes[#writes + 1] = function()
-        redis.call('HSET', K_STARTED, aid, value)
+        started_fields[#started_fields + 1] = aid
+        started_fields[#started_fields + 1] = value
         rec('S', aid, value)
       end
 
     elseif etype == 'agent_done' then
-      local aid, rstatus, tokens = a[1], a[2], arg_uint(a[3], 'tokens')
-      local output, findings = opt(a[4], 'output'), opt(a[5], 'findings')
+      local aid, rstatus, tokens = words(a1, '^(%S+) (%S+) (%d+)$', etype)
+      local output, findings = opt(a2, 'output'), opt(a3, 'findings')
+      pos = pos + 3
       local p = aid .. ':'
       local entry = result_entry(aid)
       local fields = {p .. 'status', rstatus, p .. 'tokens', tokens}
+      local attrs = entry.attrs
+      attrs.status, attrs.tokens = rstatus, tokens
       if not entry.exists then
         local seen = started_entry(aid)
+        local phase = seen and seen.phase or '0'
         fields[#fields + 1] = p .. 'phase_id'
-        fields[#fields + 1] = seen and seen.phase or '0'
+        fields[#fields + 1] = phase
         fields[#fields + 1] = p .. 'completed_at'
         fields[#fields + 1] = now
+        attrs.phase_id, attrs.completed_at = phase, now
         entry.exists = true
       end
       if not entry.output and output then
         fields[#fields + 1] = p .. 'output'
         fields[#fields + 1] = output
+        attrs.output = output
         entry.output = true
       end
       local new_findings = nil
       if not entry.findings and findings then
         fields[#fields + 1] = p .. 'findings'
         fields[#fields + 1] = findings
+        attrs.findings = findings
         new_findings = findings
         entry.findings = true
         findings_touched = true
@@ -152,12 +174,23 @@ local function main()
       run_changed.total_tokens = true
       touch_id(touched_results, aid)
       writes[#writes + 1] = function()
-        redis.call('HSET', K_RESULTS, unpack(fields))
-        if new_findings then set_agent_findings(aid, new_findings) end
+        for j = 1, #fields do result_fields[#result_fields + 1] = fields[j] end
+        if new_findings then set_agent_findings(aid, new_findings, new_segments) end
       end
 
     elseif etype == 'phase_started' or etype == 'phase_done' then
-      local pid = arg_uint(a[1], 'phase_id')
+      local pid, x, y
+      local description, role
+      if etype == 'phase_started' then
+        pid, x = words(a1, '^(%d+) (%d+)$', etype)
+        y = a2 -- the label: checked before anything is written
+        if y == nil then fail('BAD_ARG', 'phase_started lacks its label') end
+        description, role = opt(a3, 'description'), opt(a4, 'role')
+        pos = pos + 4
+      else
+        pid, x, y = words(a1, '^(%d+) (%d+) (%d+)$', etype)
+        pos = pos + 1
+      end
       local p = pid .. ':'
       local fields = {}
       local known = phase_known(pid)
@@ -172,15 +205,14 @@ local function main()
         phases[pid] = true
       end
       if etype == 'phase_started' then
-        put('label', a[2])
-        put('planned', arg_uint(a[3], 'planned'))
+        put('label', y)
+        put('planned', x)
         if not known then
           put('ok', '0')
           put('failed', '0')
         end
         -- a repeated phase_started keeps the stored description/role it leaves null
         -- (luft's SQLite backend: COALESCE(excluded.x, phases.x))
-        local description, role = opt(a[4], 'description'), opt(a[5], 'role')
         if description then put('description', description) end
         if role then put('role', role) end
       else
@@ -188,8 +220,8 @@ local function main()
           put('label', '')
           put('planned', '0')
         end
-        put('ok', arg_uint(a[2], 'ok'))
-        put('failed', arg_uint(a[3], 'failed'))
+        put('ok', x)
+        put('failed', y)
       end
       raise_phase(pid)
       touch_id(touched_phases, pid)
@@ -198,7 +230,8 @@ local function main()
       end
 
     elseif etype == 'run_done' then
-      local reported, reported_total = a[1], arg_uint(a[2], 'total_tokens')
+      local reported, reported_total = words(a1, '^(%l+) (%d+)$', etype)
+      pos = pos + 1
       if reported ~= 'partial' and (not VALID_STATUS[reported] or reported == 'running') then
         fail('BAD_ARG', 'run_done status ' .. tostring(reported) .. ' is not a run status')
       end
@@ -219,9 +252,30 @@ local function main()
   for i = 1, #entries do
     redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
   end
+  -- one HSET per hash and one RPUSH for the whole batch (a later value of a field in the same
+  -- HSET wins, as it would in separate calls)
   for i = 1, #writes do writes[i]() end
+  if #started_fields > 0 then hset_flat(K_STARTED, started_fields) end
+  if #result_fields > 0 then hset_flat(K_RESULTS, result_fields) end
+  for i = 1, #new_segments, 4000 do
+    redis.call('RPUSH', K_FINDINGS_ORDER, unpack(new_segments, i, math.min(i + 3999, #new_segments)))
+  end
   for i = 1, #touched_results do
-    rec_entity('res', K_RESULTS, touched_results[i], RESULT_ATTRS)
+    local aid = touched_results[i]
+    local entry = results[aid]
+    if entry.new then -- exactly what this batch wrote: no read back
+      local out, attrs = {}, entry.attrs
+      for j = 1, #RESULT_ATTRS do
+        local value = attrs[RESULT_ATTRS[j]]
+        if value then
+          out[#out + 1] = RESULT_ATTRS[j]
+          out[#out + 1] = value
+        end
+      end
+      rec_attrs('res', aid, out)
+    else
+      rec_entity('res', K_RESULTS, aid, RESULT_ATTRS)
+    end
   end
   for i = 1, #touched_phases do
     rec_entity('ph', K_PHASES, touched_phases[i], PHASE_ATTRS)

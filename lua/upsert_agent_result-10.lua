@@ -38,7 +38,14 @@ local function main()
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end
   redis.call('HSET', K_RESULTS, unpack(fields))
   set_agent_findings(aid, findings)
-  rec_entity('res', K_RESULTS, aid, RESULT_ATTRS)
+  -- the result is now exactly `fields` (every optional attribute was set or dropped): its E
+  -- record needs no read back
+  local out, skip = {}, #p
+  for i = 1, #fields, 2 do
+    out[#out + 1] = string.sub(fields[i], skip + 1)
+    out[#out + 1] = fields[i + 1]
+  end
+  rec_attrs('res', aid, out)
   return retained(commit(run, now, 'result'), run[1])
 end
 

@@ -93,13 +93,17 @@ class RunState:
         self._findings: tuple[t.Finding, ...] = ()
         self.snapshot = self._build()
 
-    def _build(self) -> t.RunCheckpoint:
+    def _build(self, phases: bool = True, started: bool = True) -> t.RunCheckpoint:
+        """The snapshot of the state; the phase and started tuples of the previous snapshot
+        are reused unless ``phases``/``started`` say they changed (they are O(n) to copy)."""
+        old = getattr(self, "snapshot", None)
         return t.RunCheckpoint._trusted(
             run_id=self.run_id,
             task=self.task,
             status=self.status,
             current_phase=self.current_phase,
-            completed_phases=tuple(self._phases.values()),
+            completed_phases=tuple(self._phases.values()) if phases or old is None
+            else old.completed_phases,
             agent_results=t.FrozenMap._wrap(self.results),
             agent_sessions=t.FrozenMap._wrap(self.sessions),
             findings=self._findings,
@@ -107,7 +111,8 @@ class RunState:
             created_at=self.created_at,
             updated_at=self.updated_at,
             workflow_meta=self.workflow_meta,
-            started_agent_ids=tuple(self._started),
+            started_agent_ids=tuple(self._started) if started or old is None
+            else old.started_agent_ids,
         )
 
     # -- loading ---------------------------------------------------------------------------
@@ -136,44 +141,53 @@ class RunState:
             return RunState.from_whole(self.run_id, self.keys, delta)
         parts = delta.records()
         loader = _Loader(self.run_id, self.keys)
+        keys = self.keys
         run_fields: dict[str, Any] = {}
         results: list[tuple[uuid.UUID, t.AgentResultCache | None]] = []
         sessions: list[tuple[uuid.UUID, t.AgentSessionCheckpoint | None]] = []
         phases: list[tuple[int, t.PhaseSummary | None]] = []
         started: list[uuid.UUID] = []
         segments: list[tuple[str, tuple[t.Finding, ...] | None]] = []
+        blobs: dict[str, bytes] = {}  # F records' blobs by segment (an L3 E res may name one)
+        shared = delta.shared_findings
         i, n = 0, len(parts)
         while i < n:
             tag = parts[i]
-            if tag == b"R":
-                name = parts[i + 1].decode()
-                run_fields[name] = self._run_field(loader, name, parts[i + 2])
-                i += 3
-            elif tag == b"E":
+            if tag == b"E":
                 section, entity, count = parts[i + 1], parts[i + 2].decode(), int(parts[i + 3])
-                attrs = parts[i + 4 : i + 4 + 2 * count]
-                if len(attrs) != 2 * count:
+                end = i + 4 + 2 * count
+                if end > n or count < 0:
                     raise ValueError("truncated entity record")
-                i += 4 + 2 * count
-                fields = {f"{entity}:{attrs[j].decode()}": attrs[j + 1]
-                          for j in range(0, len(attrs), 2)}  # fmt: skip
+                attrs = {parts[j].decode(): parts[j + 1] for j in range(i + 4, end, 2)}
+                i = end
                 if section == b"res":
-                    aid = loader._agent_id(self.keys.results, entity)
-                    results.append((aid, loader._results(fields)[aid] if fields else None))
+                    aid = loader._agent_id(keys.results, entity)
+                    if shared and attrs.get("findings") == b"":
+                        if entity not in blobs:
+                            raise ValueError(f"E res {entity} names a findings blob not sent")
+                        attrs["findings"] = blobs[entity]
+                    results.append((aid, loader._result(aid, entity, attrs) if attrs else None))
                 elif section == b"ses":
-                    aid = loader._agent_id(self.keys.sessions, entity)
+                    aid = loader._agent_id(keys.sessions, entity)
+                    fields = {f"{entity}:{name}": value for name, value in attrs.items()}
                     sessions.append((aid, loader._sessions(fields)[aid] if fields else None))
                 elif section == b"ph":
-                    pid = loader._uint(self.keys.phases, entity, entity.encode(), t.U32_MAX)
+                    pid = loader._uint(keys.phases, entity, entity.encode(), t.U32_MAX)
+                    fields = {f"{entity}:{name}": value for name, value in attrs.items()}
                     phases.append((pid, loader._phases(fields)[pid] if fields else None))
                 else:
                     raise ValueError(f"unknown delta section {section[:8]!r}")
+            elif tag == b"R":
+                name = parts[i + 1].decode()
+                run_fields[name] = self._run_field(loader, name, parts[i + 2])
+                i += 3
             elif tag == b"S":
                 started += loader._started({parts[i + 1].decode(): parts[i + 2]})
                 i += 3
             elif tag == b"F":
                 seg = parts[i + 1].decode()
-                found = loader._findings(parts[i + 2], key=self.keys.findings, field=seg)
+                blobs[seg] = parts[i + 2]
+                found = loader._findings(parts[i + 2], key=keys.findings, field=seg)
                 segments.append((seg, found))
                 i += 3
             elif tag == b"X":
@@ -209,7 +223,7 @@ class RunState:
                 self._findings += group
         if rebuild:
             self._findings = tuple(itertools.chain.from_iterable(self._segments.values()))
-        self.snapshot = self._build()
+        self.snapshot = self._build(phases=bool(phases), started=bool(started))
         return self
 
     def _run_field(self, loader: _Loader, name: str, raw: bytes) -> Any:
@@ -226,6 +240,9 @@ class RunState:
             return loader._flag(k, name, raw)
         return loader._text(k, name, raw)
 
+
+_RESULT_STATUS = {status.encode(): status for status in t.AGENT_RESULT_STATUSES}
+"""A result's stored status -> its text (the valid ones; anything else is checked slowly)."""
 
 _RUN_ATTRS = frozenset({
     "version", "updated_at", "status", "current_phase", "total_tokens", "incarnation",
@@ -290,6 +307,10 @@ class RunCache:
         self._changes = 0  # counts every change of tip, for waiters
         self.current: t.RunCheckpoint | None = None
         """The checkpoint when nothing is queued, else None: what a read returns at once."""
+        self.last_payload: bytes | None = None
+        """The bytes of the last delta that continued the chain: the notice of a write whose
+        reply came first (or the reply of one whose notice came first) is these same bytes,
+        and a listener drops it with one comparison, before parsing anything."""
         _LIVE.add(self)
 
     # -- reads (no I/O) --------------------------------------------------------------------
@@ -391,6 +412,7 @@ class RunCache:
             self.current = None
             self._pending.append(delta)
             self._tip = (delta.inc_after, delta.v_after)
+            self.last_payload = delta.payload
             self._bump()
             return Offer.APPLIED
         if delta.inc_after == inc and delta.v_after <= version:
@@ -647,7 +669,7 @@ class _Loader:
         trimmed = run.get("log_trimmed")
         state.log_trimmed = trimmed is not None and self._flag(k, "log_trimmed", trimmed)
         state._phases = self._phases(self._hash(keys.phases, phases_raw))
-        state.results = self._results(self._hash(keys.results, results_raw))
+        state.results = self._results_raw(results_raw)
         state.sessions = self._sessions(self._hash(keys.sessions, sessions_raw))
         state._started = dict.fromkeys(self._started(self._hash(keys.started, started_raw)))
         state._segments = dict(self._segments(self._hash(keys.findings, seg_raw), order_raw))
@@ -678,35 +700,106 @@ class _Loader:
         found.sort(key=lambda item: item[0])
         return {p.phase_id: p for _, p in found}
 
+    def _entities_raw(self, key: str, flat: Any) -> dict[str, dict[str, bytes]]:
+        """``_entity(_hash(...))`` in one pass over a raw HGETALL reply."""
+        if isinstance(flat, dict):
+            pairs: Any = flat.items()
+        elif isinstance(flat, list) and len(flat) % 2 == 0:
+            it = iter(flat)
+            pairs = zip(it, it, strict=False)  # even length checked above
+        else:
+            raise CorruptDataError(key, "", "unexpected reply shape")
+        out: dict[str, dict[str, bytes]] = {}
+        get = out.get
+        for raw_name, value in pairs:
+            if type(raw_name) is bytes:
+                try:
+                    name = raw_name.decode()
+                except UnicodeDecodeError:
+                    name = self._text(key, "<field name>", raw_name)
+            else:
+                name = self._text(key, "<field name>", raw_name)
+            owner, sep, attr = name.partition(":")
+            if not sep or not attr:
+                raise CorruptDataError(key, name, "field name is not <id>:<attribute>")
+            group = get(owner)
+            if group is None:
+                out[owner] = {attr: value}
+            else:
+                group[attr] = value
+        return out
+
+    def _results_raw(self, flat: Any) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
+        key = self.keys.results
+        result = self._result
+        agent_id = self._agent_id
+        return immutables.Map({
+            (aid := agent_id(key, aid_text)): result(aid, aid_text, attrs)
+            for aid_text, attrs in self._entities_raw(key, flat).items()
+        })  # fmt: skip
+
     def _results(self, fields: dict[str, bytes]) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
         key = self.keys.results
         out: dict[uuid.UUID, t.AgentResultCache] = {}
         for aid_text, attrs in self._entity(key, fields).items():
             agent_id = self._agent_id(key, aid_text)
-            f = f"{aid_text}:"
+            out[agent_id] = self._result(agent_id, aid_text, attrs)
+        return immutables.Map(out)
+
+    def _result(self, agent_id: uuid.UUID, aid_text: str,
+                attrs: dict[str, bytes]) -> t.AgentResultCache:  # fmt: skip
+        """One result from its attributes (name -> stored value), every field checked (the
+        field names for an error are built only when there is one)."""
+        key = self.keys.results
+        get = attrs.get
+        status_raw, phase_raw = get("status"), get("phase_id")
+        tokens_raw, completed_raw = get("tokens"), get("completed_at")
+        if status_raw is None or phase_raw is None or tokens_raw is None or completed_raw is None:
             for name in ("status", "phase_id", "tokens", "completed_at"):
                 if name not in attrs:
-                    raise CorruptDataError(key, f + name, "is missing")
-            status = self._text(key, f + "status", attrs["status"])
-            if status not in t.AGENT_RESULT_STATUSES:
-                raise CorruptDataError(key, f + "status", f"{status!r} is not an agent status")
-            output = attrs.get("output")
-            findings = attrs.get("findings")
-            out[agent_id] = t.AgentResultCache._trusted(
-                agent_id=agent_id,
-                phase_id=self._uint(key, f + "phase_id", attrs["phase_id"], t.U32_MAX),
-                status=status,
-                output=None if output is None else codec.decode_json(
-                    output, key=key, field=f + "output"),
-                findings=() if findings is None else self._findings(
-                    findings, key=key, field=f + "findings"),
-                tokens=self._uint(key, f + "tokens", attrs["tokens"]),
-                completed_at=self._uint(key, f + "completed_at", attrs["completed_at"]),
-                cache_key_hash=self._opt(key, f + "cache_key_hash", attrs, "cache_key_hash"),
-                description=self._opt(key, f + "description", attrs, "description"),
-                role=self._opt(key, f + "role", attrs, "role"),
-            )  # fmt: skip
-        return immutables.Map(out)
+                    raise CorruptDataError(key, f"{aid_text}:{name}", "is missing")
+        status = _RESULT_STATUS.get(status_raw)  # type: ignore[arg-type]
+        if status is None:
+            text = self._text(key, f"{aid_text}:status", status_raw)
+            if text not in t.AGENT_RESULT_STATUSES:
+                raise CorruptDataError(
+                    key, f"{aid_text}:status", f"{text!r} is not an agent status")
+            status = text
+        output, findings = get("output"), get("findings")
+        cache_key_hash, description, role = get("cache_key_hash"), get("description"), get("role")
+        return t.AgentResultCache._trusted(
+            agent_id=agent_id,
+            phase_id=self._num(key, aid_text, "phase_id", phase_raw, t.U32_MAX),
+            status=status,
+            output=None if output is None else codec.decode_json(
+                output, key=key, field=f"{aid_text}:output"),
+            findings=() if findings is None else self._findings(
+                findings, key=key, field=f"{aid_text}:findings"),
+            tokens=self._num(key, aid_text, "tokens", tokens_raw),
+            completed_at=self._num(key, aid_text, "completed_at", completed_raw),
+            cache_key_hash=None if cache_key_hash is None else self._str(
+                key, aid_text, "cache_key_hash", cache_key_hash),
+            description=None if description is None else self._str(
+                key, aid_text, "description", description),
+            role=None if role is None else self._str(key, aid_text, "role", role),
+        )  # fmt: skip
+
+    def _num(self, key: str, owner: str, name: str, raw: Any, hi: int = t.U64_MAX) -> int:
+        """``_uint`` of attribute ``name`` of ``owner``, naming the field only on error."""
+        if type(raw) is bytes and raw.isdigit() and (raw[0] != 48 or len(raw) == 1):
+            value = int(raw)
+            if value <= hi:
+                return value
+        return self._uint(key, f"{owner}:{name}", raw, hi)
+
+    def _str(self, key: str, owner: str, name: str, raw: Any) -> str:
+        """``_text`` of attribute ``name`` of ``owner``, naming the field only on error."""
+        if type(raw) is bytes:
+            try:
+                return raw.decode()
+            except UnicodeDecodeError:
+                pass
+        return self._text(key, f"{owner}:{name}", raw)
 
     def _sessions(
         self, fields: dict[str, bytes]

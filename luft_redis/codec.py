@@ -25,6 +25,7 @@ is unpacked with size limits; nothing stored is ever evaluated or unpickled.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import uuid
 from collections.abc import Callable
@@ -197,6 +198,20 @@ class _Bad(Exception):
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.message = message
+
+    def inside(self, path: str, step: str) -> _Bad:
+        """This error, seen from the value at ``path`` that holds the failing one at ``step``
+        (a field name, or ``[i]``). Nested values are decoded with an empty path and prefixed
+        only when they fail, so decoding builds no path strings."""
+        inner = self.path
+        if inner and not inner.startswith("["):
+            inner = "." + inner
+        full = step + inner
+        if path:
+            full = path + ("" if full.startswith("[") else ".") + full
+        return _Bad(full, self.message)
 
 
 class _Newer(Exception):
@@ -325,7 +340,15 @@ def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
     def tuple_unpack(x: Any, path: str) -> tuple[Any, ...]:
         if type(x) is not list:
             raise _Bad(path, "expected an array")
-        return tuple(unpack(v, f"{path}[{i}]") for i, v in enumerate(x))
+        try:
+            return tuple([unpack(v, "") for v in x])
+        except _Bad as exc:
+            for i, v in enumerate(x):  # find which item failed (errors only)
+                try:
+                    unpack(v, "")
+                except _Bad:
+                    raise exc.inside(path, f"[{i}]") from None
+            raise  # pragma: no cover - the same values failed once
 
     return tuple_pack, tuple_unpack
 
@@ -426,18 +449,24 @@ def _record_codec(cls: type[t.Record], fmt: int = FORMAT) -> tuple[Packer, Unpac
         del out[i:]
         return out
 
+    missing = [(name, spec.default if spec.has_default else None)
+               for name, spec in zip(names, specs, strict=True)]  # fmt: skip
+    new = object.__new__
+    setter = object.__setattr__
+
     def unpack(x: Any, path: str) -> Any:
         if type(x) is not list or not first_optional <= len(x) <= n:
             raise _Bad(path, f"expected a {cls.__name__} array")
-        values: dict[str, Any] = {}
-        for i, name in enumerate(names):
-            sub = f"{path}.{name}" if path else name
-            if i < len(x):
-                values[name] = unpackers[i](x[i], sub)
-            else:
-                spec = specs[i]
-                values[name] = spec.default if spec.has_default else None
-        return cls._trusted(**values)
+        value = new(cls)  # as cls._trusted: every field is checked here
+        name = ""
+        try:
+            for name, unpacker, item in zip(names, unpackers, x, strict=False):  # x may be short
+                setter(value, name, unpacker(item, ""))
+        except _Bad as exc:
+            raise exc.inside(path, name) from None
+        for name, default in missing[len(x):]:
+            setter(value, name, default)
+        return value
 
     codec = (pack, unpack)
     _RECORD_CODECS[cls, fmt] = codec
@@ -450,6 +479,36 @@ _NO_DEFAULT = object()
 # --------------------------------------------------------------------------------------------
 # Public encoders / decoders
 # --------------------------------------------------------------------------------------------
+
+
+class _Recent:
+    """The last few blobs this process encoded, with the (immutable) values they were encoded
+    from: the change a write's reply brings back holds those very bytes, and decoding them
+    again would only rebuild equal objects (the stored form round-trips exactly; the golden
+    tests hold it to that). Bounded; only encoding adds to it, so a load of other processes'
+    data never fills it."""
+
+    __slots__ = ("_items", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: dict[bytes, Any] = {}
+
+    def add(self, blob: bytes, value: Any) -> None:
+        items = self._items
+        if len(items) >= self.size:
+            # the oldest; another thread may have got there first
+            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                del items[next(iter(items))]
+        items[blob] = value
+
+    def get(self, blob: bytes, default: Any = None) -> Any:
+        return self._items.get(blob, default)
+
+
+_RECENT_FINDINGS = _Recent(512)
+_RECENT_JSON = _Recent(512)
+_MISSING = object()
 
 
 def encode_event(event: t.AgentEvent) -> bytes:
@@ -489,11 +548,16 @@ def decode_event(
 
 def encode_json(value: Any) -> bytes:
     """The stored form of a (checked) JSON value: msgpack, in format :data:`FORMAT`."""
-    return _HEADER + msgpack.packb(value)  # type: ignore[no-any-return]
+    blob: bytes = _HEADER + msgpack.packb(value)
+    _RECENT_JSON.add(blob, value)
+    return blob
 
 
 def decode_json(blob: bytes, *, key: str, field: str) -> Any:
     """The frozen JSON value stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
+    recent = _RECENT_JSON.get(blob, _MISSING)
+    if recent is not _MISSING:  # this process encoded these very bytes from this value
+        return recent
     try:
         return _unpack_json(_open(blob)[1], "")
     except (_Bad, _Newer) as exc:
@@ -506,14 +570,21 @@ _check_tables()
 _FINDINGS = {fmt: _tuple(*_record_codec(t.Finding, fmt)) for fmt in FORMATS}
 
 
+
+
 def encode_findings(findings: tuple[t.Finding, ...]) -> bytes:
     """Stored form of a non-empty list of findings (positional arrays, like events), in format
     :data:`FORMAT`. (An empty list is never stored: see :data:`EMPTY_LIST`.)"""
-    return _HEADER + msgpack.packb(_FINDINGS[FORMAT][0](findings))  # type: ignore[no-any-return]
+    blob: bytes = _HEADER + msgpack.packb(_FINDINGS[FORMAT][0](findings))
+    _RECENT_FINDINGS.add(blob, findings)
+    return blob
 
 
 def decode_findings(blob: bytes, *, key: str, field: str) -> tuple[t.Finding, ...]:
     """The findings stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
+    recent: tuple[t.Finding, ...] | None = _RECENT_FINDINGS.get(blob)
+    if recent is not None:  # this process encoded these very bytes from these findings
+        return recent
     try:
         fmt, body = _open(blob)
         return _FINDINGS[fmt][1](body, "")  # type: ignore[no-any-return]

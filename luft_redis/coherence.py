@@ -149,6 +149,8 @@ class Watch:
 
     def notice(self, payload: Any) -> None:
         """A notice of the watched channel."""
+        if payload == self.cache.last_payload:
+            return  # this process's own write, already applied from its reply: no parsing
         try:
             delta = parse_delta(payload)
         except (UnknownFormat, ValueError):

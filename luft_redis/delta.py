@@ -1,28 +1,47 @@
 """Deltas: what a writing script changed, as it replies and publishes it (no I/O here).
 
 Every writing script (``lua/*.lua``) replies with one delta and publishes the same bytes on the
-run's change channel. A delta is a string of netstrings ``<len>:<bytes>``: a header of six parts
+run's change channel. A delta starts with a header of six netstrings ``<len>:<bytes>``:
 
-    ``L2``, incarnation before, version before, incarnation after, version after, operation
+    ``L3``, incarnation before, version before, incarnation after, version after, operation
 
-then records (see ``lua/includes/common.lua``). The header alone says whether a cache can apply
-the delta: only when the cache holds exactly ``(incarnation before, version before)``. The
-records are parsed only when the delta is applied (:meth:`Delta.records`), so a process that
-never reads its checkpoint never decodes other processes' work.
+then its records (see ``lua/includes/common.lua``). In format ``L3`` (this version) the record
+parts follow as one netstring of their byte lengths (decimals separated by spaces) and then the
+parts back to back, so splitting them is one ``bytes.split`` and one slice per part; an ``E res``
+record's ``findings`` attribute is empty when the delta's ``F`` record for the same segment
+carries the blob (sent once). Format ``L2`` (the version before) put every part in a netstring
+of its own and sent that blob twice; it is still read, since a fleet upgrading process by
+process publishes both.
 
-``L2`` is the format of this library; 0.1.0 published notices without a format part (their
-first part is a version number). A payload in any format this code does not know raises
-:class:`UnknownFormat`: the cache then reloads through ``load``, which reads every format.
+The header alone says whether a cache can apply the delta: only when the cache holds exactly
+``(incarnation before, version before)``. The records are parsed only when the delta is
+applied (:meth:`Delta.records`), so a process that never reads its checkpoint never decodes
+other processes' work.
+
+0.1.0 published notices without a format part (their first part is a version number). A
+payload in any format this code does not know raises :class:`UnknownFormat`: the cache then
+reloads through ``load``, which reads every format.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FORMAT", "WHOLE_STATE_OPS", "Delta", "UnknownFormat", "parse_delta", "split"]
+__all__ = [
+    "FORMAT",
+    "READABLE_FORMATS",
+    "WHOLE_STATE_OPS",
+    "Delta",
+    "UnknownFormat",
+    "parse_delta",
+    "split",
+]
 
-FORMAT = b"L2"
-"""The first part of every delta this version writes and understands."""
+FORMAT = b"L3"
+"""The first part of every delta this version writes."""
+
+READABLE_FORMATS = frozenset({b"L2", b"L3"})
+"""Every delta format this version reads (all this library ever wrote after 0.1.0)."""
 
 WHOLE_STATE_OPS = frozenset({b"init", b"save"})
 """Operations whose delta carries the whole state (a ``Z`` record) instead of changes."""
@@ -53,9 +72,12 @@ def split(payload: bytes, start: int = 0, limit: int = -1) -> tuple[list[bytes],
     return parts, pos
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Delta:
-    """One script's change: ``(inc_before, v_before) -> (inc_after, v_after)`` and its records."""
+    """One script's change: ``(inc_before, v_before) -> (inc_after, v_after)`` and its records.
+
+    Treat it as immutable (it is not frozen only because a frozen dataclass is slower to make,
+    and one is made for every reply and notice)."""
 
     inc_before: str
     v_before: int
@@ -65,6 +87,8 @@ class Delta:
     payload: bytes
     body: int
     """Offset of the first record in ``payload``."""
+    fmt: bytes = FORMAT
+    """The delta's format (:data:`READABLE_FORMATS`)."""
 
     @property
     def changed(self) -> bool:
@@ -86,9 +110,38 @@ class Delta:
     def deleted(self) -> bool:
         return self.op == b"delete"
 
+    @property
+    def shared_findings(self) -> bool:
+        """True when an empty ``findings`` attribute of an ``E res`` record stands for the
+        blob of the delta's ``F`` record of the same segment (format L3)."""
+        return self.fmt == b"L3"
+
     def records(self) -> list[bytes]:
         """The parts of every record, in order (parsed now; ValueError when malformed)."""
-        return split(self.payload, self.body)[0]
+        if self.fmt == b"L2":
+            return split(self.payload, self.body)[0]
+        return split_indexed(self.payload, self.body)
+
+
+def split_indexed(payload: bytes, start: int) -> list[bytes]:
+    """The record parts of an L3 delta body at ``start``: a netstring of the parts' lengths,
+    then the parts back to back. ValueError when malformed."""
+    if start >= len(payload):
+        return []
+    index, body = split(payload, start, 1)
+    text = index[0] if index else b""
+    if not text.replace(b" ", b"").isdigit():  # ASCII digits only: no sign, no "_"
+        raise ValueError("malformed record index")
+    parts: list[bytes] = []
+    append = parts.append
+    pos = body
+    for length in map(int, text.split(b" ")):  # int(b"") (two spaces) raises ValueError
+        end = pos + length
+        append(payload[pos:end])
+        pos = end
+    if pos != len(payload):
+        raise ValueError("record index does not match the delta's length")
+    return parts
 
 
 def parse_delta(payload: bytes) -> Delta:
@@ -102,9 +155,9 @@ def parse_delta(payload: bytes) -> Delta:
     if len(head) != 6:
         raise ValueError("truncated delta header")
     fmt, inc_before, v_before, inc_after, v_after, op = head
-    if fmt != FORMAT:
+    if fmt not in READABLE_FORMATS:
         raise UnknownFormat(f"unknown change format {fmt!r}")
     if not (v_before.isdigit() and v_after.isdigit()):
         raise ValueError("delta versions are not decimal numbers")
     return Delta(inc_before.decode(), int(v_before), inc_after.decode(), int(v_after), op,
-                 payload, body)  # fmt: skip
+                 payload, body, fmt)  # fmt: skip

@@ -121,31 +121,32 @@ class Encoder:
             )
         if event.run_id is None and not isinstance(event, t.SignalReceived):
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
-        rule: tuple[Any, ...] = ()
-        if isinstance(event, t.AgentStarted):
-            rule = (str(event.agent_id), str(event.phase_id))
-        elif isinstance(event, t.AgentDone):
+        blob = self.limit(codec.encode_event(event), field)
+        etype = event.TYPE
+        # the rule arguments, packed as append_events-10.lua reads them ("<a> <b>": one string
+        # of space-separated ids, names and decimals, none of which holds a space)
+        if isinstance(event, t.AgentDone):
             total = event.tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
-            rule = (
-                str(event.agent_id), event.status.cache_str, str(total),
+            return [
+                etype, blob, f"{event.agent_id} {event.status.cache_str} {total}",
                 opt(None if event.output is None else codec.encode_json(event.output)),
                 opt(codec.encode_findings(event.findings) if event.findings else None),
-            )  # fmt: skip
-        elif isinstance(event, t.PhaseStarted):
-            rule = (
-                str(event.phase_id), event.label, str(event.planned),
-                opt(event.description), opt(event.role),
-            )  # fmt: skip
-        elif isinstance(event, t.PhaseDone):
-            rule = (str(event.phase_id), str(event.ok), str(event.failed))
-        elif isinstance(event, t.RunDone):
+            ]  # fmt: skip
+        if isinstance(event, t.AgentStarted):
+            return [etype, blob, f"{event.agent_id} {event.phase_id}"]
+        if isinstance(event, t.PhaseStarted):
+            return [etype, blob, f"{event.phase_id} {event.planned}", event.label,
+                    opt(event.description), opt(event.role)]  # fmt: skip
+        if isinstance(event, t.PhaseDone):
+            return [etype, blob, f"{event.phase_id} {event.ok} {event.failed}"]
+        if isinstance(event, t.RunDone):
             total = event.total_tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
-            rule = (event.status.value, str(total))
-        return [event.TYPE, self.limit(codec.encode_event(event), field), str(len(rule)), *rule]
+            return [etype, blob, f"{event.status.value} {total}"]
+        return [etype, blob]
 
     def result(self, cache: Any) -> list[Any]:
         """Arguments of upsert_agent_result-10.lua."""

@@ -402,3 +402,216 @@ def test_close_releases_the_subscriber_connection_at_once(redis_client: Client) 
     assert alive == []
     assert redis_client.pubsub_shardnumsub(channel)[0][1] == 0
     client.close()
+
+
+def test_a_phase_started_without_its_label_is_refused_before_anything_is_written(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    """Issue 10: the script checks every event's arguments before its first write, so a
+    phase_started whose label is missing fails with nothing stored (it used to fail at the
+    phase's HSET, after the XADD of the whole batch)."""
+    writer, _ = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    keys = list(writer.keys or ())
+    before = fresh(writer)
+    ok = writer._encoder.events([done(run_id, uuid.uuid4())], run_id)
+    phase = writer._encoder.events(
+        [PhaseStarted(run_id=run_id, phase_id=1, label="scan", planned=2)], run_id)
+    assert phase[1] == "phase_started" and phase[4] == "scan"  # count, type, blob, ids, label
+    # a batch of a valid agent_done, then the phase_started cut before its label
+    args = ["2", *ok[1:], *phase[1:4]]
+    with pytest.raises(luft_redis_errors.LuftRedisError, match=r"label|argument"):
+        writer._call(writer._scripts.append_events, ("w-label", "1", *args), keys, run_id)
+    assert writer.client.xlen(writer.keys.events) == 0  # type: ignore[union-attr]
+    assert fresh(writer) == before
+
+
+def test_an_agent_done_delta_carries_its_findings_blob_once(
+    pair: tuple[RedisCheckpointBackend, RedisCheckpointBackend],
+) -> None:
+    """Format L3: the result's E record points at the F record instead of repeating the blob,
+    and both a writer and another process rebuild the same findings from it."""
+    from luft_redis import codec
+    from luft_redis.delta import FORMAT, parse_delta
+
+    writer, reader = pair
+    run_id = writer.run_id
+    assert run_id is not None
+    event = done(run_id, uuid.uuid4())
+    blob = codec.encode_findings(event.findings)
+    args = writer._encoder.events([event], run_id)
+    keys = list(writer.keys or ())
+    reply = writer._call(writer._scripts.append_events, ("w-once", "1", *args), keys, run_id)
+    delta = parse_delta(reply)
+    assert delta.fmt == FORMAT == b"L3"
+    assert reply.count(blob) == 1
+    records = delta.records()
+    assert records.count(blob) == 1
+    e = records.index(b"E")
+    attrs = records[e + 4 : e + 4 + 2 * int(records[e + 3])]
+    assert attrs[attrs.index(b"findings") + 1] == b""
+    cp = fresh(writer)
+    assert cp.agent_results[event.agent_id].findings == event.findings
+    assert eventually(lambda: reader.get_checkpoint() == cp)
+
+
+def test_a_delta_naming_a_findings_blob_it_lacks_makes_the_cache_stale_not_a_read_fail(
+    make_backend: Factory,
+) -> None:
+    """An L3 E res record whose empty findings names no F record cannot be applied: the read
+    still answers (the last good state) and the cache reports stale until it reloads."""
+    from luft_redis.delta import parse_delta
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    event = done(run_id, uuid.uuid4())
+    args = writer._encoder.events([event], run_id)
+    keys = list(writer.keys or ())
+    reply = writer._call(writer._scripts.append_events, ("w-bad", "1", *args), keys, run_id)
+    good = parse_delta(reply)
+    records = good.records()
+    f = records.index(b"F")
+    cut = records[:f] + records[f + 3 :]  # drop the F record, keep the E res pointing at it
+    index = b" ".join(str(len(p)).encode() for p in cut)
+    body = reply[: good.body] + str(len(index)).encode() + b":" + index + b"".join(cut)
+    bad = parse_delta(body)
+    assert bad.records() == cut
+    cache = writer._binding.cache  # type: ignore[union-attr]
+    before = writer.get_checkpoint()
+    assert cache.offer(bad).name == "APPLIED"
+    assert writer.get_checkpoint() == before  # the read answers; nothing half-applied
+    assert not cache.synced
+
+
+def test_a_writers_own_notice_is_dropped_before_it_is_parsed(
+    make_backend: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The notice of a write whose reply was applied is the reply's bytes: the listener drops
+    it with one comparison (no header parse, no lock, no work for the front end)."""
+    import luft_redis.coherence as coherence
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    writer.append_event(done(run_id, uuid.uuid4()))
+    binding = writer._binding
+    assert binding is not None
+    cache = binding.cache
+    own = cache.last_payload
+    assert own is not None
+    work: list[object] = []
+    watch = coherence.Watch(cache, binding.channel, work.append)
+
+    def refuse(payload: bytes) -> Any:
+        raise AssertionError("an own notice was parsed")
+
+    monkeypatch.setattr(coherence, "parse_delta", refuse)
+    tip, generation = cache.tip, cache.generation
+    watch.notice(bytes(bytearray(own)))  # equal bytes, another object (as off the socket)
+    assert work == [] and cache.tip == tip and cache.generation == generation
+    monkeypatch.undo()
+    other = bytes(own).replace(b"append", b"appenD")  # not the same notice: parsed as usual
+    watch.notice(other)
+    assert cache.tip == tip
+
+
+@pytest.mark.parametrize("user_setting", [False, True])
+def test_decoding_in_two_threads_leaves_the_gc_as_the_user_set_it(
+    make_backend: Factory, monkeypatch: pytest.MonkeyPatch, user_setting: bool,
+) -> None:
+    """Issue 10, no global side effects: loading and applying never toggle the cyclic GC (a
+    process-wide switch), whatever the user set, with two threads decoding at once."""
+    import gc
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    for _ in range(20):
+        writer.append_event(done(run_id, uuid.uuid4()))
+    calls: list[str] = []
+    real_disable, real_enable = gc.disable, gc.enable
+    def spy(name: str, real: Callable[[], None]) -> Callable[[], None]:
+        def call() -> None:
+            calls.append(name)
+            real()
+
+        return call
+
+    monkeypatch.setattr(gc, "disable", spy("disable", real_disable))
+    monkeypatch.setattr(gc, "enable", spy("enable", real_enable))
+    was = gc.isenabled()
+    (real_enable if user_setting else real_disable)()
+    seen: set[bool] = set()
+    errors: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            for _ in range(15):
+                reader = RedisCheckpointBackend(writer.client, watch=False)
+                reader.open_run(run_id)
+                reader.append_event(done(run_id, uuid.uuid4()))
+                reader.get_checkpoint()  # applies the write's delta
+                seen.add(gc.isenabled())
+                reader.close()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=decode) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            seen.add(gc.isenabled())
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        assert seen == {user_setting} and gc.isenabled() is user_setting
+        assert calls == []
+    finally:
+        (real_enable if was else real_disable)()
+
+
+def test_blobs_this_process_encoded_decode_to_what_a_full_decode_gives() -> None:
+    """The codec remembers the values behind the last blobs it encoded (a write's reply brings
+    those bytes back); what it hands back must equal, type for type, a full decode."""
+    from luft_redis import codec
+    from luft_redis.types import Location
+
+    findings = (
+        Finding(kind="bug", severity=Severity.HIGH, title="t", detail="d",
+                location=Location(file="a.rs", line=3), evidence=("e",),
+                data={"x": [1, 2.0, True, None], "big": 2**64 - 1}),
+        Finding(kind="k", severity=Severity.LOW, title="u", detail=""),
+    )  # fmt: skip
+    value = {"answer": 42, "list": [1.0, "two", {"n": None}], "s": "日本"}
+    blob_f = codec.encode_findings(findings)
+    frozen = AgentDone(
+        run_id=uuid.uuid4(), agent_id=uuid.uuid4(), status=AgentStatus.OK,
+        tokens=TokenUsage(), elapsed_ms=1, output=value,
+    ).output  # fmt: skip
+    blob_j = codec.encode_json(frozen)
+    remembered = (codec.decode_findings(blob_f, key="k", field="f"),
+                  codec.decode_json(blob_j, key="k", field="o"))  # fmt: skip
+    assert remembered[0] is findings and remembered[1] is frozen
+    codec._RECENT_FINDINGS._items.clear()
+    codec._RECENT_JSON._items.clear()
+    full = (codec.decode_findings(blob_f, key="k", field="f"),
+            codec.decode_json(blob_j, key="k", field="o"))  # fmt: skip
+    assert full[0] is not findings and full == remembered
+    assert canon_json(full[1]) == canon_json(remembered[1])
+
+
+def canon_json(value: Any) -> str:
+    """A type-exact text form of a (frozen) JSON value (tells 1, 1.0 and True apart)."""
+    import json
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, str | int | float | bool) or v is None:
+            return [type(v).__name__, v]
+        if hasattr(v, "items"):
+            return {k: plain(x) for k, x in v.items()}
+        return [plain(x) for x in v]
+
+    return json.dumps(plain(value), sort_keys=True, ensure_ascii=False)

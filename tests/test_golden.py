@@ -291,3 +291,37 @@ def test_the_layout_docs_list_every_position_and_code() -> None:
         assert rows.get(enum) == [(str(c), v) for v, c in codes.items()], enum
     for kind, code in codec.DELTA_KIND_CODES.items():
         assert f"| `{kind}` ({code}) |" in doc
+
+
+DELTA_FILES = sorted((GOLDEN / "deltas").glob("*.json"))
+
+
+def test_golden_delta_sets_exist() -> None:
+    """Every delta format ever written has its captured deltas, the current one included."""
+    from luft_redis.delta import FORMAT, READABLE_FORMATS
+
+    names = {p.stem for p in DELTA_FILES}
+    assert FORMAT.decode() in names
+    assert names == {f.decode() for f in READABLE_FORMATS}
+
+
+@pytest.mark.parametrize("path", DELTA_FILES, ids=lambda p: p.stem)
+def test_golden_deltas_apply_to_their_checkpoint(path: Path) -> None:
+    """Deltas (replies = notices) of every format ever written still apply, record by record,
+    to the checkpoint they made (a mixed fleet publishes old-format notices)."""
+    from luft_redis.cache import RunState
+    from luft_redis.delta import parse_delta
+    from luft_redis.keys import run_keys
+
+    doc = load(path)
+    for name, run in doc["runs"].items():
+        run_id = uuid.UUID(run["run_id"])
+        keys = run_keys("luft", run_id)
+        deltas = [parse_delta(base64.b64decode(d)) for d in run["deltas"]]
+        assert deltas[0].whole, name
+        state = RunState.from_whole(run_id, keys, deltas[0])
+        for delta in deltas[1:]:
+            assert (delta.inc_before, delta.v_before) == (state.incarnation, state.version)
+            state = state.apply(delta)
+            assert (state.incarnation, state.version) == (delta.inc_after, delta.v_after)
+        assert canon(state.snapshot.to_json()) == canon(run["checkpoint"]), name

@@ -19,17 +19,23 @@
   back (the versions of that attempt, no records) and changes nothing (see dedup / remember).
 
   Deltas. Every writing script replies with one delta and publishes the same bytes as its
-  change notice (SPUBLISH on KEYS[10]) when it changed something. A delta is a string of
-  netstrings "<len>:<bytes>":
-    'L2', incarnation before, version before, incarnation after, version after, op,
-    then records, each a tag and its parts:
+  change notice (SPUBLISH on KEYS[10]) when it changed something. A delta (format L3) is a
+  header of six netstrings "<len>:<bytes>":
+    'L3', incarnation before, version before, incarnation after, version after, op
+  then, when there are records, one netstring holding the byte length of every record part as
+  decimals separated by single spaces, then those parts back to back (no separators). The
+  parts are the records, each a tag and its parts:
       R field value                 the run hash field now holds value
       E section id n (attr value)*n the entity `id` of section (ph, res, ses) is now exactly
-                                    these attributes (n = 0: it is gone)
+                                    these attributes (n = 0: it is gone); in an E res record
+                                    an empty `findings` value stands for the blob of this
+                                    delta's F record of segment `id` (sent once, not twice)
       S agent_id value              started[agent_id] = value ("<seq> <phase_id>")
       F segment blob                finding segment set: in place when listed, else appended
       X segment                     finding segment removed
       Z then the 7 parts of load's reply, each counted: the whole state (replaces all)
+  Format L2 (this library before L3) put every record part in a netstring of its own and sent
+  the findings blob in full in both the E res and the F record; readers keep reading it.
   A script that changes nothing replies with version before = version after and no records,
   and publishes nothing. The cache applies a delta only when its incarnation and version equal
   the delta's "before" (see luft_redis/delta.py).
@@ -155,11 +161,35 @@ local function hset_flat(key, flat)
 end
 
 -- The delta under construction: its records, in order (see the header).
-local FORMAT = 'L2'
+local FORMAT = 'L3'
 local DELTA = {}
+-- Segment id -> the blob of the F record sent for it, valid for the delta table F_SENT_DELTA
+-- only (so a prelude defined once and kept across calls never mixes two calls' records).
+local F_SENT, F_SENT_DELTA = {}, nil
+local function sent_findings(aid, blob)
+  if F_SENT_DELTA ~= DELTA then F_SENT, F_SENT_DELTA = {}, DELTA end
+  F_SENT[aid] = blob
+end
 local function rec(...)
   local parts = {...}
   for i = 1, #parts do DELTA[#DELTA + 1] = parts[i] end
+end
+
+-- Append an E record of entity `id` (section tag `tag`) from a flat attr/value list.
+local function rec_attrs(tag, id, out)
+  local n = #DELTA
+  DELTA[n + 1] = 'E'
+  DELTA[n + 2] = tag
+  DELTA[n + 3] = id
+  DELTA[n + 4] = tostring(#out / 2)
+  n = n + 4
+  local sent = F_SENT_DELTA == DELTA and F_SENT[id]
+  for i = 1, #out, 2 do
+    local value = out[i + 1]
+    if out[i] == 'findings' and sent == value then value = '' end
+    DELTA[n + i] = out[i]
+    DELTA[n + i + 1] = value
+  end
 end
 
 local PHASE_ATTRS = {'seq', 'label', 'planned', 'ok', 'failed', 'description', 'role'}
@@ -180,8 +210,7 @@ local function rec_entity(tag, key, id, attrs)
       out[#out + 1] = values[i]
     end
   end
-  rec('E', tag, id, tostring(#out / 2))
-  for i = 1, #out do DELTA[#DELTA + 1] = out[i] end
+  rec_attrs(tag, id, out)
 end
 
 local function netstrings(parts, out)
@@ -194,7 +223,14 @@ end
 
 local function delta_bytes(inc_before, v_before, inc_after, v_after, op, records)
   local out = netstrings({FORMAT, inc_before, v_before, inc_after, v_after, op}, {})
-  if records then netstrings(records, out) end
+  if records and #records > 0 then
+    local lengths = {}
+    for i = 1, #records do lengths[i] = #records[i] end
+    local index = table.concat(lengths, ' ')
+    out[#out + 1] = #index .. ':'
+    out[#out + 1] = index
+    for i = 1, #records do out[#out + 1] = records[i] end
+  end
   return table.concat(out)
 end
 
@@ -316,18 +352,21 @@ end
 -- shows, so saving that changes nothing). Segments "<aid>#2", "<aid>#3", ... left by
 -- save_checkpoint for the same agent are dropped too (an agent with such segments always has
 -- its own segment, so a new segment has none).
-local function set_agent_findings(aid, blob)
+-- With `push` (a list), a new segment's id is appended to it for the caller to RPUSH later.
+local function set_agent_findings(aid, blob, push)
   if blob == EMPTY_LIST then
     if redis.call('HDEL', K_FINDINGS, aid) == 0 then return end
     redis.call('LREM', K_FINDINGS_ORDER, 1, aid)
     rec('X', aid)
   elseif redis.call('HSETNX', K_FINDINGS, aid, blob) == 1 then
-    redis.call('RPUSH', K_FINDINGS_ORDER, aid)
+    if push then push[#push + 1] = aid else redis.call('RPUSH', K_FINDINGS_ORDER, aid) end
     rec('F', aid, blob)
+    sent_findings(aid, blob)
     return
   else
     redis.call('HSET', K_FINDINGS, aid, blob)
     rec('F', aid, blob)
+    sent_findings(aid, blob)
   end
   local k = 2
   while redis.call('HDEL', K_FINDINGS, aid .. '#' .. k) == 1 do
