@@ -433,7 +433,8 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Placement (also used by benchmarks.staleness)
+# Placement (also used by benchmarks.staleness). A copy of benchmarks/pinning.py: this file
+# also runs as a standalone script beside an older checkout, so it imports nothing local.
 # --------------------------------------------------------------------------------------------
 
 
