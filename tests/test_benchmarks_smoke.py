@@ -8,7 +8,9 @@ noisy machine).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -23,16 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_KEYS = {
     "ping_p50",
     "append_event_p50",
+    "append_event_vs_fcall_p50",
     "append_event_p99",
+    "raw_fcall_p50",
     "upsert_agent_result_p50",
     "upsert_agent_result_p99",
-    "same_shape_evalsha_p50",
-    "same_shape_evalsha_p99",
     "append_event_commands",
+    "append_server_time",
     "upsert_agent_result_commands",
     "append_events_10",
     "append_events_100",
-    "same_shape_pipeline_100",
+    "raw_fcall_pipeline_100",
     "get_checkpoint_small",
     "get_checkpoint_mid",
     "get_checkpoint_large",
@@ -41,12 +44,25 @@ EXPECTED_KEYS = {
     "writers_1",
     "writers_2",
     "writers_4",
+    "writers_4_bench",
+    "hiredis_append_p50",
+    "hiredis_open_run",
+    "stats_write_cost",
+    "stats_call",
     "memory_per_event",
 }
+BENCH_ROWS = {"append_events_100", "writers_4_bench"}  # baseline: redis-benchmark
+PARSER_ROWS = {"hiredis_append_p50", "hiredis_open_run"}  # need hiredis
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 @pytest.mark.server
 def test_benchmark_smoke_run(redis_server_binary: str, tmp_path: Path) -> None:
+    """Every row of issue 9 is produced with a number (and its baseline and ratio where it has
+    one); the append function's server time comes with its per-command breakdown."""
     out = tmp_path / "bench.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -57,12 +73,32 @@ def test_benchmark_smoke_run(redis_server_binary: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     report = json.loads(out.read_text())
-    rows = report["rows"]
-    assert {row["key"] for row in rows} == EXPECTED_KEYS
-    for row in rows:
+    rows = {row["key"]: row for row in report["rows"]}
+    assert set(rows) == EXPECTED_KEYS
+    has_bench = "not found" not in report["header"]["redis-benchmark"]
+    has_hiredis = importlib.util.find_spec("hiredis") is not None
+    for key, row in rows.items():
         assert row["metric"] in proc.stdout
         assert row["status"] in ("PASS", "MISS", "info", "n/a")
-    for field in ("date", "uname", "cpu", "python", "redis-py", "hiredis", "redis-server"):
+        if key in PARSER_ROWS and not has_hiredis:
+            assert row["status"] == "n/a" and "hiredis" in row["note"]
+            continue
+        assert _finite(row["value"]), row
+        if key in BENCH_ROWS and not has_bench:
+            continue
+        if row["baseline_name"]:
+            assert _finite(row["baseline"]), row
+        if row["target"]:
+            assert row["status"] in ("PASS", "MISS"), row
+            if row["unit"] != "cmd":
+                assert _finite(row["ratio"]), row
+    server = report["raw"]["append_server_time"]
+    assert _finite(server["fcall_usec_per_call"]) and _finite(server["inner_usec_per_op"])
+    assert "xadd" in server["inner"] and "fcall" not in server["inner"]
+    for command in server["inner"].values():
+        assert all(_finite(v) for v in command.values())
+    for field in ("date", "uname", "cpu", "python", "redis-py", "hiredis", "redis-server",
+                  "placement"):  # fmt: skip
         assert field in report["header"]
     assert "appendonly no" in proc.stdout
 
