@@ -417,6 +417,34 @@ def test_init_of_an_existing_run_fails_and_changes_nothing(
     assert len(bound.get_event_log()) == 2
 
 
+def test_every_failed_init_run_leaves_the_backend_as_it_was(
+    bound: Backend, run_id: uuid.UUID, make_backend: Factory, redis_client: Any
+) -> None:
+    """Bound to run A: an init_run of another existing run B, of a too large payload, of a
+    lone surrogate, or over a key of the wrong type fails, and the backend stays bound to A
+    exactly as it was (and its writes still go to A)."""
+    bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="a"))
+    before = bound.get_checkpoint()
+    other_run = uuid.uuid4()
+    make_backend().init_run(other_run, "b", "/b")
+    stray = uuid.uuid4()
+    redis_client.set(run_keys("luft", stray).events, b"not a stream")
+    failing: list[tuple[Callable[[], object], type[Exception]]] = [
+        (lambda: bound.init_run(other_run, "again", "/again"), RunExistsError),
+        (lambda: bound.init_run_with_meta(uuid.uuid4(), "t", "/d", {"x": "y" * (5 << 20)}),
+         ValidationError),
+        (lambda: bound.init_run(uuid.uuid4(), "\ud800", "/d"), ValidationError),
+        (lambda: bound.init_run(stray, "t", "/d"), CorruptDataError),
+    ]  # fmt: skip
+    for call, error in failing:
+        with pytest.raises(error):
+            call()
+        assert bound.run_id == run_id and bound.get_checkpoint() == before
+    bound.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="still a"))
+    assert [e.msg for e in bound.get_event_log() if isinstance(e, Log)] == ["a", "still a"]
+    assert redis_client.type(run_keys("luft", stray).events) == b"string"  # left as it was
+
+
 def test_open_run_of_a_missing_run_is_none(backend: Backend) -> None:
     assert backend.open_run(uuid.uuid4()) is None
     assert backend.get_checkpoint() is None and backend.run_id is None

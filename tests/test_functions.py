@@ -102,7 +102,8 @@ RETENTION_CALL = (
 def test_helpers_are_defined_once_and_each_file_is_a_function_body() -> None:
     code = library().code
     for helper in ("fail", "dedup", "commit", "begin_call", "u64_add", "read_run",
-                   "retention_begin", "retain", "trim_log"):  # fmt: skip
+                   "retention_begin", "retain", "trim_log", "check_type", "check_run_types",
+                   "notify", "optional_fields"):  # fmt: skip
         assert code.count(f"local function {helper}(") == 1, helper
     # the prelude comes before every function; each function starts with begin_call()
     assert code.index("local function begin_call()") < code.index("redis.register_function")
