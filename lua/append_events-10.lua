@@ -44,7 +44,6 @@ local function main()
   local run_changed = {}
   local started, started_len = {}, nil
   local results, phases = {}, {}
-  local findings_touched = false
   local touched_results, touched_phases = {}, {} -- ids in order of first touch
   local function touch_id(list, id)
     if not list[id] then
@@ -168,7 +167,6 @@ local function main()
         attrs.findings = findings
         new_findings = findings
         entry.findings = true
-        findings_touched = true
       end
       total = u64_add(total, tokens, 'total_tokens')
       run_changed.total_tokens = true
@@ -246,7 +244,6 @@ local function main()
     end
   end
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
-  if findings_touched then check_findings_keys() end
 
   -- 2. writes
   for i = 1, #entries do

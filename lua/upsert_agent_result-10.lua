@@ -32,7 +32,6 @@ local function main()
   local drop = {}
   optional_fields(fields, drop, p, OPTIONAL, 6)
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
-  check_findings_keys()
   local now = now_seconds()
 
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end

@@ -340,12 +340,6 @@ local function commit(run, now, op, fields, whole)
   return payload
 end
 
--- The finding list's keys are written after other writes: check them first.
-local function check_findings_keys()
-  check_type(K_FINDINGS, 'hash')
-  check_type(K_FINDINGS_ORDER, 'list')
-end
-
 -- Replace agent `aid`'s findings in the run's finding list (contract §5, findings): in place
 -- when the agent already has some there, at the end when it has none. Reporting no findings
 -- removes the agent's segment (decided: the stored list is then exactly what get_checkpoint()
