@@ -632,6 +632,57 @@ def test_every_operation_reports_a_key_of_the_wrong_type_by_name(
         bound.append_event(done(run_id, agent))
 
 
+_ALL_RUN_KEYS = ["run", "events", "phases", "results", "sessions", "started", "findings",
+                 "findings_order", "writers"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _ALL_RUN_KEYS)
+def test_init_run_over_a_stray_key_of_the_wrong_type_names_it_and_writes_nothing(
+    redis_client: Client, make_backend: Factory, name: str
+) -> None:
+    """init_run of a new id whose key ``name`` already holds a string (a stray key of the
+    wrong type): CorruptDataError naming the key, nothing written, the backend unbound."""
+    run_id = uuid.uuid4()
+    keys = run_keys("luft", run_id)
+    key = getattr(keys, name)
+    redis_client.set(key, b"stray string")
+    before = _dump_keys(redis_client, keys)
+    backend = make_backend(watch=False)
+    with pytest.raises(CorruptDataError) as info:
+        backend.init_run(run_id, "t", "/d")
+    assert info.value.key == key and key in str(info.value)
+    assert "string" in str(info.value)
+    assert _dump_keys(redis_client, keys) == before
+    assert redis_client.get(key) == b"stray string"
+    assert backend.run_id is None and backend.get_checkpoint() is None
+    redis_client.delete(key)  # once the stray key is gone, the same id can be created
+    backend.init_run(run_id, "t", "/d")
+    created = backend.get_checkpoint()
+    assert created is not None and created.status is CheckpointStatus.RUNNING
+
+
+@pytest.mark.parametrize("name", _ALL_RUN_KEYS)
+def test_delete_run_clears_a_run_with_a_key_of_the_wrong_type(
+    redis_client: Client, bound: Backend, run_id: uuid.UUID, make_backend: Factory, name: str
+) -> None:
+    """delete_run is the way to clear a damaged run (lua/delete_run-11.lua): a key of the
+    wrong type is deleted like the others, not a CorruptDataError; every key of the run goes
+    and the id can be created again."""
+    bound.append_event(done(run_id, uuid.uuid4()))
+    keys = run_keys("luft", run_id)
+    key = getattr(keys, name)
+    redis_client.delete(key)
+    redis_client.set(key, b"stray string")
+    deleter = make_backend(watch=False)
+    assert deleter.delete_run(run_id) is True  # the run hash existed (even as a string)
+    assert {n: redis_client.exists(k) for n, k in zip(RunKeys._fields, keys, strict=True)
+            if n != "changes"} == dict.fromkeys(_ALL_RUN_KEYS, 0)  # fmt: skip
+    assert make_backend(watch=False).open_run(run_id) is None
+    again = make_backend(watch=False)
+    again.init_run(run_id, "again", "/d")
+    assert again.get_checkpoint() == fresh(again) and fresh(again).task == "again"
+
+
 def test_agent_started_records_first_arrival_once(
     bound: Backend, run_id: uuid.UUID
 ) -> None:

@@ -615,3 +615,48 @@ def canon_json(value: Any) -> str:
         return [plain(x) for x in v]
 
     return json.dumps(plain(value), sort_keys=True, ensure_ascii=False)
+
+
+def test_a_notice_in_an_unknown_format_makes_a_watcher_reload_not_raise(
+    make_backend: Factory, open_client: Callable[[], Any],
+) -> None:
+    """A newer writer's notice (format tag ``L9``, unknown here) on the run's channel: the
+    watching backend marks its cache stale (cache_is_fresh False while the reload waits),
+    then reloads and equals a fresh load; nothing raises (docs/redis-layout.md)."""
+    from luft_redis.keys import run_keys
+
+    writer, reader = make_backend(watch=False), make_backend()
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "before", "/d")
+    reader.open_run(run_id)
+    assert eventually(lambda: reader.cache_is_fresh)
+    keys = run_keys("luft", run_id)
+    admin = open_client()
+    # a change no notice told the reader about: only a reload can bring it
+    admin.hset(keys.run, "task", "changed behind the cache")
+    assert reader.get_checkpoint().task == "before"  # type: ignore[union-attr]
+
+    release = threading.Event()
+    reload = reader._reload  # the refresher's reload waits until the test saw it stale
+
+    def held_reload(binding: Any) -> Any:
+        release.wait(BOUND)
+        return reload(binding)
+
+    reader._reload = held_reload  # type: ignore[method-assign]
+    reloads = reader.stats().reloads_total
+    admin.spublish(keys.changes, b"2:L91:x1:y")  # netstrings, first part an unknown format
+    try:
+        assert eventually(lambda: not reader.cache_is_fresh)
+        assert reader.get_checkpoint().task == "before"  # type: ignore[union-attr]
+    finally:
+        release.set()
+    assert eventually(lambda: reader.cache_is_fresh)
+    assert reader.stats().reloads_total > reloads
+    cp = reader.get_checkpoint()
+    assert cp is not None and cp.task == "changed behind the cache"
+    assert cp == fresh(reader)
+    # the reader goes on applying ordinary notices afterwards
+    writer.open_run(run_id)
+    writer.append_event(done(run_id, uuid.uuid4()))
+    assert eventually(lambda: reader.get_checkpoint() == writer.get_checkpoint())

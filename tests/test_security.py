@@ -7,10 +7,12 @@ certificate with the ``openssl`` binary; without it they are skipped, except und
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import re
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,8 +39,11 @@ from luft_redis import (
     RunStatus,
     Severity,
     TokenUsage,
+    interop,
+    retention,
 )
 from luft_redis.errors import AuthenticationError, PermissionDeniedError, TLSError
+from luft_redis.keys import run_index_key, run_keys
 from luft_redis.scripts import SCRIPT_NAMES, library, script_source
 from luft_redis.tools import cli
 from luft_redis.tools.doctor import check_server
@@ -614,3 +619,148 @@ def test_tls_cli_doctor(
     assert "persistence" in capsys.readouterr().out
     assert cli.main(["doctor", "--redis", url]) == cli.EXIT_REFUSED  # certificate not trusted
     assert "TLS" in capsys.readouterr().err
+
+
+# ------------------------------------------- every option the base ACL line claims to cover
+
+
+def _finished_run(backend: RedisCheckpointBackend, task: str = "done") -> uuid.UUID:
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, task, "/d")
+    started = AgentStarted(
+        run_id=run_id, phase_id=0, agent_id=uuid.uuid4(), prompt_preview="p", model="m"
+    )
+    backend.append_event(started)
+    backend.append_event(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
+                                 total_tokens=TokenUsage()))  # fmt: skip
+    return run_id
+
+
+def test_acl_user_with_retention(acl: AclSetup) -> None:
+    """``max_events=`` trims the log (XTRIM) and ``expire_finished_after=`` sets TTLs on every
+    key of a finished run (PEXPIRE), as the base line's user."""
+    with RedisCheckpointBackend.from_url(
+        acl.user_url, max_events=3, expire_finished_after=dt.timedelta(hours=1)
+    ) as backend:
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "retained", "/d")
+        agent = uuid.uuid4()
+        started = AgentStarted(run_id=run_id, phase_id=0, agent_id=agent, prompt_preview="p",
+                               model="m")  # fmt: skip
+        for _ in range(40):
+            backend.append_events([started] * 10)
+        keys = run_keys("luft", run_id)
+        assert acl.admin.pttl(keys.run) == -1  # running: no TTL yet
+        # XTRIM MAXLEN ~ drops whole stream nodes: at least max_events stay, not all 400
+        assert 3 <= acl.admin.xlen(keys.events) < 400
+        assert acl.admin.hget(keys.run, "log_trimmed") == b"1" and backend.log_trimmed
+        backend.append_event(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
+                                     total_tokens=TokenUsage()))  # fmt: skip
+    for key in (keys.run, keys.events):
+        assert 0 < acl.admin.pttl(key) <= 3_600_000, key
+    assert acl.admin.hget(keys.run, "status") == b"completed"
+
+
+def test_acl_user_exports_and_imports_a_run_dir(acl: AclSetup, tmp_path: Path) -> None:
+    """``export_run_dir`` and ``import_run_dir`` (RENAME of the staged keys) round trip as the
+    user; so does ``luft-redis import --replace``."""
+    with RedisCheckpointBackend.from_url(acl.user_url, watch=False) as backend:
+        run_id = _finished_run(backend, "exported")
+        before = backend.get_checkpoint()
+        log = backend.get_event_log()
+    with redis.Redis.from_url(acl.user_url) as client:
+        exported = interop.export_run_dir(client, run_id, tmp_path / "run")
+        assert exported.events == 2 and (tmp_path / "run" / "events.jsonl").is_file()
+        with RedisCheckpointBackend(client, watch=False) as backend:
+            assert backend.delete_run(run_id)
+        result = interop.import_run_dir(client, tmp_path / "run", run_dir="/d")
+    assert result.run_id == run_id and result.events == 2 and not result.replaced
+    assert cli.main(["import", str(tmp_path / "run"), "--replace", "--quiet",
+                     "--redis", acl.user_url]) == 0  # fmt: skip
+    with RedisCheckpointBackend.from_url(acl.user_url, watch=False) as reader:
+        again = reader.open_run(run_id)
+        assert again is not None and before is not None
+        assert again.status is CheckpointStatus.COMPLETED
+        assert again.task == before.task and again.total_tokens == before.total_tokens
+        assert reader.get_event_log() == log
+
+
+def test_acl_user_collects_garbage(acl: AclSetup, capsys: pytest.CaptureFixture[str]) -> None:
+    """``collect_garbage`` and ``luft-redis gc`` delete the old finished run (and only it)."""
+    with RedisCheckpointBackend.from_url(acl.user_url, watch=False) as backend:
+        old, other_old, new = (_finished_run(backend, n) for n in ("old", "old2", "new"))
+        running = uuid.uuid4()
+        backend.init_run(running, "running", "/d")
+    long_ago = int(acl.admin.time()[0]) - 8 * 86400
+    for rid in (old, other_old, running):
+        acl.admin.hset(run_keys("luft", rid).run, "updated_at", long_ago)
+    with redis.Redis.from_url(acl.user_url) as client:
+        report = retention.collect_garbage(client, older_than=dt.timedelta(days=7))
+    assert set(report.deleted) == {old, other_old} and not report.skipped
+    assert acl.admin.keys(f"luft:{{{old}}}:*") == []
+    assert acl.admin.exists(run_keys("luft", new).run, run_keys("luft", running).run) == 2
+    acl.admin.hset(run_keys("luft", new).run, "updated_at", long_ago)
+    assert cli.main(["gc", "--older-than", "7d", "--redis", acl.user_url]) == 0
+    assert str(new) in capsys.readouterr().out
+    assert acl.admin.exists(run_keys("luft", new).run) == 0
+    assert acl.admin.exists(run_keys("luft", running).run) == 1
+
+
+def test_acl_user_follows_events(acl: AclSetup, capsys: pytest.CaptureFixture[str]) -> None:
+    """``iter_events(follow=True)`` and ``luft-redis events --follow`` (XREAD BLOCK) get an
+    event appended while they wait."""
+    with (
+        RedisCheckpointBackend.from_url(acl.user_url, watch=False) as writer,
+        RedisCheckpointBackend.from_url(acl.user_url, watch=False) as follower,
+    ):
+        run_id = uuid.uuid4()
+        writer.init_run(run_id, "followed", "/d")
+        follower.open_run(run_id)
+        entries = follower.iter_events("$", follow=True, timeout=30, block_ms=200)
+        agent = uuid.uuid4()
+        later = threading.Timer(0.3, lambda: writer.append_event(AgentStarted(
+            run_id=run_id, phase_id=0, agent_id=agent, prompt_preview="p", model="m")))  # fmt: skip
+        later.start()
+        try:
+            first = next(iter(entries))
+        finally:
+            later.join()
+        assert first[1].TYPE == "agent_started" and first[1].agent_id == agent  # type: ignore[attr-defined]
+
+        done = threading.Timer(0.3, lambda: writer.append_event(RunDone(
+            run_id=run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage())))  # fmt: skip
+        done.start()
+        try:  # ends at the run's run_done
+            code = cli.main(["events", str(run_id), "--follow", "--json", "--redis", acl.user_url])
+        finally:
+            done.join()
+    assert code == 0
+    out = capsys.readouterr().out
+    assert '"agent_started"' in out and '"run_done"' in out
+
+
+def test_acl_user_lists_and_rebuilds_the_run_index(
+    acl: AclSetup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``luft-redis runs`` lists the run; ``runs --rebuild-index`` (SCAN, ZADD) rebuilds a lost
+    index, as the user."""
+    with RedisCheckpointBackend.from_url(acl.user_url, watch=False) as backend:
+        run_id = _finished_run(backend, "indexed")
+    assert cli.main(["runs", "--json", "--redis", acl.user_url]) == 0
+    assert str(run_id) in capsys.readouterr().out
+    acl.admin.delete(run_index_key("luft"))
+    assert cli.main(["runs", "--rebuild-index", "--redis", acl.user_url]) == 0
+    capsys.readouterr()
+    assert acl.admin.zscore(run_index_key("luft"), str(run_id)) is not None
+    assert cli.main(["runs", "--status", "completed", "--redis", acl.user_url]) == 0
+    assert str(run_id) in capsys.readouterr().out
+
+
+def test_acl_user_doctor_says_unknown(acl: AclSetup, capsys: pytest.CaptureFixture[str]) -> None:
+    """``luft-redis doctor`` as the user: no crash, every check it cannot read is "unknown"
+    (docs/security.md: run it as an administrator)."""
+    code = cli.main(["doctor", "--redis", acl.user_url])
+    out = capsys.readouterr().out
+    assert "unknown" in out and "Traceback" not in out
+    report = check_server(redis.Redis.from_url(acl.user_url))
+    assert code == (cli.EXIT_OK if report.ok else cli.EXIT_FAILURE)
