@@ -140,10 +140,13 @@ def test_runs_skips_gone_runs_and_rebuilds_the_index(
         client.zadd(run_index_key("luft"), {str(completed): 1, str(running): 2})
     result = luft("--redis", redis_url, "runs")
     assert [row[0] for row in _rows(result.stdout)] == [str(running)]
-    assert "1 index entry without a run skipped" in result.stderr
+    assert "1 index entry without a run (expired or deleted) skipped and removed" in result.stderr
+    with redis.Redis.from_url(redis_url) as client:  # `runs` removed the entry it found gone
+        assert set(client.zrange(run_index_key("luft"), 0, -1)) == {str(running).encode()}
+    assert "without a run" not in luft("--redis", redis_url, "runs").stderr
     result = luft("--redis", redis_url, "runs", "--rebuild-index")
     assert result.returncode == 0, result.stderr
-    assert "2 run(s) indexed, 1 stale entry removed" in result.stdout
+    assert "2 run(s) indexed, 0 stale entries removed" in result.stdout
     result = luft("--redis", redis_url, "runs")
     assert [row[0] for row in _rows(result.stdout)] == [str(cancelled), str(running)]
     assert "without a run" not in result.stderr

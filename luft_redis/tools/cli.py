@@ -353,12 +353,14 @@ def _cmd_runs(args: argparse.Namespace) -> int:
                 Text(_one_line(row.task)),
             )  # fmt: skip
         _print(table)
-        more = " (--limit shows more)" if len(page.rows) == args.limit else ""
+        more = ""
+        if len(page.rows) == args.limit and page.indexed > len(page.rows):
+            more = " (--limit shows more)"
         print(f"{len(page.rows)} run(s) shown of {page.indexed} indexed under prefix "
               f"{args.prefix!r}{more}", file=sys.stderr)  # fmt: skip
     if page.gone:
-        print(f"{page.gone} index entr{'y' if page.gone == 1 else 'ies'} without a run skipped "
-              "(`luft-redis runs --rebuild-index` removes them)", file=sys.stderr)  # fmt: skip
+        print(f"{page.gone} index entr{'y' if page.gone == 1 else 'ies'} without a run (expired "
+              "or deleted) skipped and removed from the index", file=sys.stderr)  # fmt: skip
     if page.indexed == 0:
         print("the run index is empty; runs stored before it existed (luft-redis 0.1) are "
               "listed after `luft-redis runs --rebuild-index`", file=sys.stderr)  # fmt: skip
