@@ -59,6 +59,7 @@ from .. import types as t
 from ..backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
 from ..keys import DEFAULT_PREFIX, run_keys
+from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
 from . import live
@@ -452,6 +453,8 @@ def _cmd_events(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         if backend.open_run(run_id) is None:
             raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+        if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
+            print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
         try:
             for entry in live.follow_events(backend, args.since, args.follow, args.type or ()):
                 if args.json:
