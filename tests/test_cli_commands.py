@@ -231,6 +231,32 @@ def test_events_and_export_of_a_trimmed_log_say_so(redis_url: str, tmp_path: Pat
     assert result.returncode == 0 and "trimmed" not in result.stderr
 
 
+def test_watch_to_a_pipe_ends_its_last_line(redis_url: str) -> None:
+    """stdout not a terminal: the final view is printed once, and its last line ends with a
+    newline (so that a shell prompt or the next command's output starts on a line of its own)."""
+    run = uuid.uuid4()
+    with RedisCheckpointBackend.from_url(redis_url, watch=False) as backend:
+        backend.init_run(run, "watched from a pipe", "/tmp/w")
+        backend.append_event(RunDone(run_id=run, status=RunStatus.COMPLETED,
+                                     total_tokens=TokenUsage(input=5)))  # fmt: skip
+    result = luft("--redis", redis_url, "watch", str(run))
+    assert result.returncode == 0, result.stderr
+    assert "the run is completed" in result.stdout
+    assert result.stdout.endswith("\n") and not result.stdout.endswith("\n\n\n"), result.stdout
+
+
+def test_runs_limit_says_more_only_when_more_are_indexed(redis_url: str) -> None:
+    with RedisCheckpointBackend.from_url(redis_url, watch=False) as backend:
+        backend.init_run(uuid.uuid4(), "one", "/tmp/1")
+        result = luft("--redis", redis_url, "runs", "--limit", "1")
+        assert result.returncode == 0, result.stderr
+        assert "1 run(s) shown of 1 indexed" in result.stderr
+        assert "--limit shows more" not in result.stderr
+        backend.init_run(uuid.uuid4(), "two", "/tmp/2")
+    result = luft("--redis", redis_url, "runs", "--limit", "1")
+    assert "1 run(s) shown of 2 indexed" in result.stderr and "--limit shows more" in result.stderr
+
+
 def test_cancel_exit_codes(redis_url: str, three_runs: list[uuid.UUID]) -> None:
     running, completed, cancelled = three_runs
     result = luft("--redis", redis_url, "cancel", str(completed))
