@@ -308,11 +308,15 @@ def test_refused_credentials_are_not_unreachable(password_server: LocalRedisServ
     assert good.returncode == 0, good.stderr
 
 
-def _subcommands() -> list[str]:
-    """Every subcommand of ``luft-redis``, from its parser."""
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand of ``luft-redis`` and its parser, from ``build_parser()``."""
     actions = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     assert len(actions) == 1
-    return list(actions[0].choices)
+    return dict(actions[0].choices)
+
+
+def _subcommands() -> list[str]:
+    return list(_subparsers())
 
 
 def test_every_command_has_a_description(capsys: pytest.CaptureFixture[str]) -> None:
@@ -352,6 +356,11 @@ def _readme_operations_table() -> dict[str, str]:
 def test_readme_operations_table_lists_every_subcommand_with_an_example() -> None:
     rows = _readme_operations_table()
     assert sorted(rows) == sorted(_subcommands())
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    rule = "`--since` and the\norder use the last create, finish or resume"
+    assert rule in readme  # the rule of `runs --since`, in the README and in `runs --help`
+    help_text = " ".join(_subparsers()["runs"].format_help().split())
+    assert "--since and the order use the run's last create, finish or resume" in help_text
     for name, example in rows.items():  # each example parses as the command it illustrates
         argv = example.strip("`").split()[1:]
         if name == "demo":

@@ -655,16 +655,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "runs", "list the runs, most recently updated first",
         "List the runs under the prefix from the run index (a sorted set per prefix), most\n"
         "recently updated first: status, tokens, agents started, last update and task.\n"
+        "--since and the order use the run's last create, finish or resume (the index\n"
+        "score; events in between do not move it); the updated column is the real last\n"
+        "update. Entries whose run is gone (expired, deleted) are skipped and removed.\n"
         "--rebuild-index rebuilds the index from a SCAN of the keyspace (after an upgrade\n"
-        "from luft-redis 0.1, or when `runs` reports entries without a run).", _cmd_runs,
+        "from luft-redis 0.1).", _cmd_runs,
     )  # fmt: skip
     runs.add_argument("--status", action="append", metavar="STATUS",
                       choices=[s.value for s in t.CheckpointStatus],
                       help="only runs with this status (running, completed, failed, "
                            "cancelled); repeat for several")  # fmt: skip
     runs.add_argument("--since", type=parse_since, metavar="WHEN", default=None,
-                      help="only runs updated since: a duration ago (7d, 12h, 30m) or an "
-                           "RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
+                      help="only runs created, finished or resumed since: a duration ago "
+                           "(7d, 12h, 30m) or an RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
     runs.add_argument("--limit", type=_positive, default=_DEFAULT_LIMIT, metavar="N",
                       help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
     runs.add_argument("--json", action="store_true", help="one JSON object per run")
