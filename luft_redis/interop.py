@@ -456,13 +456,17 @@ def export_run_dir(
                 count += 1
                 if progress is not None and count % BATCH == 0:
                     progress(count, None)
+        if not trimmed:  # trimmed while it was read: the file may lack the oldest events
+            trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
         tmp_cp.write_text(dumps_pretty(checkpoint_json(cp)), encoding="utf-8", newline="\n")
         os.replace(tmp_events, targets[1])
         os.replace(tmp_cp, targets[0])
-    except OSError as exc:
+    except (OSError, LogTrimmedError) as exc:
         for tmp in (tmp_events, tmp_cp):
             with contextlib.suppress(OSError):
                 tmp.unlink()
+        if isinstance(exc, LogTrimmedError):
+            raise
         raise InteropError(f"cannot write {out}: {exc.strerror or exc}") from exc
     if progress is not None:
         progress(count, count)
@@ -929,6 +933,8 @@ def export_sqlite(
         try:
             count = _write_sqlite(conn, client, cp, last, keys, run_dir, replace, where_path,
                                   progress)  # fmt: skip
+            if not trimmed:  # trimmed while it was read: the rows may lack the oldest events
+                trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
         except BaseException:
             conn.execute("ROLLBACK")
             raise

@@ -789,3 +789,28 @@ def test_export_of_a_trimmed_log_is_refused_unless_allowed(
 def test_export_of_a_whole_log_says_it_is_whole(redis_client: Client, tmp_path: Path) -> None:
     _build_run(redis_client)
     assert interop.export_run_dir(redis_client, RUN, tmp_path / "w").log_trimmed is False
+
+
+def test_a_log_trimmed_while_it_is_exported_is_refused_and_nothing_is_left(
+    redis_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer trims the log while the export reads it: the export is refused, no file
+    (nor .tmp) is left, and no SQLite row is written."""
+    _build_run(redis_client)
+    original = interop._iter_redis_events
+
+    def trimmed_meanwhile(*args: Any) -> Iterator[t.AgentEvent]:
+        for i, event in enumerate(original(*args)):
+            if i == 1:  # as max_events trimming by another process would mark it
+                redis_client.hset(run_keys("luft", RUN).run, "log_trimmed", "1")
+            yield event
+
+    monkeypatch.setattr(interop, "_iter_redis_events", trimmed_meanwhile)
+    with pytest.raises(interop.LogTrimmedError, match=str(RUN)):
+        interop.export_run_dir(redis_client, RUN, tmp_path / "d")
+    assert list((tmp_path / "d").iterdir()) == []
+    path = _luft_db(tmp_path / "t.db", with_run=False)
+    redis_client.hdel(run_keys("luft", RUN).run, "log_trimmed")
+    with pytest.raises(interop.LogTrimmedError):
+        interop.export_sqlite(redis_client, path, RUN)
+    assert all(rows == [] for rows in _rows(path).values())
