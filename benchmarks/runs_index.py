@@ -4,6 +4,7 @@ Run from the repository root (not a test; no pass/fail)::
 
     .venv/bin/python -m benchmarks.runs_index              # 10 and 10,000 runs
     .venv/bin/python -m benchmarks.runs_index --many 2000  # a smaller second prefix
+    .venv/bin/python -m benchmarks.runs_index --smoke      # 3 and 30 runs, once: does it run?
 
 A private redis-server (``LocalRedisServer``) gets two prefixes: one with ``--few`` runs and one
 with ``--many``, made by ``init_run`` (so through the backend's own index updates); one in three
@@ -81,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few", type=int, default=10)
     parser.add_argument("--many", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--smoke", action="store_true",
+                        help="3 and 30 runs, each measure once: that it runs and prints "
+                             "its rows (the times mean nothing)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.few, args.many, args.repeat = 3, 30, 1
     binary = find_redis_server()
     if binary is None:
         print("redis-server not found on PATH", file=sys.stderr)
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             ("read_page --limit 10", page, args.repeat),
             ("read_page --limit 10 --status completed",
              lambda p: page(p, ("completed",)), args.repeat),
-            ("luft-redis runs --limit 10 (subprocess)", command, 5),
+            ("luft-redis runs --limit 10 (subprocess)", command, 1 if args.smoke else 5),
         ]  # fmt: skip
         for name, fn, repeat in measured:
             few, many = _alternating(fn, repeat)

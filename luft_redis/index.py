@@ -14,7 +14,9 @@ it; the front ends do, right after the scripts that
 Each is idempotent and retried with the backend's retry policy like any write. When it still
 fails the operation has happened anyway (it is the script that counts), so the failure is
 logged, not raised: the index is derived data, and ``luft-redis runs --rebuild-index``
-(:func:`rebuild`) rebuilds it from a SCAN of the runs. Readers skip entries whose run is gone.
+(:func:`rebuild`) rebuilds it from a SCAN of the runs. An expiry (``expire_finished_after``)
+cannot touch the index either: readers (:func:`read_page`, ``luft-redis gc``) skip entries
+whose run is gone and remove them (ZREM).
 
 The score is a lower bound of the run's last update: events that do not finish a run leave the
 index alone (one more round trip per event would cost every writer), so a running run keeps the
@@ -191,9 +193,22 @@ class Page:
 
     rows: list[IndexRow]
     gone: int = 0
-    """Index entries skipped because their run no longer exists."""
+    """Index entries found without a run (expired, deleted): skipped and removed."""
     indexed: int = 0
-    """Entries in the index (ZCARD)."""
+    """Entries in the index (ZCARD, less the ``gone`` ones removed)."""
+
+
+def _drop(client: Any, key: str, members: Sequence[Any]) -> int:
+    """ZREM ``members`` (entries without a run) from the index; how many went. A failure is
+    logged, not raised: the rows are read, the index is derived data."""
+    if not members:
+        return 0
+    try:
+        return int(client.zrem(key, *members))
+    except Exception as exc:
+        logger.warning("run index: removing %d entr(ies) without a run failed (%s)",
+                       len(members), exc)  # fmt: skip
+        return 0
 
 
 def read_page(client: Any, prefix: str, *, limit: int, since: float | None = None,
@@ -201,7 +216,9 @@ def read_page(client: Any, prefix: str, *, limit: int, since: float | None = Non
     """The ``limit`` most recently updated runs (by the index), newest first.
 
     ``since`` (unix seconds) drops runs indexed before it; ``statuses`` keeps only those
-    statuses. Without a status filter that is one ZREVRANGEBYSCORE and one pipelined page of
+    statuses. Entries whose run is gone (it expired with ``expire_finished_after``, or was
+    deleted by another tool) are skipped and removed from the index (ZREM). Without a status
+    filter that is one ZREVRANGEBYSCORE and one pipelined page of
     reads; with one, pages that double in size (up to :data:`_PAGE`) until ``limit``
     rows matched.
     """
@@ -217,15 +234,20 @@ def read_page(client: Any, prefix: str, *, limit: int, since: float | None = Non
         members = client.zrevrangebyscore(key, "+inf", low, start=offset, num=size)
         if not members:
             break
-        offset += len(members)
-        for row in _rows(client, prefix, members):
+        gone: list[Any] = []
+        for member, row in zip(members, _rows(client, prefix, members), strict=True):
             if row is None:
-                page.gone += 1
+                gone.append(member)
             elif not want or row.status in want:
                 page.rows.append(row)
+        # entries whose run is gone (expired, deleted) leave the index; the next page then
+        # starts that many entries earlier
+        offset += len(members) - _drop(client, key, gone)
+        page.gone += len(gone)
         if len(members) < size:
             break
         size *= 2
+    page.indexed -= page.gone
     page.rows = page.rows[:limit]
     # the index orders by the last lifecycle change; show the page by its real last update
     page.rows.sort(key=lambda r: (r.updated_at, str(r.run_id)), reverse=True)

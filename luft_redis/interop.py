@@ -52,6 +52,7 @@ from .keys import (
     run_keys,
     staging_keys,
 )
+from .retention import LOG_TRIMMED_NOTE, log_trimmed
 from .retry import DEFAULT_RETRY, NO_RETRY
 from .scripts import library, translate_error
 from .wire import (
@@ -70,6 +71,7 @@ __all__ = [
     "ExportResult",
     "ImportResult",
     "InteropError",
+    "LogTrimmedError",
     "Progress",
     "RunFileError",
     "SqliteDataError",
@@ -106,6 +108,20 @@ Progress = Callable[[int, "int | None"], None]
 
 class InteropError(LuftRedisError):
     """A run could not be moved between Redis and a luft store; nothing was half-written."""
+
+
+class LogTrimmedError(InteropError):
+    """The run's event log was trimmed (``max_events``): its oldest events are gone, so an
+    export would pretend a partial log is whole. ``allow_trimmed=True`` (``--allow-trimmed``)
+    exports what is left."""
+
+    def __init__(self, run_id: uuid.UUID) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id}: its event log was trimmed (max_events), its oldest events are "
+            "gone; refusing to export a partial log as a whole one (pass allow_trimmed=True / "
+            "--allow-trimmed to export what is left)"
+        )
 
 
 class RunFileError(InteropError, ValueError):
@@ -154,6 +170,20 @@ class ExportResult(NamedTuple):
     run_id: uuid.UUID
     events: int
     target: str
+    log_trimmed: bool = False
+    """The run's log was trimmed: the export holds only its newest events."""
+
+
+def _check_trimmed(client: Any, prefix: str, run_id: uuid.UUID, allow: bool) -> bool:
+    """Whether the run's log was trimmed; :class:`LogTrimmedError` when it was and not
+    ``allow`` (a warning is logged when it is allowed)."""
+    if not log_trimmed(client, prefix, run_id):
+        return False
+    if not allow:
+        raise LogTrimmedError(run_id)
+    logger.warning("run %s: %s; exporting what is left (allow_trimmed)", run_id,
+                   LOG_TRIMMED_NOTE)  # fmt: skip
+    return True
 
 
 # --------------------------------------------------------------- JSON as serde_json writes it
@@ -391,12 +421,17 @@ def export_run_dir(
     prefix: str = DEFAULT_PREFIX,
     overwrite: bool = False,
     progress: Progress | None = None,
+    allow_trimmed: bool = False,
 ) -> ExportResult:
     """Write run ``run_id`` as a luft run directory: ``checkpoint.json`` (pretty, as
     ``serde_json::to_string_pretty``, maps sorted by agent id, no trailing newline) and
     ``events.jsonl`` (one compact event per line). The directory is created if missing; files
     already there are an :class:`InteropError` unless ``overwrite``. Each file is written to a
-    ``.tmp`` sibling and renamed into place."""
+    ``.tmp`` sibling and renamed into place.
+
+    A run whose log was trimmed (``max_events``) is refused with :class:`LogTrimmedError`
+    before anything is written, unless ``allow_trimmed`` (then a warning is logged and
+    ``ExportResult.log_trimmed`` is True)."""
     rid = check_uuid(run_id, "run_id")
     check_prefix(prefix)
     out = Path(directory)
@@ -406,6 +441,7 @@ def export_run_dir(
             if target.exists():
                 raise InteropError(f"{target} exists (pass overwrite=True / --force to replace)")
     cp, last, keys, _ = _read_consistent(client, prefix, rid)
+    trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -420,17 +456,21 @@ def export_run_dir(
                 count += 1
                 if progress is not None and count % BATCH == 0:
                     progress(count, None)
+        if not trimmed:  # trimmed while it was read: the file may lack the oldest events
+            trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
         tmp_cp.write_text(dumps_pretty(checkpoint_json(cp)), encoding="utf-8", newline="\n")
         os.replace(tmp_events, targets[1])
         os.replace(tmp_cp, targets[0])
-    except OSError as exc:
+    except (OSError, LogTrimmedError) as exc:
         for tmp in (tmp_events, tmp_cp):
             with contextlib.suppress(OSError):
                 tmp.unlink()
+        if isinstance(exc, LogTrimmedError):
+            raise
         raise InteropError(f"cannot write {out}: {exc.strerror or exc}") from exc
     if progress is not None:
         progress(count, count)
-    return ExportResult(rid, count, str(out))
+    return ExportResult(rid, count, str(out), trimmed)
 
 
 # ------------------------------------------------------------------------- writing to Redis
@@ -866,6 +906,7 @@ def export_sqlite(
     prefix: str = DEFAULT_PREFIX,
     replace: bool = False,
     progress: Progress | None = None,
+    allow_trimmed: bool = False,
 ) -> ExportResult:
     """Write run ``run_id`` into an existing luft SQLite database (made by luft, with its
     schema), in one transaction. A database whose tables lack a column of
@@ -877,17 +918,23 @@ def export_sqlite(
     from the phase events; ``agents`` for each result (tokens split as the agent's last
     ``agent_done`` event reported them when it adds up, else all as input tokens);
     ``agent_sessions``; one ``findings`` row per finding of a result; ``events`` in order
-    (``ts``: the event's own, else the one before it)."""
+    (``ts``: the event's own, else the one before it).
+
+    A run whose log was trimmed is refused (:class:`LogTrimmedError`) unless
+    ``allow_trimmed``, as by :func:`export_run_dir`."""
     rid = check_uuid(run_id, "run_id")
     where_path = str(path)
     conn = _connect_sqlite(path)
     try:
         check_sqlite_schema(conn, where_path)
         cp, last, keys, run_dir = _read_consistent(client, prefix, rid)
+        trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
         conn.execute("BEGIN IMMEDIATE")
         try:
             count = _write_sqlite(conn, client, cp, last, keys, run_dir, replace, where_path,
                                   progress)  # fmt: skip
+            if not trimmed:  # trimmed while it was read: the rows may lack the oldest events
+                trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -900,7 +947,7 @@ def export_sqlite(
         conn.close()
     if progress is not None:
         progress(count, count)
-    return ExportResult(rid, count, where_path)
+    return ExportResult(rid, count, where_path, trimmed)
 
 
 def _integrity(path: str, exc: sqlite3.IntegrityError) -> InteropError:

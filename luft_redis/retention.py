@@ -10,7 +10,8 @@ Three tools, from the cheapest to the most manual:
   (``XTRIM MAXLEN ~``); the run field ``log_trimmed`` then says the log is no longer whole
   (``backend.log_trimmed``, :func:`log_trimmed`).
 - :func:`collect_garbage` (``luft-redis gc``): deletes finished runs last updated longer ago
-  than a given age, in bounded batches; :func:`iter_finished_runs` finds them.
+  than a given age, in bounded batches; :func:`iter_finished_runs` finds them through the
+  run index (``--scan``: a SCAN of the keyspace, for a prefix without an index).
 
 See the README's "Retention" section and ``docs/redis-layout.md``.
 """
@@ -29,7 +30,14 @@ import redis
 from .errors import ConfigurationError, ValidationError
 from .fcall import call_function
 from .index import index_remove
-from .keys import DEFAULT_PREFIX, check_prefix, run_id_from_key, run_keys, run_pattern
+from .keys import (
+    DEFAULT_PREFIX,
+    check_prefix,
+    run_id_from_key,
+    run_index_key,
+    run_keys,
+    run_pattern,
+)
 from .retry import DEFAULT_RETRY
 from .scripts import library, translate_error
 
@@ -217,6 +225,48 @@ def _batch_size(batch_size: int) -> int:
     return batch_size
 
 
+def _index_candidates(client: Any, prefix: str, cutoff: int,
+                      size: int) -> Iterator[list[tuple[str, uuid.UUID | None]]]:  # fmt: skip
+    """Batches of (member, run id or None) from the run index with a score (the run's
+    ``updated_at`` at its last lifecycle change) up to ``cutoff``, oldest first, ``size`` per
+    ZRANGE … BYSCORE LIMIT. Paged by score, not by offset, so that the caller may delete
+    entries between batches; ``seen`` holds only the members at the current lowest score."""
+    key = run_index_key(prefix)
+    low: float | str = "-inf"
+    seen: set[str] = set()
+    while True:
+        want = size + len(seen)
+        try:
+            page = client.zrange(key, low, cutoff, byscore=True, offset=0, num=want,
+                                 withscores=True)  # fmt: skip
+        except _REDIS_ERRORS as exc:
+            raise translate_error(exc) from exc
+        fresh = [(m, float(s)) for m, s in ((_text(m), s) for m, s in page) if m not in seen]
+        if not fresh:
+            return
+        top = fresh[-1][1]
+        if top == low:
+            seen.update(m for m, _ in fresh)
+        else:
+            seen = {m for m, s in fresh if s == top}
+        low = top
+        batch: list[tuple[str, uuid.UUID | None]] = []
+        for member, _ in fresh:
+            try:
+                batch.append((member, uuid.UUID(member)))
+            except ValueError:
+                batch.append((member, None))
+        yield batch
+        if len(page) < want:
+            return
+
+
+def _scan_candidates(client: Any, prefix: str,
+                     size: int) -> Iterator[list[tuple[str, uuid.UUID | None]]]:  # fmt: skip
+    for batch in _batches(iter_run_ids(client, prefix), size):
+        yield [(str(run_id), run_id) for run_id in batch]
+
+
 def iter_finished_runs(
     client: Any,
     prefix: str = DEFAULT_PREFIX,
@@ -225,33 +275,49 @@ def iter_finished_runs(
     statuses: Iterable[str] = FINAL_STATUSES,
     now: int | None = None,
     batch_size: int = DEFAULT_BATCH,
+    use_index: bool = True,
 ) -> Iterator[FinishedRun]:
     """The finished runs (status in ``statuses``) not updated for ``older_than``.
 
-    Bounded in memory: a SCAN of the run hashes, read ``batch_size`` runs per pipelined round
-    trip (status, updated_at, PTTL). ``now`` is unix seconds (default: the server's clock).
-    A run index (a sorted set by update time), when the CLI keeps one, can replace the SCAN
-    here without changing callers.
+    Bounded in memory. By default it goes through the run index (``luft_redis.index``, the
+    sorted set ``<prefix>:{<prefix>}:runs`` scored by ``updated_at`` at each run's last
+    create, finish or resume): ZRANGE … BYSCORE up to the cutoff, ``batch_size`` entries per
+    round trip, then one pipelined HMGET (status, updated_at) and PTTL per batch. A finished
+    run's score is its last update, so no old finished run is missed. Index entries whose run
+    is gone (expired or deleted) are removed from the index (ZREM) on the way.
+
+    ``use_index=False`` (``luft-redis gc --scan``) SCANs the keyspace instead: for a prefix
+    whose index was never built (runs written by luft-redis 0.1; ``luft-redis runs
+    --rebuild-index`` builds it). ``now`` is unix seconds (default: the server's clock).
     """
     wanted = _check_statuses(statuses)
     size = _batch_size(batch_size)
     if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
         raise ValidationError("older_than", f"must be a non-negative timedelta, got {older_than!r}")
     cutoff = (server_time(client) if now is None else now) - int(older_than.total_seconds())
-    for batch in _batches(iter_run_ids(client, prefix), size):
+    batches = (
+        _index_candidates(client, prefix, cutoff, size)
+        if use_index
+        else _scan_candidates(client, prefix, size)
+    )
+    for batch in batches:
+        runs = [(m, r) for m, r in batch if r is not None]
+        gone = [m for m, r in batch if r is None]  # not a run id: it has no place in the index
         try:
             pipe = client.pipeline(transaction=False)
-            for run_id in batch:
+            for _, run_id in runs:
                 key = run_keys(prefix, run_id).run
                 pipe.hmget(key, ["status", "updated_at"])
                 pipe.pttl(key)
-            replies = pipe.execute()
+            replies = pipe.execute() if runs else []
         except _REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
-        for i, run_id in enumerate(batch):
+        found: list[FinishedRun] = []
+        for i, (member, run_id) in enumerate(runs):
             (status_raw, updated_raw), ttl = replies[2 * i], replies[2 * i + 1]
             if status_raw is None:
-                continue  # deleted or expired since the SCAN
+                gone.append(member)  # deleted or expired since it was indexed (or SCANned)
+                continue
             status, updated = _text(status_raw), _text(updated_raw or b"")
             if status not in wanted:
                 continue
@@ -260,7 +326,19 @@ def iter_finished_runs(
                              run_id, updated)  # fmt: skip
                 continue
             if int(updated) <= cutoff:
-                yield FinishedRun(run_id, status, int(updated), int(ttl))
+                found.append(FinishedRun(run_id, status, int(updated), int(ttl)))
+        if gone and use_index:
+            _drop_gone(client, prefix, gone)
+        yield from found
+
+
+def _drop_gone(client: Any, prefix: str, members: list[str]) -> None:
+    """ZREM index entries whose run is gone (a failure is logged: the index is derived)."""
+    try:
+        DEFAULT_RETRY.call(lambda: client.zrem(run_index_key(prefix), *members))
+    except Exception as exc:
+        logger.warning("run index: removing %d entr(ies) without a run failed (%s)",
+                       len(members), exc)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- garbage collection
@@ -287,6 +365,7 @@ def collect_garbage(
     statuses: Iterable[str] = FINAL_STATUSES,
     dry_run: bool = False,
     batch_size: int = DEFAULT_BATCH,
+    use_index: bool = True,
 ) -> GarbageReport:
     """Delete the finished runs (status in ``statuses``) last updated more than
     ``older_than`` ago, ``batch_size`` runs per batch.
@@ -295,6 +374,9 @@ def collect_garbage(
     run is still finished and still that old, then deletes every key of the run and tells the
     processes watching it (as ``delete_run`` does): a run resumed meanwhile is skipped, never
     deleted. ``dry_run=True`` deletes nothing and reports what would go.
+
+    The candidates come from the run index (see :func:`iter_finished_runs`);
+    ``use_index=False`` SCANs the keyspace instead, for a prefix whose index was never built.
     """
     wanted = _check_statuses(statuses)
     size = _batch_size(batch_size)
@@ -324,7 +406,7 @@ def collect_garbage(
         batch.clear()
 
     for run in iter_finished_runs(client, prefix, older_than=older_than, statuses=wanted,
-                                  now=now, batch_size=size):  # fmt: skip
+                                  now=now, batch_size=size, use_index=use_index):  # fmt: skip
         report.found.append(run)
         if not dry_run:
             batch.append(run)

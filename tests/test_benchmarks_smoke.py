@@ -1,5 +1,6 @@
 """Smoke runs of the benchmarks so they never rot: ``benchmarks.run --smoke``,
-``benchmarks.staleness --smoke`` (both front ends) and ``benchmarks.compare --smoke``.
+``benchmarks.staleness --smoke`` (both front ends), ``benchmarks.compare --smoke`` and
+``benchmarks.runs_index --smoke``.
 
 They check only that each completes against a real redis-server and prints every row with
 numbers where numbers belong: no timing is ever asserted (the figures come from a shared,
@@ -202,3 +203,29 @@ def test_compare_smoke(redis_server_binary: str) -> None:
         line = next(x for x in costs if x.startswith(label))
         for cell in re.split(r"\s{2,}", line.strip())[1:3]:
             _number(cell)
+
+
+RUNS_INDEX_ROWS = (
+    "read_page --limit 10",
+    "read_page --limit 10 --status completed",
+    "luft-redis runs --limit 10 (subprocess)",
+    "before the index: SCAN + open_run each (scaled)",
+)
+
+
+@pytest.mark.server
+def test_runs_index_smoke(redis_server_binary: str) -> None:
+    """benchmarks.runs_index --smoke makes its two prefixes and prints every row with a time
+    per prefix and a ratio (no timing is asserted)."""
+    proc = _run(["benchmarks.runs_index", "--smoke"], timeout=180)
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("made 3 + 30 runs") for line in lines), proc.stdout
+    header = next(line for line in lines if "runs" in line and "ratio" in line)
+    assert header.split()[:4] == ["3", "runs", "30", "runs"], header
+    for name in RUNS_INDEX_ROWS:
+        row = next((line for line in lines if line.startswith(name + "  ")), None)
+        assert row is not None, f"no row {name!r} in:\n{proc.stdout}"
+        cells = row[len(name):].split()
+        assert cells[1] == "ms" and cells[3] == "ms" and cells[4].endswith("x"), row
+        few, many, ratio = float(cells[0]), float(cells[2]), float(cells[4][:-1])
+        assert all(math.isfinite(v) and v >= 0 for v in (few, many, ratio)), row

@@ -3,6 +3,7 @@ private redis-server, checking what it prints and its exit codes (stdin is not a
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -29,6 +31,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis.keys import run_index_key, run_keys
+from luft_redis.retention import LOG_TRIMMED_NOTE
 from luft_redis.tools import cli
 from luft_redis.tools.server import LocalRedisCluster, LocalRedisServer
 
@@ -140,10 +143,13 @@ def test_runs_skips_gone_runs_and_rebuilds_the_index(
         client.zadd(run_index_key("luft"), {str(completed): 1, str(running): 2})
     result = luft("--redis", redis_url, "runs")
     assert [row[0] for row in _rows(result.stdout)] == [str(running)]
-    assert "1 index entry without a run skipped" in result.stderr
+    assert "1 index entry without a run (expired or deleted) skipped and removed" in result.stderr
+    with redis.Redis.from_url(redis_url) as client:  # `runs` removed the entry it found gone
+        assert set(client.zrange(run_index_key("luft"), 0, -1)) == {str(running).encode()}
+    assert "without a run" not in luft("--redis", redis_url, "runs").stderr
     result = luft("--redis", redis_url, "runs", "--rebuild-index")
     assert result.returncode == 0, result.stderr
-    assert "2 run(s) indexed, 1 stale entry removed" in result.stdout
+    assert "2 run(s) indexed, 0 stale entries removed" in result.stdout
     result = luft("--redis", redis_url, "runs")
     assert [row[0] for row in _rows(result.stdout)] == [str(cancelled), str(running)]
     assert "without a run" not in result.stderr
@@ -192,6 +198,63 @@ def test_events_readable_json_type_and_since(redis_url: str) -> None:
         assert res.returncode == 2 and "Traceback" not in res.stderr, bad
     assert "unknown event type 'nope'" in luft("--redis", redis_url, "events", str(run),
                                                "--type", "nope").stderr  # fmt: skip
+
+
+def test_events_and_export_of_a_trimmed_log_say_so(redis_url: str, tmp_path: Path) -> None:
+    run = uuid.uuid4()
+    with RedisCheckpointBackend.from_url(redis_url, watch=False, max_events=3) as backend:
+        backend.init_run(run, "trimmed", "/tmp/t")
+        for i in range(300):
+            backend.append_event(Log(run_id=run, level=LogLevel.INFO, msg=f"m{i}"))
+        assert backend.log_trimmed
+    for json_flag in ((), ("--json",)):
+        result = luft("--redis", redis_url, "events", str(run), *json_flag)
+        assert result.returncode == 0, result.stderr
+        assert LOG_TRIMMED_NOTE in result.stderr and str(run) in result.stderr, json_flag
+        assert "m299" in result.stdout.splitlines()[-1] and "m0\n" not in result.stdout
+        if json_flag:  # stdout stays pure JSON lines
+            assert all(json.loads(line)["type"] == "log" for line in result.stdout.splitlines())
+
+    refused = luft("--redis", redis_url, "export", str(run), "-o", str(tmp_path / "d"), "--quiet")
+    assert refused.returncode == 1, refused.stderr
+    assert str(run) in refused.stderr and "trimmed" in refused.stderr
+    assert "--allow-trimmed" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "d").exists()
+    allowed = luft("--redis", redis_url, "export", str(run), "-o", str(tmp_path / "d"),
+                   "--quiet", "--allow-trimmed")  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    assert "warning" in allowed.stderr and LOG_TRIMMED_NOTE in allowed.stderr
+    assert (tmp_path / "d" / "events.jsonl").read_text().splitlines()[-1].endswith('"m299"}')
+
+    whole, _, _ = _events_run(redis_url)
+    result = luft("--redis", redis_url, "events", str(whole))
+    assert result.returncode == 0 and "trimmed" not in result.stderr
+
+
+def test_watch_to_a_pipe_ends_its_last_line(redis_url: str) -> None:
+    """stdout not a terminal: the final view is printed once, and its last line ends with a
+    newline (so that a shell prompt or the next command's output starts on a line of its own)."""
+    run = uuid.uuid4()
+    with RedisCheckpointBackend.from_url(redis_url, watch=False) as backend:
+        backend.init_run(run, "watched from a pipe", "/tmp/w")
+        backend.append_event(RunDone(run_id=run, status=RunStatus.COMPLETED,
+                                     total_tokens=TokenUsage(input=5)))  # fmt: skip
+    result = luft("--redis", redis_url, "watch", str(run))
+    assert result.returncode == 0, result.stderr
+    assert "the run is completed" in result.stdout
+    assert result.stdout.endswith("\n") and not result.stdout.endswith("\n\n\n"), result.stdout
+
+
+def test_runs_limit_says_more_only_when_more_are_indexed(redis_url: str) -> None:
+    with RedisCheckpointBackend.from_url(redis_url, watch=False) as backend:
+        backend.init_run(uuid.uuid4(), "one", "/tmp/1")
+        result = luft("--redis", redis_url, "runs", "--limit", "1")
+        assert result.returncode == 0, result.stderr
+        assert "1 run(s) shown of 1 indexed" in result.stderr
+        assert "--limit shows more" not in result.stderr
+        backend.init_run(uuid.uuid4(), "two", "/tmp/2")
+    result = luft("--redis", redis_url, "runs", "--limit", "1")
+    assert "1 run(s) shown of 2 indexed" in result.stderr and "--limit shows more" in result.stderr
 
 
 def test_cancel_exit_codes(redis_url: str, three_runs: list[uuid.UUID]) -> None:
@@ -245,8 +308,20 @@ def test_refused_credentials_are_not_unreachable(password_server: LocalRedisServ
     assert good.returncode == 0, good.stderr
 
 
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    """Every subcommand of ``luft-redis`` and its parser, from ``build_parser()``."""
+    actions = [a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(actions) == 1
+    return dict(actions[0].choices)
+
+
+def _subcommands() -> list[str]:
+    return list(_subparsers())
+
+
 def test_every_command_has_a_description(capsys: pytest.CaptureFixture[str]) -> None:
-    commands = ["doctor", "runs", "show", "events", "watch", "cancel", "delete", "demo"]
+    commands = _subcommands()
+    assert len(commands) >= 13 and {"gc", "export", "import-sqlite", "demo"} <= set(commands)
     assert cli.main(["--help"]) == 0
     top = capsys.readouterr().out
     assert "LUFT_REDIS_URL" in top
@@ -259,6 +334,40 @@ def test_every_command_has_a_description(capsys: pytest.CaptureFixture[str]) -> 
         description = rest.split("\n\n")[0]
         assert description and not description.lstrip().startswith(("options:", "-")), (
             command, text)  # fmt: skip
+
+
+def _readme_operations_table() -> dict[str, str]:
+    """The rows of the README's operations table ("Operate it"): subcommand -> example."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Operate it"):]
+    section = section[: section.index("\n## ", 1)]
+    rows: dict[str, str] = {}
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    assert lines[0].replace(" ", "") == "|command|whatitdoes|example|", lines[0]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 3, line
+        name = cells[0].strip("`").split()[0]
+        assert cells[2].startswith(f"`luft-redis {name}"), (name, cells[2])
+        rows.setdefault(name, cells[2])
+    return rows
+
+
+def test_readme_operations_table_lists_every_subcommand_with_an_example() -> None:
+    rows = _readme_operations_table()
+    assert sorted(rows) == sorted(_subcommands())
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    rule = "`--since` and the\norder use the last create, finish or resume"
+    assert rule in readme  # the rule of `runs --since`, in the README and in `runs --help`
+    help_text = " ".join(_subparsers()["runs"].format_help().split())
+    assert "--since and the order use the run's last create, finish or resume" in help_text
+    for name, example in rows.items():  # each example parses as the command it illustrates
+        argv = example.strip("`").split()[1:]
+        if name == "demo":
+            continue  # its arguments are the demo's own parser's
+        argv = [a.replace("0193\u2026", str(uuid.UUID(int=1))) for a in argv]
+        parsed = cli.build_parser().parse_args(argv)
+        assert parsed.command == name, example
 
 
 @pytest.mark.cluster

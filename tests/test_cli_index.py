@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -145,14 +146,17 @@ def test_read_page_orders_filters_and_skips_gone_runs(
     recent = index.read_page(redis_client, "luft", limit=50, since=1_000_007)
     assert [r.run_id for r in recent.rows] == [runs[9], runs[8], runs[7]]
 
-    # a run whose keys went without its index entry (expiry, a raw DEL) is skipped
+    # a run whose keys went without its index entry (expiry, a raw DEL) is skipped, and its
+    # entry leaves the index
     redis_client.delete(*[k for k in run_keys("luft", runs[9]) if not k.endswith(":changes")])
     page = index.read_page(redis_client, "luft", limit=3)
     assert [r.run_id for r in page.rows] == [runs[8], runs[7], runs[6]]
-    assert page.gone == 1
+    assert page.gone == 1 and page.indexed == 9
+    assert str(runs[9]) not in _index(redis_client)
+    assert index.read_page(redis_client, "luft", limit=3).gone == 0
 
     redis_client.zadd(run_index_key("luft"), {"not-a-run-id": 2_000_000})
-    assert index.rebuild(redis_client, "luft") == (9, 2)
+    assert index.rebuild(redis_client, "luft") == (9, 1)
     assert set(_index(redis_client)) == {str(r) for r in runs[:9]}
     assert _index(redis_client)[str(runs[4])] == 1_000_004
 
@@ -168,3 +172,38 @@ def test_rebuild_finds_runs_that_were_never_indexed(
     page = index.read_page(redis_client, "luft", limit=50)
     assert [r.run_id for r in page.rows] == runs[::-1]
     assert page.rows[0].task == "task 4" and page.rows[-1].status == "completed"
+
+
+def test_read_page_removes_entries_of_gone_runs_across_pages(
+    redis_client: Client, make_frontend_backend: Callable[..., Any]
+) -> None:
+    """Gone runs between the pages of a filtered read: every one leaves the index and no
+    live row is skipped (the next page starts as many entries earlier as were removed)."""
+    backend = make_frontend_backend(watch=False)
+    runs = _make_runs(redis_client, backend, 12)
+    gone = [r for i, r in enumerate(runs) if i % 2 == 1]
+    for run in gone:
+        redis_client.delete(*[k for k in run_keys("luft", run) if not k.endswith(":changes")])
+    page = index.read_page(redis_client, "luft", limit=50, statuses=["running"])
+    alive_running = [r for i, r in enumerate(runs) if i % 2 == 0 and i % 3 != 0]
+    assert [r.run_id for r in page.rows] == alive_running[::-1]
+    assert page.gone == len(gone) and page.indexed == 12 - len(gone)
+    assert set(_index(redis_client)) == {str(r) for r in runs if r not in gone}
+
+
+def test_an_expired_run_leaves_the_index_when_read(
+    redis_client: Client, make_frontend_backend: Callable[..., Any]
+) -> None:
+    """A run that expired (expire_finished_after) keeps its index entry until a reader
+    finds it gone: read_page then removes it."""
+    backend = make_frontend_backend(watch=False)
+    runs = _make_runs(redis_client, backend, 2)
+    for key in run_keys("luft", runs[0]):  # runs[0] is completed: let every key expire
+        redis_client.pexpire(key, 1)
+    deadline = time.monotonic() + 10
+    while redis_client.exists(run_keys("luft", runs[0]).run) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert str(runs[0]) in _index(redis_client)
+    page = index.read_page(redis_client, "luft", limit=50)
+    assert [r.run_id for r in page.rows] == [runs[1]] and page.gone == 1
+    assert set(_index(redis_client)) == {str(runs[1])}

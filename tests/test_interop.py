@@ -744,3 +744,73 @@ def test_run_created_during_an_import_wins_and_staging_is_dropped(redis_client: 
     assert rival.sync() is not None and rival.get_checkpoint().task == "the rival"  # type: ignore[union-attr]
     assert redis_client.xlen(run_keys("luft", RUN).events) == 0
     assert [k for k in _all_keys(redis_client) if b":import:" in k] == []
+
+
+# ------------------------------------------------------------------- a trimmed log (max_events)
+
+
+def _trimmed_run(client: Client) -> int:
+    """RUN with max_events=3 and 300 log events: its log is trimmed; the events left."""
+    backend = RedisCheckpointBackend(client, watch=False, max_events=3)
+    backend.init_run(RUN, "trimmed", "/runs/t")
+    for i in range(300):
+        backend.append_event(t.Log(run_id=RUN, level=t.LogLevel.INFO, msg=f"m{i}"))
+    assert backend.log_trimmed
+    backend.close()
+    return int(client.xlen(run_keys("luft", RUN).events))
+
+
+def test_export_of_a_trimmed_log_is_refused_unless_allowed(
+    redis_client: Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    left = _trimmed_run(redis_client)
+    assert left < 300
+    with pytest.raises(interop.LogTrimmedError) as info:
+        interop.export_run_dir(redis_client, RUN, tmp_path / "d")
+    assert info.value.run_id == RUN
+    assert str(RUN) in str(info.value) and "trimmed" in str(info.value)
+    assert isinstance(info.value, interop.InteropError)
+    assert not (tmp_path / "d").exists()  # nothing written
+
+    with caplog.at_level("WARNING", logger="luft_redis.interop"):
+        result = interop.export_run_dir(redis_client, RUN, tmp_path / "d", allow_trimmed=True)
+    assert result.log_trimmed and result.events == left
+    assert "trimmed" in caplog.text and str(RUN) in caplog.text
+    lines = (tmp_path / "d" / "events.jsonl").read_text().splitlines()
+    assert len(lines) == left and json.loads(lines[-1])["msg"] == "m299"
+
+    path = _luft_db(tmp_path / "t.db", with_run=False)
+    with pytest.raises(interop.LogTrimmedError, match=str(RUN)):
+        interop.export_sqlite(redis_client, path, RUN)
+    assert all(rows == [] for rows in _rows(path).values())
+    assert interop.export_sqlite(redis_client, path, RUN, allow_trimmed=True).log_trimmed
+
+
+def test_export_of_a_whole_log_says_it_is_whole(redis_client: Client, tmp_path: Path) -> None:
+    _build_run(redis_client)
+    assert interop.export_run_dir(redis_client, RUN, tmp_path / "w").log_trimmed is False
+
+
+def test_a_log_trimmed_while_it_is_exported_is_refused_and_nothing_is_left(
+    redis_client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer trims the log while the export reads it: the export is refused, no file
+    (nor .tmp) is left, and no SQLite row is written."""
+    _build_run(redis_client)
+    original = interop._iter_redis_events
+
+    def trimmed_meanwhile(*args: Any) -> Iterator[t.AgentEvent]:
+        for i, event in enumerate(original(*args)):
+            if i == 1:  # as max_events trimming by another process would mark it
+                redis_client.hset(run_keys("luft", RUN).run, "log_trimmed", "1")
+            yield event
+
+    monkeypatch.setattr(interop, "_iter_redis_events", trimmed_meanwhile)
+    with pytest.raises(interop.LogTrimmedError, match=str(RUN)):
+        interop.export_run_dir(redis_client, RUN, tmp_path / "d")
+    assert list((tmp_path / "d").iterdir()) == []
+    path = _luft_db(tmp_path / "t.db", with_run=False)
+    redis_client.hdel(run_keys("luft", RUN).run, "log_trimmed")
+    with pytest.raises(interop.LogTrimmedError):
+        interop.export_sqlite(redis_client, path, RUN)
+    assert all(rows == [] for rows in _rows(path).values())

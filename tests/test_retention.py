@@ -427,8 +427,9 @@ def aged_runs(redis_client: Any) -> Iterator[dict[str, uuid.UUID]]:
                                              total_tokens=TokenUsage()))  # fmt: skip
             elif name == "cancelled":
                 backend.cancel()
-            if age == "old":
+            if age == "old":  # and its index score, as when it finished 8 days ago
                 redis_client.hset(run_keys("luft", run_id).run, "updated_at", eight_days_ago)
+                redis_client.zadd(run_index_key("luft"), {str(run_id): eight_days_ago})
             runs[f"{name}-{age}"] = run_id
     yield runs
     backend.close()
@@ -500,6 +501,74 @@ def test_gc_tells_watching_backends_the_run_is_gone(
         watcher.close()
 
 
+def _no_scan(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("gc SCANned the keyspace instead of reading the run index")
+
+
+def test_gc_goes_through_the_index_not_a_scan(
+    redis_client: Any, aged_runs: dict[str, uuid.UUID], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(type(redis_client), "scan_iter", _no_scan)
+    week = dt.timedelta(days=7)
+    found = list(retention.iter_finished_runs(redis_client, older_than=week, batch_size=1))
+    old_finished = {aged_runs[n] for n in ("completed-old", "failed-old", "cancelled-old")}
+    assert {r.run_id for r in found} == old_finished and len(found) == 3
+    report = retention.collect_garbage(redis_client, older_than=week, batch_size=2)
+    assert set(report.deleted) == old_finished
+    assert _existing(redis_client, aged_runs) == set(aged_runs) - {
+        "completed-old", "failed-old", "cancelled-old"}  # fmt: skip
+
+
+def test_gc_pages_the_index_by_score_while_it_deletes(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many old runs, some sharing one score, read two per batch while collect_garbage
+    deletes between batches: every one is found and deleted once."""
+    backend = RedisCheckpointBackend(redis_client, watch=False)
+    old = _server_now(redis_client) - 8 * 86400
+    runs = []
+    for i in range(9):
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "t", "/d")
+        backend.cancel()
+        score = old + i // 3  # three runs per second
+        redis_client.hset(run_keys("luft", run_id).run, "updated_at", score)
+        redis_client.zadd(run_index_key("luft"), {str(run_id): score})
+        runs.append(run_id)
+    backend.close()
+    monkeypatch.setattr(type(redis_client), "scan_iter", _no_scan)
+    report = retention.collect_garbage(redis_client, older_than=dt.timedelta(days=7),
+                                       batch_size=2)  # fmt: skip
+    assert sorted(report.deleted) == sorted(runs) and len(report.deleted) == 9
+    assert redis_client.zcard(run_index_key("luft")) == 0
+
+
+def test_gc_removes_index_entries_of_gone_runs(
+    redis_client: Any, aged_runs: dict[str, uuid.UUID], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expired = aged_runs["completed-old"]  # as if its TTL ran out: every key gone, not its entry
+    redis_client.delete(*key_list(expired))
+    redis_client.zadd(run_index_key("luft"), {"not-a-run-id": 1})
+    monkeypatch.setattr(type(redis_client), "scan_iter", _no_scan)
+    report = retention.collect_garbage(redis_client, older_than=dt.timedelta(days=7),
+                                       dry_run=True)  # fmt: skip
+    assert expired not in {r.run_id for r in report.found} and len(report.found) == 2
+    members = {m.decode() for m in redis_client.zrange(run_index_key("luft"), 0, -1)}
+    assert str(expired) not in members and "not-a-run-id" not in members
+    assert members == {str(r) for n, r in aged_runs.items() if n != "completed-old"}
+
+
+def test_gc_scan_fallback_finds_runs_the_index_lacks(
+    redis_client: Any, aged_runs: dict[str, uuid.UUID]
+) -> None:
+    redis_client.delete(run_index_key("luft"))  # a prefix whose index was never built
+    week = dt.timedelta(days=7)
+    assert retention.collect_garbage(redis_client, older_than=week, dry_run=True).found == []
+    report = retention.collect_garbage(redis_client, older_than=week, use_index=False)
+    assert set(report.deleted) == {
+        aged_runs[n] for n in ("completed-old", "failed-old", "cancelled-old")}  # fmt: skip
+
+
 def test_gc_arguments_are_checked(redis_client: Any) -> None:
     with pytest.raises(ValidationError, match="running"):
         retention.collect_garbage(redis_client, older_than=HOUR, statuses=["running"])
@@ -540,6 +609,16 @@ def test_cli_gc(
     assert bad.returncode == 2 and "choose among" in bad.stderr
     missing = _cli("gc", "--redis", redis_url)
     assert missing.returncode == 2 and "--older-than" in missing.stderr
+
+    redis_client.delete(run_index_key("luft"))  # never built: only --scan finds the run
+    index_only = _cli("gc", "--redis", redis_url, "--older-than", "7d")
+    assert index_only.stdout.splitlines()[-1] == "0 run(s) deleted"
+    scan = _cli("gc", "--redis", redis_url, "--older-than", "7d", "--scan")
+    assert scan.returncode == 0, scan.stderr
+    assert scan.stdout.splitlines()[-1] == "1 run(s) deleted"
+    assert _existing(redis_client, aged_runs) == {"completed-new", "failed-new",
+                                                  "cancelled-new", "running-old", "running-new"}
+    assert "--rebuild-index" in _cli("gc", "--help").stdout
 
 
 # ---------------------------------------------------------------------------- doctor

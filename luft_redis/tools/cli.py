@@ -59,6 +59,7 @@ from .. import types as t
 from ..backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
 from ..keys import DEFAULT_PREFIX, run_keys
+from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
 from . import live
@@ -353,12 +354,14 @@ def _cmd_runs(args: argparse.Namespace) -> int:
                 Text(_one_line(row.task)),
             )  # fmt: skip
         _print(table)
-        more = " (--limit shows more)" if len(page.rows) == args.limit else ""
+        more = ""
+        if len(page.rows) == args.limit and page.indexed > len(page.rows):
+            more = " (--limit shows more)"
         print(f"{len(page.rows)} run(s) shown of {page.indexed} indexed under prefix "
               f"{args.prefix!r}{more}", file=sys.stderr)  # fmt: skip
     if page.gone:
-        print(f"{page.gone} index entr{'y' if page.gone == 1 else 'ies'} without a run skipped "
-              "(`luft-redis runs --rebuild-index` removes them)", file=sys.stderr)  # fmt: skip
+        print(f"{page.gone} index entr{'y' if page.gone == 1 else 'ies'} without a run (expired "
+              "or deleted) skipped and removed from the index", file=sys.stderr)  # fmt: skip
     if page.indexed == 0:
         print("the run index is empty; runs stored before it existed (luft-redis 0.1) are "
               "listed after `luft-redis runs --rebuild-index`", file=sys.stderr)  # fmt: skip
@@ -450,6 +453,8 @@ def _cmd_events(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         if backend.open_run(run_id) is None:
             raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+        if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
+            print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
         try:
             for entry in live.follow_events(backend, args.since, args.follow, args.type or ()):
                 if args.json:
@@ -650,16 +655,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "runs", "list the runs, most recently updated first",
         "List the runs under the prefix from the run index (a sorted set per prefix), most\n"
         "recently updated first: status, tokens, agents started, last update and task.\n"
+        "--since and the order use the run's last create, finish or resume (the index\n"
+        "score; events in between do not move it); the updated column is the real last\n"
+        "update. Entries whose run is gone (expired, deleted) are skipped and removed.\n"
         "--rebuild-index rebuilds the index from a SCAN of the keyspace (after an upgrade\n"
-        "from luft-redis 0.1, or when `runs` reports entries without a run).", _cmd_runs,
+        "from luft-redis 0.1).", _cmd_runs,
     )  # fmt: skip
     runs.add_argument("--status", action="append", metavar="STATUS",
                       choices=[s.value for s in t.CheckpointStatus],
                       help="only runs with this status (running, completed, failed, "
                            "cancelled); repeat for several")  # fmt: skip
     runs.add_argument("--since", type=parse_since, metavar="WHEN", default=None,
-                      help="only runs updated since: a duration ago (7d, 12h, 30m) or an "
-                           "RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
+                      help="only runs created, finished or resumed since: a duration ago "
+                           "(7d, 12h, 30m) or an RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
     runs.add_argument("--limit", type=_positive, default=_DEFAULT_LIMIT, metavar="N",
                       help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
     runs.add_argument("--json", action="store_true", help="one JSON object per run")

@@ -2,10 +2,12 @@
 
 ::
 
-    luft-redis export RUN_ID -o DIR [--force]          a luft run directory from a run
+    luft-redis export RUN_ID -o DIR [--force] [--allow-trimmed]   a run directory from a run
     luft-redis import DIR [--replace] [--run-dir P]    a luft run directory into Redis
     luft-redis import-sqlite PATH [--run RUN_ID] [--replace]
-    luft-redis export-sqlite PATH RUN_ID [--replace]
+    luft-redis export-sqlite PATH RUN_ID [--replace] [--allow-trimmed]
+
+A run whose event log was trimmed (``max_events``) is not exported unless ``--allow-trimmed``.
 
 Registered by :func:`add_commands` from ``luft_redis.tools.cli.build_parser``. Errors are
 :mod:`luft_redis.errors` (exit 1) or Redis connection errors (exit 2), reported by
@@ -26,6 +28,7 @@ from typing import Any, Final, TextIO
 
 from .. import interop
 from ..connect import make_client
+from ..retention import LOG_TRIMMED_NOTE
 
 __all__ = ["add_commands", "progress_reporter"]
 
@@ -124,11 +127,25 @@ def _columns() -> int:
 # ------------------------------------------------------------------------------- commands
 
 
+def _trimmed_warning(result: interop.ExportResult) -> None:
+    if result.log_trimmed:
+        print(f"warning: run {result.run_id}: {LOG_TRIMMED_NOTE}; the export holds only the "
+              "events that are left (--allow-trimmed)", file=sys.stderr)  # fmt: skip
+
+
+_ALLOW_TRIMMED_HELP = (
+    "export a run whose event log was trimmed (max_events) with the events that are left; "
+    "without it such a run is refused"
+)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     with _client(args) as client, progress_reporter("export", enabled=not args.quiet) as bar:
         result = interop.export_run_dir(
-            client, args.run_id, args.output, prefix=args.prefix, overwrite=args.force, progress=bar
-        )
+            client, args.run_id, args.output, prefix=args.prefix, overwrite=args.force,
+            progress=bar, allow_trimmed=args.allow_trimmed,
+        )  # fmt: skip
+    _trimmed_warning(result)
     print(f"run {result.run_id}: exported to {result.target} ({result.events} events)")
     return 0
 
@@ -169,8 +186,10 @@ def _cmd_import_sqlite(args: argparse.Namespace) -> int:
 def _cmd_export_sqlite(args: argparse.Namespace) -> int:
     with _client(args) as client, progress_reporter("export", enabled=not args.quiet) as bar:
         result = interop.export_sqlite(
-            client, args.path, args.run_id, prefix=args.prefix, replace=args.replace, progress=bar
-        )
+            client, args.path, args.run_id, prefix=args.prefix, replace=args.replace,
+            progress=bar, allow_trimmed=args.allow_trimmed,
+        )  # fmt: skip
+    _trimmed_warning(result)
     print(f"run {result.run_id}: exported to {result.target} ({result.events} events)")
     return 0
 
@@ -186,6 +205,7 @@ def add_commands(sub: Any) -> None:
     export.add_argument("run_id", metavar="RUN_ID", type=_run_id)
     export.add_argument("-o", "--output", metavar="DIR", required=True, help="the run directory")
     export.add_argument("--force", action="store_true", help="replace files already in DIR")
+    export.add_argument("--allow-trimmed", action="store_true", help=_ALLOW_TRIMMED_HELP)
     _add_connection(export)
     export.set_defaults(handler=_cmd_export)
 
@@ -228,5 +248,6 @@ def add_commands(sub: Any) -> None:
     esql.add_argument("path", metavar="PATH")
     esql.add_argument("run_id", metavar="RUN_ID", type=_run_id)
     esql.add_argument("--replace", action="store_true", help="replace the run if it is there")
+    esql.add_argument("--allow-trimmed", action="store_true", help=_ALLOW_TRIMMED_HELP)
     _add_connection(esql)
     esql.set_defaults(handler=_cmd_export_sqlite)

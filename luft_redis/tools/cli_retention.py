@@ -3,7 +3,11 @@
 Registered by :func:`luft_redis.tools.cli.build_parser` through :func:`add_commands`::
 
     luft-redis gc --older-than 7d [--status completed,failed,cancelled] [--dry-run]
-                  [--batch N] [--redis URL] [--prefix P]
+                  [--batch N] [--scan] [--redis URL] [--prefix P]
+
+It finds its candidates through the run index (the sorted set ``luft-redis runs`` reads);
+``--scan`` SCANs the keyspace instead, for a prefix whose index was never built
+(``luft-redis runs --rebuild-index`` builds it).
 
 Prints one line per run (``deleted``, or ``would delete`` with ``--dry-run``), then a summary.
 Exit 0 on success (also when nothing matched), 1 on a failure, 2 when Redis is unreachable.
@@ -61,6 +65,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
             statuses=args.status,
             dry_run=args.dry_run,
             batch_size=args.batch,
+            use_index=not args.scan,
         )
     finally:
         client.close()
@@ -88,7 +93,10 @@ def add_commands(sub: Any) -> None:
         "gc",
         help="delete finished runs older than a given age",
         description="Delete finished runs (completed, failed, cancelled) last updated longer "
-        "ago than --older-than, in batches. A run resumed meanwhile is never deleted.",
+        "ago than --older-than, in batches. A run resumed meanwhile is never deleted. The "
+        "candidates come from the run index (the one `luft-redis runs` reads); --scan SCANs "
+        "the keyspace instead, for a prefix whose index was never built (`luft-redis runs "
+        "--rebuild-index` builds it).",
     )
     gc.add_argument(
         "--older-than",
@@ -111,6 +119,12 @@ def add_commands(sub: Any) -> None:
         type=_positive,
         default=DEFAULT_BATCH,
         help=f"runs read and deleted per batch (default {DEFAULT_BATCH})",
+    )
+    gc.add_argument(
+        "--scan",
+        action="store_true",
+        help="find the runs by a SCAN of the keyspace, not through the run index (for a "
+        "prefix whose index was never built; `luft-redis runs --rebuild-index` builds it)",
     )
     _add_connection(gc, prefix=True)
     gc.set_defaults(handler=_cmd_gc)

@@ -417,7 +417,9 @@ class Display:
         if live is not None:
             live.stop()  # transient: the live line goes
             assert self._console is not None
-            self._console.print(self._text(self._last_line))
+            # one line, cut to the terminal's width (never wrapped onto a second line)
+            self._console.print(self._text(self._last_line), crop=True, no_wrap=True,
+                                overflow="ellipsis")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ the coordinator

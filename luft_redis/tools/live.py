@@ -158,19 +158,23 @@ def watch_run(backend: RedisCheckpointBackend, console: Console) -> t.RunCheckpo
     cp = backend.get_checkpoint()
     if cp is None:
         return None
-    with Live(render_run(cp), console=console, auto_refresh=False,
-              transient=False) as live:  # fmt: skip
-        while cp.status not in _FINAL:
-            # woken by the run's change notices (the listener); the timeout only keeps the
-            # display honest about a listener that lost its connection
-            changed = backend.wait_for_change(after_version=shown, timeout=TICK)
-            if not changed and backend.cache_is_fresh:
-                continue
-            shown = backend.version
-            fresh = backend.sync()  # no I/O while the cache is fresh; None once deleted
-            if fresh is None:
-                return None
-            cp = fresh
-            live.update(render_run(cp), refresh=True)
-        live.update(render_run(cp, note=f"the run is {cp.status.value}"), refresh=True)
-    return cp
+    try:
+        with Live(render_run(cp), console=console, auto_refresh=False,
+                  transient=False) as live:  # fmt: skip
+            while cp.status not in _FINAL:
+                # woken by the run's change notices (the listener); the timeout only keeps the
+                # display honest about a listener that lost its connection
+                changed = backend.wait_for_change(after_version=shown, timeout=TICK)
+                if not changed and backend.cache_is_fresh:
+                    continue
+                shown = backend.version
+                fresh = backend.sync()  # no I/O while the cache is fresh; None once deleted
+                if fresh is None:
+                    return None
+                cp = fresh
+                live.update(render_run(cp), refresh=True)
+            live.update(render_run(cp, note=f"the run is {cp.status.value}"), refresh=True)
+        return cp
+    finally:
+        if not console.is_terminal:  # Live ends a terminal's last line, not a pipe's
+            console.line()
