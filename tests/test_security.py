@@ -692,14 +692,16 @@ def test_acl_user_collects_garbage(acl: AclSetup, capsys: pytest.CaptureFixture[
         running = uuid.uuid4()
         backend.init_run(running, "running", "/d")
     long_ago = int(acl.admin.time()[0]) - 8 * 86400
-    for rid in (old, other_old, running):
+    for rid in (old, other_old, running):  # aged: the run hash and its run index entry
         acl.admin.hset(run_keys("luft", rid).run, "updated_at", long_ago)
+        acl.admin.zadd(run_index_key("luft"), {str(rid): long_ago})
     with redis.Redis.from_url(acl.user_url) as client:
         report = retention.collect_garbage(client, older_than=dt.timedelta(days=7))
     assert set(report.deleted) == {old, other_old} and not report.skipped
     assert acl.admin.keys(f"luft:{{{old}}}:*") == []
     assert acl.admin.exists(run_keys("luft", new).run, run_keys("luft", running).run) == 2
     acl.admin.hset(run_keys("luft", new).run, "updated_at", long_ago)
+    acl.admin.zadd(run_index_key("luft"), {str(new): long_ago})
     assert cli.main(["gc", "--older-than", "7d", "--redis", acl.user_url]) == 0
     assert str(new) in capsys.readouterr().out
     assert acl.admin.exists(run_keys("luft", new).run) == 0
