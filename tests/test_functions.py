@@ -221,8 +221,8 @@ def test_the_common_path_is_one_fcall(
     later = _calls(redis_client)
     for own in ("config|resetstat", "hello", "info"):  # this test's own connections
         later.pop(f"cmdstat_{own}", None)
-    inner = ("hget", "hmget", "hset", "hsetnx", "hlen", "time", "xadd", "spublish", "type",
-             "hexists", "pttl")  # fmt: skip
+    inner = ("hget", "hmget", "hset", "hsetnx", "hlen", "xlen", "llen", "time", "xadd",
+             "spublish", "type", "hexists", "pttl")  # fmt: skip
     script_inner = {"cmdstat_" + c for c in inner}
     outer = {k: v for k, v in later.items() if k not in script_inner}
     assert outer == {"cmdstat_fcall": 5}, outer

@@ -54,7 +54,7 @@ pytestmark = pytest.mark.server
 #: The commands of the least-privilege user, exactly as in docs/security.md.
 ACL_COMMANDS = (
     "+fcall +fcall_ro +function|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget "
-    "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +lrange +lrem +rpush +xadd "
+    "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +llen +lrange +lrem +rpush +xadd "
     "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping "
     "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore"
 )

@@ -61,6 +61,19 @@ local ARGS
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
 
+-- Decimal text of a non-negative integer below 2^53. Lua 5.1 turns a number into text with
+-- sprintf("%.14g"), a float formatter that costs more than the rest of a small record: the
+-- lengths and counts of a delta (small numbers) come from a table filled as they are met.
+local DECIMAL = {}
+local function decimal(n)
+  local s = DECIMAL[n]
+  if s == nil then
+    s = string.format('%d', n)
+    if n < 65536 then DECIMAL[n] = s end
+  end
+  return s
+end
+
 local function fail(code, message)
   error('LUFT_' .. code .. ' ' .. message, 0)
 end
@@ -160,36 +173,52 @@ local function hset_flat(key, flat)
   end
 end
 
--- The delta under construction: its records, in order (see the header).
+-- The delta under construction: the parts of its records are DELTA[1..DN], in order (see the
+-- header). The table is kept from call to call and only its first DN entries belong to this
+-- call: growing a new table part by part (a rehash at every power of two) costs more than
+-- writing the records' bytes. begin_call() sets DN = 0 and drops a table grown past
+-- DELTA_KEEP parts (a whole-state record), so a big save does not stay in memory.
 local FORMAT = 'L3'
-local DELTA = {}
--- Segment id -> the blob of the F record sent for it, valid for the delta table F_SENT_DELTA
--- only (so a prelude defined once and kept across calls never mixes two calls' records).
-local F_SENT, F_SENT_DELTA = {}, nil
+local DELTA, DN = {}, 0
+local DELTA_KEEP = 4096
+local LENGTHS = {} -- scratch of delta_bytes, kept like DELTA
+-- Segment id -> the blob of the F record this call sent for it (see rec_attrs); the table is
+-- new in every call that sends one.
+local F_SENT, F_SENT_CALL, CALL = {}, 0, 0
 local function sent_findings(aid, blob)
-  if F_SENT_DELTA ~= DELTA then F_SENT, F_SENT_DELTA = {}, DELTA end
+  if F_SENT_CALL ~= CALL then F_SENT, F_SENT_CALL = {}, CALL end
   F_SENT[aid] = blob
 end
-local function rec(...)
-  local parts = {...}
-  for i = 1, #parts do DELTA[#DELTA + 1] = parts[i] end
+
+-- Append a record of two or three parts: its tag, then a (and b unless nil).
+local function rec(tag, a, b)
+  local n = DN
+  DELTA[n + 1] = tag
+  DELTA[n + 2] = a
+  if b == nil then
+    DN = n + 2
+  else
+    DELTA[n + 3] = b
+    DN = n + 3
+  end
 end
 
 -- Append an E record of entity `id` (section tag `tag`) from a flat attr/value list.
 local function rec_attrs(tag, id, out)
-  local n = #DELTA
+  local n, count = DN, #out
   DELTA[n + 1] = 'E'
   DELTA[n + 2] = tag
   DELTA[n + 3] = id
-  DELTA[n + 4] = tostring(#out / 2)
+  DELTA[n + 4] = decimal(count / 2)
   n = n + 4
-  local sent = F_SENT_DELTA == DELTA and F_SENT[id]
-  for i = 1, #out, 2 do
+  local sent = F_SENT_CALL == CALL and F_SENT[id]
+  for i = 1, count, 2 do
     local value = out[i + 1]
-    if out[i] == 'findings' and sent == value then value = '' end
+    if sent and value == sent and out[i] == 'findings' then value = '' end
     DELTA[n + i] = out[i]
     DELTA[n + i + 1] = value
   end
+  DN = n + count
 end
 
 local PHASE_ATTRS = {'seq', 'label', 'planned', 'ok', 'failed', 'description', 'role'}
@@ -213,25 +242,21 @@ local function rec_entity(tag, key, id, attrs)
   rec_attrs(tag, id, out)
 end
 
-local function netstrings(parts, out)
-  for i = 1, #parts do
-    out[#out + 1] = #parts[i] .. ':'
-    out[#out + 1] = parts[i]
-  end
-  return out
-end
-
+-- A delta's bytes: its header, then, with `records`, the parts DELTA[1..DN] behind their
+-- index of lengths (format L3, see the header).
 local function delta_bytes(inc_before, v_before, inc_after, v_after, op, records)
-  local out = netstrings({FORMAT, inc_before, v_before, inc_after, v_after, op}, {})
-  if records and #records > 0 then
-    local lengths = {}
-    for i = 1, #records do lengths[i] = #records[i] end
-    local index = table.concat(lengths, ' ')
-    out[#out + 1] = #index .. ':'
-    out[#out + 1] = index
-    for i = 1, #records do out[#out + 1] = records[i] end
+  local head = '2:' .. FORMAT .. decimal(#inc_before) .. ':' .. inc_before
+    .. decimal(#v_before) .. ':' .. v_before .. decimal(#inc_after) .. ':' .. inc_after
+    .. decimal(#v_after) .. ':' .. v_after .. decimal(#op) .. ':' .. op
+  local n = DN
+  if not records or n == 0 then return head end
+  local parts, lengths = DELTA, LENGTHS
+  for i = 1, n do
+    local len = #parts[i]
+    lengths[i] = DECIMAL[len] or decimal(len)
   end
-  return table.concat(out)
+  local index = table.concat(lengths, ' ', 1, n)
+  return head .. decimal(#index) .. ':' .. index .. table.concat(parts, '', 1, n)
 end
 
 -- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
@@ -248,11 +273,29 @@ end
 -- The type every key of a run must have (KEYS[1..9]; KEYS[10] is a channel).
 local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash'}
 
+-- Probe KEYS[i] with a command that reads only a `kind` key and answers an integer: cheaper
+-- than TYPE, whose status reply becomes a table. Its WRONGTYPE error is the sign of a stray
+-- key, which check_type then names; any other error (an ACL NOPERM) is raised as it is.
+local function probe_type(i, kind)
+  local found
+  if kind == 'hash' then
+    found = redis.pcall('HLEN', KEYS[i])
+  elseif kind == 'stream' then
+    found = redis.pcall('XLEN', KEYS[i])
+  else
+    found = redis.pcall('LLEN', KEYS[i])
+  end
+  if type(found) == 'table' then
+    if string.find(tostring(found.err), '^WRONGTYPE') then check_type(KEYS[i], kind) end
+    error(found)
+  end
+end
+
 -- Fail with LUFT_CORRUPT naming the first key of the run that holds the wrong type: every
 -- script calls it (dedup does) before it reads or writes anything else, so a stray key never
 -- surfaces as an untyped WRONGTYPE error or stops a script half way.
 local function check_run_types()
-  for i = 1, #RUN_KEY_TYPES do check_type(KEYS[i], RUN_KEY_TYPES[i]) end
+  for i = 1, #RUN_KEY_TYPES do probe_type(i, RUN_KEY_TYPES[i]) end
 end
 
 -- A "replay" delta when this writer's operation WRITER_SEQ was already applied, else nil.
@@ -292,7 +335,7 @@ local function unchanged(run, op)
   return delta_bytes(inc, version, inc, version, op)
 end
 
--- The whole state, as a Z record (init_run and save_checkpoint).
+-- The whole state, as a Z record (init_run and save_checkpoint): the delta's only record.
 local function rec_whole_state()
   local parts = {
     redis.call('HGETALL', K_RUN), redis.call('HGETALL', K_PHASES),
@@ -300,11 +343,16 @@ local function rec_whole_state()
     redis.call('HGETALL', K_STARTED), redis.call('HGETALL', K_FINDINGS),
     redis.call('LRANGE', K_FINDINGS_ORDER, 0, -1),
   }
-  DELTA = {'Z'}
+  local delta, n = DELTA, 1
+  delta[1] = 'Z'
   for i = 1, #parts do
-    DELTA[#DELTA + 1] = tostring(#parts[i])
-    for j = 1, #parts[i] do DELTA[#DELTA + 1] = parts[i][j] end
+    local part = parts[i]
+    local count = #part
+    delta[n + 1] = decimal(count)
+    for j = 1, count do delta[n + 1 + j] = part[j] end
+    n = n + 1 + count
   end
+  DN = n
 end
 
 -- Publish a delta as the run's change notice (every script that changes something).
@@ -379,6 +427,8 @@ local function begin_call()
   WRITER, WRITER_SEQ = ARGV[1], ARGV[2]
   ARGS = {}
   for i = 3, #ARGV do ARGS[i - 2] = ARGV[i] end
-  DELTA = {}
+  CALL = CALL + 1
+  if DN > DELTA_KEEP then DELTA, LENGTHS = {}, {} end
+  DN = 0
 end
 --- @each-call begin_call()
