@@ -264,12 +264,16 @@ class RedisCheckpointBackend(FrontEnd):
             return None
         watch = Watch(cache, channel, self._on_work, self._counters)
         watch.wants_changes = bool(self._callbacks)
+        if self._refresher is not None:  # started here, at this thread's priority
+            self._refresher.hold(watch)
         listener.watch(watch, self._max_staleness)
         return watch
 
     def _stop_watch(self, watch: Watch | None) -> None:
         if watch is not None and self._listener is not None:
             self._listener.unwatch(watch)
+        if watch is not None and self._refresher is not None:
+            self._refresher.release(watch)
 
     def _prepare(self, run_id: uuid.UUID) -> Binding:
         """A new binding for ``run_id``, watched and (briefly) waited for."""
