@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks so they never rot: ``benchmarks.run --smoke``,
-``benchmarks.staleness --smoke`` (both front ends), ``benchmarks.compare --smoke`` and
-``benchmarks.runs_index --smoke``.
+``benchmarks.staleness --smoke`` (both front ends), ``benchmarks.compare --smoke``,
+``benchmarks.runs_index --smoke`` and ``benchmarks.lua_cost --ops 5`` (when valgrind is there).
 
 They check only that each completes against a real redis-server and prints every row with
 numbers where numbers belong: no timing is ever asserted (the figures come from a shared,
@@ -229,3 +229,20 @@ def test_runs_index_smoke(redis_server_binary: str) -> None:
         assert cells[1] == "ms" and cells[3] == "ms" and cells[4].endswith("x"), row
         few, many, ratio = float(cells[0]), float(cells[2]), float(cells[4][:-1])
         assert all(math.isfinite(v) and v >= 0 for v in (few, many, ratio)), row
+
+
+@pytest.mark.server
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+                    reason="benchmarks.lua_cost needs valgrind")  # fmt: skip
+def test_lua_cost_smoke(redis_server_binary: str) -> None:
+    """benchmarks.lua_cost --ops 5 --before none runs redis-server under callgrind and prints
+    an instruction count per call and a ratio to PING for every phase (nothing is asserted
+    about the counts but that they are positive numbers)."""
+    proc = _run(["benchmarks.lua_cost", "--ops", "5", "--before", "none"], timeout=300)
+    lines = proc.stdout.splitlines()
+    for phase in ("ping", "append", "upsert"):
+        row = next((line for line in lines if line.startswith(phase + " ")), None)
+        assert row is not None, f"no row {phase!r} in:\n{proc.stdout}"
+        cells = row.split()
+        assert len(cells) == 3, row
+        assert _number(cells[1]) > 0 and cells[2].endswith("x") and _number(cells[2]) > 0, row
