@@ -12,9 +12,12 @@ of OpenTelemetry's semantic conventions for database clients:
 - ``error.type``: the luft-redis exception class, when the operation failed (the span's status
   is then ERROR and the exception is recorded);
 
-and the luft-specific ``luft.run_id`` and ``luft.prefix``. Without an OpenTelemetry SDK
-configured, the API's spans record nothing and cost little; without the package, the spans are a
-shared no-op context manager.
+and the luft-specific ``luft.run_id`` and ``luft.prefix``.
+
+Until a tracer provider is set (an OpenTelemetry SDK, in code or through
+``OTEL_PYTHON_TRACER_PROVIDER``), the API's spans record nothing, and entering one costs about a
+sixth of a write's client-side work: operations then make no span at all. A backend made before
+the provider is set starts its spans as soon as it is. Without the package, no span is made.
 """
 
 from __future__ import annotations
@@ -83,10 +86,11 @@ def client_attributes(client: Any) -> dict[str, str | int]:
 class OperationTracer:
     """Makes the span of one backend operation; a shared no-op without OpenTelemetry."""
 
-    __slots__ = ("_base", "_tracer")
+    __slots__ = ("_base", "_live", "_tracer")
 
     def __init__(self, client: Any, prefix: str) -> None:
         self._tracer: Any = None
+        self._live = False
         self._base: dict[str, str | int] = {}
         if _trace_api is None:
             return
@@ -98,7 +102,19 @@ class OperationTracer:
 
     @property
     def enabled(self) -> bool:
+        """opentelemetry-api is installed (spans are made once a tracer provider is set)."""
         return self._tracer is not None
+
+    def active(self) -> bool:
+        """Whether an operation makes a span now: the API is installed and a tracer provider
+        is set. Until one is, the API only ever hands out spans that record nothing."""
+        if self._live:
+            return True
+        if self._tracer is None or isinstance(
+                _trace_api.get_tracer_provider(), _trace_api.ProxyTracerProvider):  # fmt: skip
+            return False
+        self._live = True  # the global provider is set once (the API refuses to replace it)
+        return True
 
     def span(self, operation: str, run_id: object = None) -> contextlib.AbstractContextManager[Any]:
         """The span of ``operation`` (a context manager; a shared no-op when disabled)."""
@@ -136,8 +152,8 @@ def _run_of(backend: Any, args: tuple[Any, ...], run_arg: bool) -> object:
 def traced(operation: str, *, run_arg: bool = False) -> Callable[[_F], _F]:
     """Decorate a backend method (plain or ``async``) so that each call is the span
     ``operation`` of the backend's :class:`OperationTracer` (``self._tracer``). ``run_arg``:
-    the method's first argument names the run (else the bound run does). When tracing is off
-    the cost is one attribute check."""
+    the method's first argument names the run (else the bound run does). Without a tracer
+    provider the cost is one check (:meth:`OperationTracer.active`)."""
 
     def decorate(method: _F) -> _F:
         if inspect.iscoroutinefunction(method):
@@ -145,7 +161,7 @@ def traced(operation: str, *, run_arg: bool = False) -> Callable[[_F], _F]:
             @functools.wraps(method)
             async def traced_async(self: Any, *args: Any, **kwargs: Any) -> Any:
                 tracer: OperationTracer = self._tracer
-                if tracer._tracer is None:
+                if not tracer.active():
                     return await method(self, *args, **kwargs)
                 with tracer.span(operation, _run_of(self, args, run_arg)):
                     return await method(self, *args, **kwargs)
@@ -155,7 +171,7 @@ def traced(operation: str, *, run_arg: bool = False) -> Callable[[_F], _F]:
         @functools.wraps(method)
         def traced_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
             tracer: OperationTracer = self._tracer
-            if tracer._tracer is None:
+            if not tracer.active():
                 return method(self, *args, **kwargs)
             with tracer.span(operation, _run_of(self, args, run_arg)):
                 return method(self, *args, **kwargs)

@@ -9,6 +9,8 @@ spans use the OpenTelemetry SDK's in-memory exporter (skipped without ``opentele
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -161,6 +163,45 @@ def test_a_failed_operation_is_an_error_span(
     assert span.attributes["error.type"] == "RunNotBoundError"
     assert "luft.run_id" not in span.attributes
     assert any(event.name == "exception" for event in span.events)
+
+
+_LATE_PROVIDER = """
+import uuid, fakeredis
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from luft_redis import RedisCheckpointBackend
+
+backend = RedisCheckpointBackend(fakeredis.FakeRedis(), watch=False)
+started = []
+real = backend._tracer._tracer.start_as_current_span
+def spy(*a, **k):
+    started.append(a[0])
+    return real(*a, **k)
+backend._tracer._tracer.start_as_current_span = spy
+run_id = uuid.uuid4()
+backend.init_run(run_id, "late", "/tmp/late")
+assert not backend._tracer.active() and started == [], started
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+backend.cancel()
+assert backend._tracer.active() and started == ["cancel"], started
+assert [s.name for s in exporter.get_finished_spans()] == ["cancel"]
+print("ok")
+"""
+
+
+def test_spans_start_once_a_provider_is_set() -> None:
+    """Without a tracer provider no span is entered (the API's would record nothing); a
+    backend made before the application sets one traces from then on."""
+    pytest.importorskip("opentelemetry.sdk.trace")
+    pytest.importorskip("fakeredis")
+    done = subprocess.run([sys.executable, "-c", _LATE_PROVIDER], capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_server_attributes_of_a_plain_client() -> None:
