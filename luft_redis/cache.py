@@ -105,7 +105,9 @@ class RunState:
             completed_phases=tuple(self._phases.values()) if phases or old is None
             else old.completed_phases,
             agent_results=t.FrozenMap._wrap(self.results),
-            agent_sessions=t.FrozenMap._wrap(self.sessions),
+            agent_sessions=old.agent_sessions  # unchanged (most changes touch no session)
+            if old is not None and old.agent_sessions._map is self.sessions
+            else t.FrozenMap._wrap(self.sessions),
             findings=self._findings,
             total_tokens=self.total_tokens,
             created_at=self.created_at,
@@ -153,34 +155,40 @@ class RunState:
         i, n = 0, len(parts)
         while i < n:
             tag = parts[i]
-            if tag == b"E":
+            if tag == b"R":
+                name, raw = parts[i + 1].decode(), parts[i + 2]
+                hi = _RUN_UINTS.get(name)
+                if hi is not None and raw.isdigit() and (raw[0] != 48 or len(raw) == 1):
+                    value = int(raw)  # the common case: a number (checked slowly otherwise)
+                    run_fields[name] = value if value <= hi else self._run_field(
+                        loader, name, raw)  # fmt: skip
+                else:
+                    run_fields[name] = self._run_field(loader, name, raw)
+                i += 3
+            elif tag == b"E":
                 section, entity, count = parts[i + 1], parts[i + 2].decode(), int(parts[i + 3])
                 end = i + 4 + 2 * count
                 if end > n or count < 0:
                     raise ValueError("truncated entity record")
-                attrs = {parts[j].decode(): parts[j + 1] for j in range(i + 4, end, 2)}
+                attrs = dict(zip(parts[i + 4 : end : 2], parts[i + 5 : end : 2], strict=True))
                 i = end
                 if section == b"res":
                     aid = loader._agent_id(keys.results, entity)
-                    if shared and attrs.get("findings") == b"":
+                    if shared and attrs.get(b"findings") == b"":
                         if entity not in blobs:
                             raise ValueError(f"E res {entity} names a findings blob not sent")
-                        attrs["findings"] = blobs[entity]
+                        attrs[b"findings"] = blobs[entity]
                     results.append((aid, loader._result(aid, entity, attrs) if attrs else None))
                 elif section == b"ses":
                     aid = loader._agent_id(keys.sessions, entity)
-                    fields = {f"{entity}:{name}": value for name, value in attrs.items()}
+                    fields = {f"{entity}:{name.decode()}": value for name, value in attrs.items()}
                     sessions.append((aid, loader._sessions(fields)[aid] if fields else None))
                 elif section == b"ph":
                     pid = loader._uint(keys.phases, entity, entity.encode(), t.U32_MAX)
-                    fields = {f"{entity}:{name}": value for name, value in attrs.items()}
+                    fields = {f"{entity}:{name.decode()}": value for name, value in attrs.items()}
                     phases.append((pid, loader._phases(fields)[pid] if fields else None))
                 else:
                     raise ValueError(f"unknown delta section {section[:8]!r}")
-            elif tag == b"R":
-                name = parts[i + 1].decode()
-                run_fields[name] = self._run_field(loader, name, parts[i + 2])
-                i += 3
             elif tag == b"S":
                 started += loader._started({parts[i + 1].decode(): parts[i + 2]})
                 i += 3
@@ -243,6 +251,12 @@ class RunState:
 
 _RESULT_STATUS = {status.encode(): status for status in t.AGENT_RESULT_STATUSES}
 """A result's stored status -> its text (the valid ones; anything else is checked slowly)."""
+
+_RUN_UINTS = {
+    "version": t.U64_MAX, "updated_at": t.U64_MAX, "total_tokens": t.U64_MAX,
+    "created_at": t.U64_MAX, "current_phase": t.U32_MAX,
+}  # fmt: skip
+"""Run fields that are unsigned integers, with their largest value (see ``_run_field``)."""
 
 _RUN_ATTRS = frozenset({
     "version", "updated_at", "status", "current_phase", "total_tokens", "incarnation",
@@ -604,7 +618,7 @@ class _Loader:
         return True
 
     def _agent_id(self, key: str, text: str) -> uuid.UUID:
-        agent_id = self._ids.get(text)
+        agent_id = self._ids.get(text) or codec.recent_id(text)
         if agent_id is not None:
             return agent_id
         try:
@@ -700,8 +714,9 @@ class _Loader:
         found.sort(key=lambda item: item[0])
         return {p.phase_id: p for _, p in found}
 
-    def _entities_raw(self, key: str, flat: Any) -> dict[str, dict[str, bytes]]:
-        """``_entity(_hash(...))`` in one pass over a raw HGETALL reply."""
+    def _entities_raw(self, key: str, flat: Any) -> dict[str, dict[bytes, bytes]]:
+        """A raw HGETALL reply of ``<id>:<attribute>`` fields grouped by id, in one pass; the
+        attribute names stay bytes (as a delta's ``E res`` record has them)."""
         if isinstance(flat, dict):
             pairs: Any = flat.items()
         elif isinstance(flat, list) and len(flat) % 2 == 0:
@@ -709,25 +724,26 @@ class _Loader:
             pairs = zip(it, it, strict=False)  # even length checked above
         else:
             raise CorruptDataError(key, "", "unexpected reply shape")
-        out: dict[str, dict[str, bytes]] = {}
-        get = out.get
+        grouped: dict[bytes, dict[bytes, bytes]] = {}
+        get = grouped.get
         for raw_name, value in pairs:
-            if type(raw_name) is bytes:
-                try:
-                    name = raw_name.decode()
-                except UnicodeDecodeError:
-                    name = self._text(key, "<field name>", raw_name)
-            else:
-                name = self._text(key, "<field name>", raw_name)
-            owner, sep, attr = name.partition(":")
+            if type(raw_name) is not bytes:
+                raw_name = self._text(key, "<field name>", raw_name).encode()
+            owner, sep, attr = raw_name.partition(b":")
             if not sep or not attr:
+                name = self._text(key, "<field name>", raw_name)
                 raise CorruptDataError(key, name, "field name is not <id>:<attribute>")
             group = get(owner)
             if group is None:
-                out[owner] = {attr: value}
+                grouped[owner] = {attr: value}
             else:
                 group[attr] = value
-        return out
+        try:
+            return {owner.decode(): attrs for owner, attrs in grouped.items()}
+        except UnicodeDecodeError:
+            for owner in grouped:
+                self._text(key, "<field name>", owner)  # names the first one that is not text
+            raise  # pragma: no cover - one of them failed to decode above
 
     def _results_raw(self, flat: Any) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
         key = self.keys.results
@@ -738,25 +754,17 @@ class _Loader:
             for aid_text, attrs in self._entities_raw(key, flat).items()
         })  # fmt: skip
 
-    def _results(self, fields: dict[str, bytes]) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
-        key = self.keys.results
-        out: dict[uuid.UUID, t.AgentResultCache] = {}
-        for aid_text, attrs in self._entity(key, fields).items():
-            agent_id = self._agent_id(key, aid_text)
-            out[agent_id] = self._result(agent_id, aid_text, attrs)
-        return immutables.Map(out)
-
     def _result(self, agent_id: uuid.UUID, aid_text: str,
-                attrs: dict[str, bytes]) -> t.AgentResultCache:  # fmt: skip
-        """One result from its attributes (name -> stored value), every field checked (the
-        field names for an error are built only when there is one)."""
+                attrs: dict[bytes, bytes]) -> t.AgentResultCache:  # fmt: skip
+        """One result from its attributes (name -> stored value, both bytes), every field
+        checked (the field names for an error are built only when there is one)."""
         key = self.keys.results
         get = attrs.get
-        status_raw, phase_raw = get("status"), get("phase_id")
-        tokens_raw, completed_raw = get("tokens"), get("completed_at")
+        status_raw, phase_raw = get(b"status"), get(b"phase_id")
+        tokens_raw, completed_raw = get(b"tokens"), get(b"completed_at")
         if status_raw is None or phase_raw is None or tokens_raw is None or completed_raw is None:
             for name in ("status", "phase_id", "tokens", "completed_at"):
-                if name not in attrs:
+                if name.encode() not in attrs:
                     raise CorruptDataError(key, f"{aid_text}:{name}", "is missing")
         status = _RESULT_STATUS.get(status_raw)  # type: ignore[arg-type]
         if status is None:
@@ -765,8 +773,9 @@ class _Loader:
                 raise CorruptDataError(
                     key, f"{aid_text}:status", f"{text!r} is not an agent status")
             status = text
-        output, findings = get("output"), get("findings")
-        cache_key_hash, description, role = get("cache_key_hash"), get("description"), get("role")
+        output, findings = get(b"output"), get(b"findings")
+        cache_key_hash, description = get(b"cache_key_hash"), get(b"description")
+        role = get(b"role")
         return t.AgentResultCache._trusted(
             agent_id=agent_id,
             phase_id=self._num(key, aid_text, "phase_id", phase_raw, t.U32_MAX),

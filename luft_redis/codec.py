@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import operator
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,8 @@ __all__ = [
     "encode_event",
     "encode_findings",
     "encode_json",
+    "id_text",
+    "recent_id",
 ]
 
 MAX_BLOB_SIZE = 512 * 1024 * 1024
@@ -327,6 +330,9 @@ def _optional(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
     def opt_pack(value: Any) -> Any:
         return None if value is None else pack(value)
 
+    if pack is _ident:  # None packs as itself
+        opt_pack = _ident
+
     def opt_unpack(x: Any, path: str) -> Any:
         return None if x is None else unpack(x, path)
 
@@ -334,8 +340,23 @@ def _optional(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
 
 
 def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
-    def tuple_pack(value: Any) -> list[Any]:
-        return [pack(v) for v in value]
+    shared = _TUPLE_CODECS.get((pack, unpack))
+    if shared is not None:
+        return shared
+    last: list[tuple[Any, Any]] = [((), [])]  # the last tuple packed and its packed form
+
+    def tuple_pack(value: Any) -> Any:
+        # an agent_done's findings are packed twice in a row: in the event, then as the
+        # result's blob; a tuple of records is immutable, so its packed form is too
+        seen, packed = last[0]
+        if seen is value:
+            return packed
+        packed = [pack(v) for v in value]
+        last[0] = (value, packed)
+        return packed
+
+    if pack is _ident:  # msgpack packs a tuple as an array, as it does a list
+        tuple_pack = _ident
 
     def tuple_unpack(x: Any, path: str) -> tuple[Any, ...]:
         if type(x) is not list:
@@ -350,7 +371,12 @@ def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
                     raise exc.inside(path, f"[{i}]") from None
             raise  # pragma: no cover - the same values failed once
 
-    return tuple_pack, tuple_unpack
+    codec = _TUPLE_CODECS[pack, unpack] = (tuple_pack, tuple_unpack)
+    return codec
+
+
+_TUPLE_CODECS: dict[tuple[Packer, Unpacker], tuple[Packer, Unpacker]] = {}
+"""One tuple codec per item codec, so every tuple of findings shares the memo of the last."""
 
 
 def _enum(enum_cls: type[t._StrEnum]) -> tuple[Packer, Unpacker]:
@@ -440,32 +466,40 @@ def _record_codec(cls: type[t.Record], fmt: int = FORMAT) -> tuple[Packer, Unpac
             defaults.append(_NO_DEFAULT)
             first_optional = i + 1
     n = len(specs)
+    # the fields' values in one C call; only the fields whose stored form differs from the
+    # value (UUIDs, enums, timestamps, records...) go through a packer
+    values = operator.attrgetter(*names) if n > 1 else (lambda v: (getattr(v, names[0]),))
+    convert = [(i, p) for i, p in enumerate(packers) if p is not _ident]
 
     def pack(value: Any) -> list[Any]:
-        out = [p(getattr(value, name)) for p, name in zip(packers, names, strict=True)]
+        out = list(values(value))
+        for j, p in convert:
+            out[j] = p(out[j])
         i = n
         while i > first_optional and out[i - 1] == defaults[i - 1]:
             i -= 1
         del out[i:]
         return out
 
-    missing = [(name, spec.default if spec.has_default else None)
-               for name, spec in zip(names, specs, strict=True)]  # fmt: skip
+    setters = t.slot_setters(cls, names)
+    missing = [(setter, spec.default if spec.has_default else None)
+               for setter, spec in zip(setters, specs, strict=True)]  # fmt: skip
+    steps = list(zip(setters, unpackers, strict=True))
     new = object.__new__
-    setter = object.__setattr__
 
     def unpack(x: Any, path: str) -> Any:
         if type(x) is not list or not first_optional <= len(x) <= n:
             raise _Bad(path, f"expected a {cls.__name__} array")
         value = new(cls)  # as cls._trusted: every field is checked here
-        name = ""
+        i = 0
         try:
-            for name, unpacker, item in zip(names, unpackers, x, strict=False):  # x may be short
-                setter(value, name, unpacker(item, ""))
+            for (setter, unpacker), item in zip(steps, x, strict=False):  # x may be short
+                setter(value, unpacker(item, ""))
+                i += 1
         except _Bad as exc:
-            raise exc.inside(path, name) from None
-        for name, default in missing[len(x):]:
-            setter(value, name, default)
+            raise exc.inside(path, names[i]) from None
+        for setter, default in missing[len(x):]:
+            setter(value, default)
         return value
 
     codec = (pack, unpack)
@@ -492,9 +526,9 @@ class _Recent:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: dict[bytes, Any] = {}
+        self._items: dict[bytes | str, Any] = {}
 
-    def add(self, blob: bytes, value: Any) -> None:
+    def add(self, blob: bytes | str, value: Any) -> None:
         items = self._items
         if len(items) >= self.size:
             # the oldest; another thread may have got there first
@@ -502,13 +536,28 @@ class _Recent:
                 del items[next(iter(items))]
         items[blob] = value
 
-    def get(self, blob: bytes, default: Any = None) -> Any:
+    def get(self, blob: bytes | str, default: Any = None) -> Any:
         return self._items.get(blob, default)
 
 
 _RECENT_FINDINGS = _Recent(512)
 _RECENT_JSON = _Recent(512)
+_RECENT_IDS = _Recent(512)
 _MISSING = object()
+
+
+def id_text(value: uuid.UUID) -> str:
+    """``str(value)``, the text a script argument names an agent by, remembered: the change
+    the write brings back names the agent by this very text (see :func:`recent_id`)."""
+    text = str(value)
+    _RECENT_IDS.add(text, value)
+    return text
+
+
+def recent_id(text: str) -> uuid.UUID | None:
+    """The UUID whose canonical text ``text`` is, when this process recently sent it."""
+    found: uuid.UUID | None = _RECENT_IDS.get(text)
+    return found
 
 
 def encode_event(event: t.AgentEvent) -> bytes:

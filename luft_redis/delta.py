@@ -25,6 +25,7 @@ reloads through ``load``, which reads every format.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 __all__ = [
@@ -125,39 +126,58 @@ class Delta:
 
 def split_indexed(payload: bytes, start: int) -> list[bytes]:
     """The record parts of an L3 delta body at ``start``: a netstring of the parts' lengths,
-    then the parts back to back. ValueError when malformed."""
-    if start >= len(payload):
+    then the parts back to back. ValueError when malformed.
+
+    The lengths become a :mod:`struct` format (``b"1 36 0"`` -> ``b"<1s36s0s"``), so the
+    parts are cut in C: a Python loop over them cost three times as much."""
+    end = len(payload)
+    if start >= end:
         return []
-    index, body = split(payload, start, 1)
-    text = index[0] if index else b""
-    if not text.replace(b" ", b"").isdigit():  # ASCII digits only: no sign, no "_"
+    colon = payload.find(b":", start, start + 21)
+    size = payload[start:colon]
+    if colon < 0 or not size.isdigit():
         raise ValueError("malformed record index")
-    parts: list[bytes] = []
-    append = parts.append
-    pos = body
-    for length in map(int, text.split(b" ")):  # int(b"") (two spaces) raises ValueError
-        end = pos + length
-        append(payload[pos:end])
-        pos = end
-    if pos != len(payload):
+    body = colon + 1 + int(size)
+    text = payload[colon + 1 : body]
+    # ASCII digits (no sign, no "_") separated by single spaces: a bare "s" in the format
+    # would read one byte, so no leading, trailing or doubled space may reach it
+    if (body > end or not text.replace(b" ", b"").isdigit()
+            or text[0] == 32 or text[-1] == 32 or b"  " in text):  # fmt: skip
+        raise ValueError("malformed record index")
+    try:
+        layout = struct.Struct(b"<" + text.replace(b" ", b"s") + b"s")
+    except struct.error as exc:  # a length too large for a format
+        raise ValueError(f"malformed record index: {exc}") from None
+    if layout.size != end - body:
         raise ValueError("record index does not match the delta's length")
-    return parts
+    return list(layout.unpack_from(payload, body))
 
 
 def parse_delta(payload: bytes) -> Delta:
     """Parse the header of a delta; :class:`UnknownFormat` for another format, ValueError when
-    malformed."""
-    if not isinstance(payload, bytes):
-        raise ValueError(f"a delta is bytes, not {type(payload).__name__}")
+    malformed. (Run for every write's reply: the six netstrings are read inline.)"""
+    if type(payload) is not bytes:
+        if not isinstance(payload, bytes):
+            raise ValueError(f"a delta is bytes, not {type(payload).__name__}")
+        payload = bytes(payload)
     if not payload.startswith(b"2:L"):
         raise UnknownFormat(f"unknown change format {payload[:12]!r}")
-    head, body = split(payload, 0, 6)
-    if len(head) != 6:
-        raise ValueError("truncated delta header")
-    fmt, inc_before, v_before, inc_after, v_after, op = head
+    fmt = payload[2:4]
     if fmt not in READABLE_FORMATS:
         raise UnknownFormat(f"unknown change format {fmt!r}")
+    head: list[bytes] = []
+    find, end, pos = payload.find, len(payload), 4
+    for _ in range(5):
+        colon = find(b":", pos, pos + 21)
+        size = payload[pos:colon]
+        if colon < 0 or not size.isdigit():
+            raise ValueError("malformed delta header")
+        pos = colon + 1 + int(size)
+        if pos > end:
+            raise ValueError("truncated delta header")
+        head.append(payload[colon + 1 : pos])
+    inc_before, v_before, inc_after, v_after, op = head
     if not (v_before.isdigit() and v_after.isdigit()):
         raise ValueError("delta versions are not decimal numbers")
     return Delta(inc_before.decode(), int(v_before), inc_after.decode(), int(v_after), op,
-                 payload, body, fmt)  # fmt: skip
+                 payload, pos, fmt)  # fmt: skip

@@ -25,7 +25,18 @@ import time
 import typing
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, ClassVar, NoReturn, Self, TypeVar, Union, get_args, get_origin
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    NoReturn,
+    Self,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+)
 
 import immutables
 
@@ -182,7 +193,7 @@ class FrozenMap(Mapping[_K, _V]):
     def _wrap(cls, inner: immutables.Map[_K, _V]) -> FrozenMap[_K, _V]:
         """A FrozenMap over ``inner`` as it is: O(1), no copy."""
         self = object.__new__(cls)
-        object.__setattr__(self, "_map", inner)
+        _set_map(self, inner)
         return self
 
     def __getitem__(self, key: _K) -> _V:
@@ -238,6 +249,10 @@ class FrozenMap(Mapping[_K, _V]):
 
     def __reduce__(self) -> tuple[type[FrozenMap[Any, Any]], tuple[dict[_K, _V]]]:
         return (FrozenMap, (dict(self._map),))
+
+
+_set_map = FrozenMap.__dict__["_map"].__set__
+"""Sets a new FrozenMap's one slot (as :func:`slot_setters`; FrozenMap is not a record)."""
 
 
 _MAX_JSON_DEPTH = 256
@@ -993,10 +1008,13 @@ class Record:
 
     @classmethod
     def _trusted(cls: type[R], **values: Any) -> R:
-        """Build from values already checked (the cache's own updates): no validation."""
+        """Build from values already checked (the cache's own updates): no validation.
+
+        Every field must be given. Each record class replaces this with a generated function
+        that does the same faster (:func:`_trusted_constructor`)."""
         self = object.__new__(cls)
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
+        for spec in cls._field_specs():
+            object.__setattr__(self, spec.name, values[spec.name])
         return self
 
     def _replace(self: R, **changes: Any) -> R:
@@ -1042,8 +1060,39 @@ _C = TypeVar("_C", bound=type)
 
 @typing.dataclass_transform(kw_only_default=True, frozen_default=True)
 def _record(cls: _C) -> _C:
-    """Declare a contract record: a frozen, slotted, keyword-only dataclass."""
-    return dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)  # type: ignore[return-value]
+    """Declare a contract record: a frozen, slotted, keyword-only dataclass, with a fast
+    :meth:`Record._trusted` of its own."""
+    made: Any = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
+    type.__setattr__(made, "_trusted", staticmethod(_trusted_constructor(made)))
+    return cast(_C, made)
+
+
+def slot_setters(cls: type, names: Iterable[str]) -> list[Any]:
+    """The ``__set__`` of each named slot of ``cls`` (for building trusted values: a slot
+    descriptor's setter skips the frozen dataclass' ``__setattr__`` and the name lookup)."""
+    out = []
+    for name in names:
+        owner = next(k for k in cls.__mro__ if name in k.__dict__)
+        out.append(owner.__dict__[name].__set__)
+    return out
+
+
+def _trusted_constructor(cls: type) -> Any:
+    """A keyword-only function that builds a ``cls`` from every field's value, unchecked.
+
+    Generated (as :mod:`dataclasses` generates ``__init__``) because the cache builds one
+    record per change it applies: setting each slot directly costs a third of
+    ``object.__setattr__`` in a loop over ``**values``. Every field is a required argument,
+    so a caller that forgets one fails at once instead of leaving a slot unset."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    env: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    lines = [f"def _trusted(*, {', '.join(names)}):", "    self = _new(_cls)"]
+    for name, setter in zip(names, slot_setters(cls, names), strict=True):
+        env[f"_set_{name}"] = setter
+        lines.append(f"    _set_{name}(self, {name})")
+    lines.append("    return self")
+    exec("\n".join(lines), env)  # the names are the class' own identifiers
+    return env["_trusted"]
 
 
 # --------------------------------------------------------------------------------------------

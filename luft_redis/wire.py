@@ -130,12 +130,12 @@ class Encoder:
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
             return [
-                etype, blob, f"{event.agent_id} {event.status.cache_str} {total}",
+                etype, blob, f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
                 opt(None if event.output is None else codec.encode_json(event.output)),
                 opt(codec.encode_findings(event.findings) if event.findings else None),
             ]  # fmt: skip
         if isinstance(event, t.AgentStarted):
-            return [etype, blob, f"{event.agent_id} {event.phase_id}"]
+            return [etype, blob, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
         if isinstance(event, t.PhaseStarted):
             return [etype, blob, f"{event.phase_id} {event.planned}", event.label,
                     opt(event.description), opt(event.role)]  # fmt: skip
@@ -155,7 +155,8 @@ class Encoder:
 
     def _result_fields(self, r: t.AgentResultCache, field: str) -> list[Any]:
         return [
-            str(r.agent_id), str(r.phase_id), r.status, str(r.tokens), str(r.completed_at),
+            codec.id_text(r.agent_id), str(r.phase_id), r.status, str(r.tokens),
+            str(r.completed_at),
             opt(None if r.output is None
                 else self.limit(codec.encode_json(r.output), f"{field}.output")),
             opt(self.limit(codec.encode_findings(r.findings), f"{field}.findings")
@@ -168,7 +169,7 @@ class Encoder:
         """Arguments of upsert_agent_session-10.lua."""
         s = check_type(session, t.AgentSessionCheckpoint, "session")
         return [
-            str(s.agent_id), opt(s.backend_id), opt(s.protocol_session_id),
+            codec.id_text(s.agent_id), opt(s.backend_id), opt(s.protocol_session_id),
             s.session_id, s.status, str(s.updated_at), "true" if s.resumable else "false",
         ]  # fmt: skip
 
