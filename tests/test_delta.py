@@ -81,7 +81,8 @@ INDEX_NOISE = st.sampled_from([
 
 
 @settings(max_examples=400)
-@given(PARTS, st.lists(INDEX_NOISE, min_size=1, max_size=4), st.integers(0, 60), st.binary(max_size=6))
+@given(PARTS, st.lists(INDEX_NOISE, min_size=1, max_size=4), st.integers(0, 60),
+       st.binary(max_size=6))
 def test_split_indexed_agrees_with_the_reference_on_bad_input(
     parts: list[bytes], noise: list[bytes], where: int, tail: bytes,
 ) -> None:
