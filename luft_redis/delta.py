@@ -60,12 +60,12 @@ def split(payload: bytes, start: int = 0, limit: int = -1) -> tuple[list[bytes],
     find = payload.find
     while pos < end and limit != 0:
         colon = find(b":", pos, pos + 21)
-        if colon < 0:
+        size = payload[pos:colon]
+        if colon < 0 or not size.isdigit():  # ASCII digits only: no sign, space or "_"
             raise ValueError("malformed netstring length")
-        length = int(payload[pos:colon])
         first = colon + 1
-        last = first + length
-        if length < 0 or last > end:
+        last = first + int(size)
+        if last > end:
             raise ValueError("truncated netstring")
         parts.append(payload[first:last])
         pos = last
@@ -133,15 +133,11 @@ def split_indexed(payload: bytes, start: int) -> list[bytes]:
     end = len(payload)
     if start >= end:
         return []
-    colon = payload.find(b":", start, start + 21)
-    size = payload[start:colon]
-    if colon < 0 or not size.isdigit():
-        raise ValueError("malformed record index")
-    body = colon + 1 + int(size)
-    text = payload[colon + 1 : body]
+    index, body = split(payload, start, 1)
+    text = index[0]
     # ASCII digits (no sign, no "_") separated by single spaces: a bare "s" in the format
     # would read one byte, so no leading, trailing or doubled space may reach it
-    if (body > end or not text.replace(b" ", b"").isdigit()
+    if (not text.replace(b" ", b"").isdigit()
             or text[0] == 32 or text[-1] == 32 or b"  " in text):  # fmt: skip
         raise ValueError("malformed record index")
     try:
@@ -155,7 +151,7 @@ def split_indexed(payload: bytes, start: int) -> list[bytes]:
 
 def parse_delta(payload: bytes) -> Delta:
     """Parse the header of a delta; :class:`UnknownFormat` for another format, ValueError when
-    malformed. (Run for every write's reply: the six netstrings are read inline.)"""
+    malformed."""
     if type(payload) is not bytes:
         if not isinstance(payload, bytes):
             raise ValueError(f"a delta is bytes, not {type(payload).__name__}")
@@ -165,17 +161,9 @@ def parse_delta(payload: bytes) -> Delta:
     fmt = payload[2:4]
     if fmt not in READABLE_FORMATS:
         raise UnknownFormat(f"unknown change format {fmt!r}")
-    head: list[bytes] = []
-    find, end, pos = payload.find, len(payload), 4
-    for _ in range(5):
-        colon = find(b":", pos, pos + 21)
-        size = payload[pos:colon]
-        if colon < 0 or not size.isdigit():
-            raise ValueError("malformed delta header")
-        pos = colon + 1 + int(size)
-        if pos > end:
-            raise ValueError("truncated delta header")
-        head.append(payload[colon + 1 : pos])
+    head, pos = split(payload, 4, 5)
+    if len(head) != 5:
+        raise ValueError("truncated delta header")
     inc_before, v_before, inc_after, v_after, op = head
     if not (v_before.isdigit() and v_after.isdigit()):
         raise ValueError("delta versions are not decimal numbers")
