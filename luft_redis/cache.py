@@ -309,7 +309,6 @@ class RunCache:
         self.run_id = run_id
         self.keys = keys
         self._lock = threading.Lock()  # the chain: held for O(1) work only
-        self.changed = threading.Condition(self._lock)
         self._apply_lock = threading.Lock()  # decoding and installing
         self._state: RunState | None = None
         self._early: list[Delta] = []  # deltas offered before the first state
@@ -443,14 +442,12 @@ class RunCache:
 
     def _bump(self) -> None:
         self._changes += 1
-        self.changed.notify_all()
 
     def mark_stale(self) -> None:
         """A change may have been missed: stale until a reload that starts after this."""
         with self._lock:
             self._generation += 1
             self._changes += 1
-            self.changed.notify_all()
 
     def install(self, state: RunState | None, generation: int) -> bool:
         """Install a load taken when the generation was ``generation`` (None: the run does
@@ -488,21 +485,10 @@ class RunCache:
             self._bump()
             return True
 
-    def wake(self) -> None:
-        """Wake every waiter (to look at something besides the chain)."""
-        with self._lock:
-            self.changed.notify_all()
-
-    def wait(self, predicate: Any, timeout: float | None) -> bool:
-        """Wait (on the chain's condition) until ``predicate()`` holds; False on timeout."""
-        with self._lock:
-            return bool(self.changed.wait_for(predicate, timeout))
-
     def reset_locks(self) -> None:
         """In a forked child: locks held by the parent's other threads are gone with them."""
         self.current = None
         self._lock = threading.Lock()
-        self.changed = threading.Condition(self._lock)
         self._apply_lock = threading.Lock()
         self._generation += 1
 

@@ -228,3 +228,13 @@ def make_client(url: str, *, cluster: bool = False, asyncio: bool = False,
     if cluster:
         return redis.cluster.RedisCluster.from_url(url, **client_kwargs)
     return redis.Redis.from_url(url, **client_kwargs)
+
+
+def make_async_client(url: str, *, cluster: bool = False, **client_kwargs: Any) -> Any:
+    """:func:`make_client` for the asyncio front end (an asyncio client)."""
+    return make_client(url, cluster=cluster, asyncio=True, **client_kwargs)
+
+
+def make_sync_client(url: str, *, cluster: bool = False, **client_kwargs: Any) -> Any:
+    """:func:`make_client` for the sync front end (a sync client)."""
+    return make_client(url, cluster=cluster, **client_kwargs)

@@ -13,8 +13,6 @@ import datetime as dt
 import uuid
 from typing import Any
 
-import redis
-
 from . import types as t
 from .cache import RunCache
 from .coherence import Watch
@@ -22,7 +20,7 @@ from .connect import Durability, is_cluster
 from .errors import ConfigurationError, LuftRedisError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
 from .retention import RetentionOptions
-from .retry import NO_RETRY, RetryPolicy, is_access_error
+from .retry import NO_RETRY, REDIS_ERRORS, RetryPolicy, is_access_error
 from .scripts import library, translate_error
 from .stats import BackendStats, Counters
 from .tracing import OperationTracer
@@ -52,8 +50,6 @@ between (published before the reply) before it reloads the run instead."""
 REFRESH_RETRY_DELAY = 0.2
 """Seconds the refresher waits before it tries a failed reload again."""
 
-REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
-"""What redis-py raises (``RedisClusterException`` is not a ``RedisError``)."""
 
 
 class Binding:

@@ -3,7 +3,8 @@
 ``<prefix>:{<prefix>}:runs`` (:func:`luft_redis.keys.run_index_key`) holds every run id under
 the prefix, scored by the run's ``updated_at`` (unix seconds) at its last lifecycle change. It
 lives in its own Cluster slot, so a run's scripts (which touch only the run's slot) cannot keep
-it; the front ends do, right after the scripts that
+it; the front ends do (``index_add`` and ``index_remove`` of :mod:`luft_redis.fcall`), right
+after the scripts that
 
 - create a run (``init_run``, ``init_run_with_meta``): ZADD;
 - finish one (``append_event(s)`` with a ``run_done``, ``cancel``, ``save_checkpoint`` of a
@@ -36,18 +37,14 @@ from typing import Any
 from . import types as t
 from .errors import CorruptDataError
 from .keys import run_id_from_key, run_index_key, run_keys, run_pattern
-from .retry import RetryPolicy
 
 __all__ = [
     "IndexRow",
     "finishes",
-    "index_add",
-    "index_add_async",
-    "index_remove",
-    "index_remove_async",
     "read_page",
     "rebuild",
     "score_of",
+    "warn_index_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,51 +68,13 @@ def score_of(checkpoint: t.RunCheckpoint | None) -> float:
     return float(checkpoint.updated_at)
 
 
-def _warn(action: str, prefix: str, run_id: uuid.UUID, exc: BaseException) -> None:
+def warn_index_failure(action: str, prefix: str, run_id: uuid.UUID, exc: BaseException) -> None:
+    """Log a failed index write (see the module docstring: the index is derived data)."""
     logger.warning(
         "run index %s for run %s under prefix %r failed (%s); the run itself is written; "
         "`luft-redis runs --rebuild-index` repairs the index",
         action, run_id, prefix, exc,
     )  # fmt: skip
-
-
-def index_add(client: Any, retry: RetryPolicy, prefix: str, run_id: uuid.UUID,
-              score: float) -> None:  # fmt: skip
-    """ZADD the run to the index (retried; a failure is logged, see the module docstring)."""
-    key = run_index_key(prefix)
-    try:
-        retry.call(lambda: client.zadd(key, {str(run_id): score}))
-    except Exception as exc:
-        _warn("update", prefix, run_id, exc)
-
-
-def index_remove(client: Any, retry: RetryPolicy, prefix: str, run_id: uuid.UUID) -> None:
-    """ZREM the run from the index (retried; a failure is logged)."""
-    key = run_index_key(prefix)
-    try:
-        retry.call(lambda: client.zrem(key, str(run_id)))
-    except Exception as exc:
-        _warn("removal", prefix, run_id, exc)
-
-
-async def index_add_async(client: Any, retry: RetryPolicy, prefix: str, run_id: uuid.UUID,
-                          score: float) -> None:  # fmt: skip
-    """:func:`index_add` for an asyncio client."""
-    key = run_index_key(prefix)
-    try:
-        await retry.acall(lambda: client.zadd(key, {str(run_id): score}))
-    except Exception as exc:
-        _warn("update", prefix, run_id, exc)
-
-
-async def index_remove_async(client: Any, retry: RetryPolicy, prefix: str,
-                             run_id: uuid.UUID) -> None:  # fmt: skip
-    """:func:`index_remove` for an asyncio client."""
-    key = run_index_key(prefix)
-    try:
-        await retry.acall(lambda: client.zrem(key, str(run_id)))
-    except Exception as exc:
-        _warn("removal", prefix, run_id, exc)
 
 
 # ------------------------------------------------------------------------ reading (sync)

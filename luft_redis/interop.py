@@ -42,8 +42,7 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
-from .fcall import call_function
-from .index import index_add
+from .fcall import call_function, index_add
 from .keys import (
     DEFAULT_PREFIX,
     SCHEMA_VERSION,

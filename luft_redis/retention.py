@@ -25,11 +25,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import redis
-
 from .errors import ConfigurationError, ValidationError
-from .fcall import call_function
-from .index import index_remove
+from .fcall import call_function, index_remove
 from .keys import (
     DEFAULT_PREFIX,
     check_prefix,
@@ -38,7 +35,7 @@ from .keys import (
     run_keys,
     run_pattern,
 )
-from .retry import DEFAULT_RETRY
+from .retry import DEFAULT_RETRY, REDIS_ERRORS
 from .scripts import library, translate_error
 
 __all__ = [
@@ -68,7 +65,6 @@ LOG_TRIMMED_NOTE: Final = (
 )
 """What the CLI prints for a run whose log was trimmed."""
 
-_REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
 # ---------------------------------------------------------------------------- options
@@ -165,7 +161,7 @@ def iter_run_ids(client: Any, prefix: str = DEFAULT_PREFIX, *,
             run_id = run_id_from_key(prefix, _text(raw))
             if run_id is not None:
                 yield run_id
-    except _REDIS_ERRORS as exc:
+    except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
 
 
@@ -202,7 +198,7 @@ def server_time(client: Any) -> int:
     """The Redis server's clock, unix seconds (the clock of ``updated_at``)."""
     try:
         reply = client.time()
-    except _REDIS_ERRORS as exc:
+    except REDIS_ERRORS as exc:
         raise translate_error(exc) from exc
     if isinstance(reply, dict):  # RedisCluster: one answer per node
         reply = next(iter(reply.values()))
@@ -239,7 +235,7 @@ def _index_candidates(client: Any, prefix: str, cutoff: int,
         try:
             page = client.zrange(key, low, cutoff, byscore=True, offset=0, num=want,
                                  withscores=True)  # fmt: skip
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         fresh = [(m, float(s)) for m, s in ((_text(m), s) for m, s in page) if m not in seen]
         if not fresh:
@@ -310,7 +306,7 @@ def iter_finished_runs(
                 pipe.hmget(key, ["status", "updated_at"])
                 pipe.pttl(key)
             replies = pipe.execute() if runs else []
-        except _REDIS_ERRORS as exc:
+        except REDIS_ERRORS as exc:
             raise translate_error(exc) from exc
         found: list[FinishedRun] = []
         for i, (member, run_id) in enumerate(runs):
@@ -395,7 +391,7 @@ def collect_garbage(
         for run in batch:
             try:  # idempotent (it checks again what it deletes): safe to retry
                 done = delete(list(run_keys(prefix, run.run_id)))
-            except _REDIS_ERRORS as exc:
+            except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run.run_id) from exc
             if int(done) == 1:
                 report.deleted.append(run.run_id)
@@ -425,6 +421,6 @@ def log_trimmed(client: Any, prefix: str, run_id: uuid.UUID) -> bool:
     tools that read a run without binding a backend (``backend.log_trimmed`` otherwise)."""
     try:
         raw = client.hget(run_keys(prefix, run_id).run, "log_trimmed")
-    except _REDIS_ERRORS as exc:
+    except REDIS_ERRORS as exc:
         raise translate_error(exc, run_id=run_id) from exc
     return raw is not None and _text(raw) == "1"

@@ -37,6 +37,7 @@ import tenacity
 
 __all__ = [
     "DEFAULT_RETRY",
+    "REDIS_ERRORS",
     "RetryPolicy",
     "is_access_error",
     "is_function_missing",
@@ -51,6 +52,9 @@ _T = TypeVar("_T")
 # A private generator for the jitter: the global `random` state belongs to the application (and
 # to test tools such as hypothesis, which watch it).
 _rng = random.Random()
+
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+"""What redis-py raises (``RedisClusterException`` is not a ``RedisError``)."""
 
 _TRANSIENT_PREFIXES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "BUSY ")
 

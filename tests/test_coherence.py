@@ -205,7 +205,7 @@ def test_many_backends_on_one_client_share_one_listener(
     for backend, run_id in zip(backends, runs, strict=True):
         backend.init_run(run_id, "t", "/d")
     listener = ChangeListener.for_client(redis_client)
-    assert all(b._listener is listener for b in backends)
+    assert all(b._binding is not None and b._binding.listener is listener for b in backends)
     threads = [t for t in threading.enumerate() if t.name.startswith("luft-redis-listener")]
     mine = [t for t in threads if t.name.endswith(f"-{id(redis_client):x}")]
     # one subscriber connection (and thread) per node that owns a watched channel

@@ -288,9 +288,8 @@ def delay_notices(client: Any) -> NoticeDelay:
     gate = NoticeDelay()
     opener = listener._open_pubsub
 
-    async def open_delayed(link: Any) -> tuple[Any, Any]:
-        pubsub, pool = await opener(link)
-        return DelayedPubSub(pubsub, gate), pool
+    async def open_delayed(link: Any) -> Any:
+        return DelayedPubSub(await opener(link), gate)
 
     listener._open_pubsub = open_delayed  # type: ignore[method-assign]
     return gate

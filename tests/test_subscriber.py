@@ -23,7 +23,8 @@ import redis.exceptions
 
 from luft_redis import AgentDone, AgentStatus, RedisCheckpointBackend, TokenUsage
 from luft_redis import listener as listener_module
-from luft_redis.listener import ChangeListener, Subscriber, open_subscriber
+from luft_redis.listener import ChangeListener
+from luft_redis.subscriber import Subscriber, open_subscriber
 
 
 class _Pool:

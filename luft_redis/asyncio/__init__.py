@@ -10,11 +10,12 @@ the sync :class:`luft_redis.RedisCheckpointBackend` (see :mod:`luft_redis.asynci
 
 from __future__ import annotations
 
-from .backend import AsyncRedisCheckpointBackend, ChangeCallback
+from .backend import AsyncCheckpointBackend, AsyncRedisCheckpointBackend, ChangeCallback
 from .listener import AsyncChangeListener, AsyncRefresher
 
 __all__ = [
     "AsyncChangeListener",
+    "AsyncCheckpointBackend",
     "AsyncRedisCheckpointBackend",
     "AsyncRefresher",
     "ChangeCallback",

@@ -1,31 +1,28 @@
-"""``AsyncRedisCheckpointBackend``: luft's ``CheckpointBackend`` contract on Redis, for asyncio.
+"""``AsyncRedisCheckpointBackend``: luft's ``CheckpointBackend`` contract on Redis.
 
-The asyncio twin of :class:`luft_redis.RedisCheckpointBackend`, over the same I/O-free core:
-arguments are built by :mod:`luft_redis.wire`, every change is one Lua script whose reply is a
-:class:`~luft_redis.delta.Delta`, and the :class:`~luft_redis.cache.RunCache` applies deltas
-(its own writes' and, through :mod:`luft_redis.asyncio.listener`, every other process's). This
-module only does the I/O around them, with ``await``; operations have the sync names, errors
-and semantics.
+A thin front end: arguments are built by :mod:`luft_redis.wire`, every change is one Lua script
+whose reply is a :class:`~luft_redis.delta.Delta`, and the in-process
+:class:`~luft_redis.cache.RunCache` applies deltas (its own writes' and, through the change
+listener, every other process's). This module only does the I/O around them.
+
+This is the hand-written asyncio source; the sync :mod:`luft_redis.backend`
+(:class:`luft_redis.RedisCheckpointBackend`) is generated from it by ``.ci/unasync.py``, and
+:mod:`luft_redis.runtime` names every difference that is more than a rename.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 import time
 import uuid
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
-
-import redis.exceptions
+from typing import Any, Protocol, runtime_checkable
 
 from .. import types as t
 from ..cache import Offer, RunCache, RunState
-from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
-from ..connect import Durability, check_async_client, is_cluster, make_client
+from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
+from ..connect import Durability, check_async_client, make_async_client
 from ..delta import Delta, UnknownFormat, parse_delta
 from ..errors import (
     BackendError,
@@ -46,7 +43,7 @@ from ..frontend import (
     Binding,
     FrontEnd,
 )
-from ..index import finishes, index_add_async, index_remove_async, score_of
+from ..index import finishes, score_of
 from ..keys import (
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,
@@ -56,7 +53,16 @@ from ..keys import (
     tombstone_key,
 )
 from ..retry import DEFAULT_RETRY, RetryPolicy
-from ..scripts import Function, cluster_route, is_function_missing, translate_error
+from ..runtime import (
+    AsyncLock,
+    AsyncSignal,
+    AsyncStateLock,
+    async_adopts_fork,
+    async_cluster_ready,
+    async_run_callback,
+    async_sleep,
+)
+from ..scripts import Function, is_function_missing, translate_error
 from ..tracing import traced
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
@@ -67,42 +73,88 @@ from ..wire import (
     page_after,
     xread_entries,
 )
-from .listener import AsyncChangeListener, AsyncRefresher, Signal, weak_work
+from .fcall import call_function, index_add, index_remove
+from .listener import AsyncChangeListener, AsyncRefresher, weak_work
 
-__all__ = ["AsyncRedisCheckpointBackend", "ChangeCallback"]
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "AsyncCheckpointBackend",
+    "AsyncRedisCheckpointBackend",
+    "ChangeCallback",
+    "Durability",
+    "LogEntry",
+]
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
-
-_PRIMED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""The asyncio RedisCluster clients that loaded the library on every primary."""
-
 ChangeCallback = Callable[[t.RunCheckpoint], object]
-"""A change callback: a function, or a coroutine function (its coroutine runs as a task)."""
+"""A change callback: a function (for asyncio also a coroutine function, run as a task)."""
+
+
+@runtime_checkable
+class AsyncCheckpointBackend(Protocol):
+    """The 12 operations of luft's ``CheckpointBackend`` trait (``luft_core/state.rs``)."""
+
+    async def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None: ...
+
+    async def init_run_with_meta(
+        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
+    ) -> None: ...
+
+    async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None: ...
+
+    async def append_event(self, event: t.AgentEvent) -> None: ...
+
+    async def upsert_agent_result(self, cache: t.AgentResultCache) -> None: ...
+
+    async def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None: ...
+
+    async def get_event_log(self) -> list[t.AgentEvent]: ...
+
+    def can_resume(self) -> bool: ...
+
+    async def reset_status_to_running(self) -> None: ...
+
+    async def cancel(self) -> None: ...
+
+    async def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None: ...
 
 
 class AsyncRedisCheckpointBackend(FrontEnd):
     """luft's checkpoint backend on Redis (asyncio front end).
 
     ``client`` is a ``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster`` or
-    ``fakeredis.FakeAsyncRedis`` created with ``decode_responses=False`` (the default); many
-    backends may share one client. A sync client is refused
-    (:class:`~luft_redis.errors.ClientTypeError`): use :class:`luft_redis.RedisCheckpointBackend`.
-    The options are those of the sync backend: ``prefix``, ``watch``, ``retry``,
-    ``durability``, ``max_payload_size``, ``max_staleness``, ``expire_finished_after`` and
-    ``max_events``.
+    ``fakeredis.FakeAsyncRedis`` client created with ``decode_responses=False`` (the default);
+    many backends may share one client. A client of the other kind is refused
+    (:class:`~luft_redis.errors.ClientTypeError`). ``prefix`` namespaces the keys
+    (``<prefix>:{<run-id>}:...``, see ``docs/redis-layout.md``).
 
-    Every operation that talks to Redis is a coroutine with the sync name and semantics;
-    :meth:`get_checkpoint`, :meth:`get_findings` and :meth:`can_resume` are plain methods
-    answered from the cache. The change listener and the refresher are tasks on the running
-    loop (one of each per client and loop). Release the backend with ``async with`` or
-    :meth:`aclose`.
+    ``watch=True`` (the default) keeps the cache coherent with every other process writing to
+    the run (see :attr:`cache_is_fresh`); ``max_staleness`` (seconds, default 1) bounds how old
+    a change may be that a cache reporting fresh has not applied. With ``watch=False`` the cache
+    sees this backend's writes (and catches up on each of them) and never reports fresh.
+
+    ``retry`` is the :class:`~luft_redis.retry.RetryPolicy` for transient Redis failures
+    (``None``: one attempt). Writes apply exactly once, however often they are retried.
+
+    ``max_payload_size`` bounds the stored form of one event, one result's output or findings,
+    and ``workflow_meta`` (default 4 MiB); a larger value raises
+    :class:`~luft_redis.errors.PayloadTooLargeError` and nothing is stored.
+
+    ``durability=Durability(replicas=1, timeout_ms=1000)`` makes every write wait (``WAIT``, in
+    the same round trip) until that many replicas have it, and raise
+    :class:`~luft_redis.errors.NotDurableError` when fewer did in time (the write itself is
+    applied on the primary; the error says it could be lost if the primary fails now).
 
     ``expire_finished_after=timedelta(...)``: a run this backend finishes (completed, failed,
     cancelled) expires that long after, every key at once; resuming it removes the TTL.
     ``max_events=N``: this backend's appends trim the run's event log to about ``N`` entries
     (see :attr:`log_trimmed`). Both are off by default; see :mod:`luft_redis.retention`.
+
+    Operations that talk to Redis are coroutines; :meth:`get_checkpoint`, :meth:`get_findings`
+    and :meth:`can_resume` are answered from the cache. The change listener and the refresher
+    are tasks on the running loop, one of each per client and loop. Release the backend with
+    ``async with`` or :meth:`aclose`.
 
     Forking: asyncio does not survive ``os.fork()``; a backend made before a fork raises
     :class:`~luft_redis.errors.ForkedError` in the child: create the backend after the fork.
@@ -127,14 +179,42 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         self._configure_retention(expire_finished_after, max_events)
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
-        self._tasks: set[asyncio.Future[Any]] = set()
         self._waiting = 0
-        self._changed = Signal()
         self._fork = fork_generation()
+        self._new_identity()
+
+    def _new_identity(self) -> None:
+        """A writer identity and locks of this process (also after a fork)."""
         self._writer_id = uuid.uuid4().hex
         self._op_seq = 0
-        self._io_lock = asyncio.Lock()  # one write at a time: operation numbers in order
-        self._bind_lock = asyncio.Lock()  # one init_run/open_run at a time
+        self._io_lock = AsyncLock()  # one write at a time: operation numbers in order
+        self._bind_lock = AsyncLock()  # one init_run/open_run at a time
+        self._state_lock = AsyncStateLock()  # callbacks and waiters
+        self._changed = AsyncSignal()  # wakes waiters: a change, a rebind
+
+    def _check_fork(self) -> None:
+        """In a forked child: new identity and connections; the cache reloads before fresh.
+
+        ``self._fork`` changes last, so no thread of the child sees the parent's identity,
+        listener or cache vouched for meanwhile (``cache_is_fresh`` compares it first)."""
+        if self._fork == fork_generation():
+            return
+        if not async_adopts_fork():
+            raise ForkedError(
+                f"this {type(self).__name__} was made before os.fork(): asyncio clients, tasks "
+                "and locks do not survive a fork; create the backend after the fork"
+            )
+        with fork_lock():
+            generation = fork_generation()
+            if self._fork == generation:
+                return
+            binding = self._binding
+            if binding is not None:
+                binding.cache.reset_locks()  # stale until reloaded in this process
+            self._new_identity()
+            if binding is not None:
+                self._start_watch(binding)
+            self._fork = generation
 
     @classmethod
     def from_url(
@@ -152,14 +232,14 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         max_events: int | None = None,
         **client_kwargs: Any,
     ) -> AsyncRedisCheckpointBackend:
-        """A backend with its own asyncio client for ``url``, closed by :meth:`aclose`.
+        """A backend with its own client for ``url``, closed by :meth:`aclose`.
 
-        The URLs of :meth:`luft_redis.RedisCheckpointBackend.from_url`: ``redis://``,
-        ``rediss://`` (TLS), ``unix://`` (``cluster=True``: a ``RedisCluster``) and
-        ``redis+sentinel://[:password@]host:port[,host:port...]/<service>[/<db>]``.
-        ``client_kwargs`` go to the client.
+        ``redis://``, ``rediss://`` (TLS) and ``unix://`` URLs make a ``Redis`` client
+        (``cluster=True``: a ``RedisCluster``); ``redis+sentinel://[:password@]host:port[,host:
+        port...]/<service>[/<db>]`` asks those Sentinels for the primary of ``<service>`` and
+        follows failovers. ``client_kwargs`` go to the client.
         """
-        client = make_client(url, cluster=cluster, asyncio=True, **client_kwargs)
+        client = make_async_client(url, cluster=cluster, **client_kwargs)
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                       max_payload_size=max_payload_size, max_staleness=max_staleness,
                       expire_finished_after=expire_finished_after,
@@ -172,23 +252,28 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     @property
     def cache_is_fresh(self) -> bool:
         """True only when the cache can vouch for itself: no change committed more than
-        ``max_staleness`` seconds ago is missing from it (the conditions of
-        :attr:`luft_redis.RedisCheckpointBackend.cache_is_fresh`)."""
+        ``max_staleness`` seconds ago is missing from it.
+
+        That needs ``watch=True``, a bound run, the run's channel subscribed on the node that
+        owns its slot now, a health-check PING on that connection answered within
+        ``max_staleness``, and every version seen so far applied (queued changes count). While
+        it is False, reads still answer from the cache; :meth:`sync` reloads.
+        """
+        if self._fork != fork_generation() and async_adopts_fork():
+            self._check_fork()
         return self._fork == fork_generation() and self._fresh(self._binding)
 
     async def aclose(self) -> None:
-        """Unbind the run and stop watching it; close the client if :meth:`from_url` made it.
-
-        When nothing else watches through the client, its listener task stops here and
-        returns its subscriber connection, so the client can be closed right after.
-        """
+        """Unbind the run and stop watching it (at once: when nothing else watches through
+        the client, its subscriber connections are closed before this returns); close the
+        client if :meth:`from_url` made it."""
         self._unbind()
-        if self._fork != fork_generation():
-            return  # the connections are the parent's: leave them alone
-        listener = AsyncChangeListener.existing(self._client)
-        if listener is not None and (self._owns_client or listener.idle):
-            await listener.aclose()
-        if self._owns_client:
+        forked = self._fork != fork_generation()
+        if not forked:  # else the connections are the parent's: leave them alone
+            listener = AsyncChangeListener.existing(self._client)
+            if listener is not None:
+                await listener.release(force=self._owns_client)
+        if self._owns_client and (not forked or async_adopts_fork()):
             await self._client.aclose()
 
     async def __aenter__(self) -> AsyncRedisCheckpointBackend:
@@ -196,13 +281,6 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    def _check_fork(self) -> None:
-        if self._fork != fork_generation():
-            raise ForkedError(
-                "this AsyncRedisCheckpointBackend was made before os.fork(): asyncio clients, "
-                "tasks and locks do not survive a fork; create the backend after the fork"
-            )
 
     # -- binding ---------------------------------------------------------------------------
 
@@ -213,20 +291,22 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         watch = Watch(binding.cache, binding.channel, self._on_work, self._counters)
         binding.listener, binding.watch = listener, watch
         self._want_changes(binding)
+        AsyncRefresher.for_client(self._client).hold(watch)  # started here, at our priority
         listener.watch(watch, self._max_staleness)
 
-    @staticmethod
-    def _stop_watch(binding: Binding) -> None:
-        if binding.watch is not None and binding.listener is not None:
-            binding.listener.unwatch(binding.watch)
+    def _stop_watch(self, binding: Binding) -> None:
+        watch = binding.watch
+        if watch is not None and binding.listener is not None:
+            binding.listener.unwatch(watch)
+            AsyncRefresher.for_client(self._client).release(watch)
 
     async def _prepare(self, run_id: uuid.UUID) -> Binding:
         """A new binding for ``run_id``, watched and (briefly) waited for."""
         keys = run_keys(self._prefix, run_id)
         binding = Binding(run_id, keys, RunCache(run_id, keys))
-        if self._watching and is_cluster(self._client):
+        if self._watching and self._cluster:
             try:  # the slot map, so that the listener subscribes on the right node at once
-                await self._client.initialize()
+                await async_cluster_ready(self._client)
             except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
         self._start_watch(binding)
@@ -244,7 +324,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         self._emitted = None
         if old is not None:
             self._stop_watch(old)
-        self._changed.notify()
+        self._changed.notify()  # waiters on the old run look again
         if binding.watch is not None and not binding.cache.synced:
             self._on_work(binding.watch)  # a confirmation came during the load: reload
         self._emit()
@@ -262,7 +342,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             binding.watch.wants_changes = bool(self._callbacks) or self._waiting > 0
 
     def _on_work(self, watch: Watch) -> None:
-        """From the listener task: a change, a reload or callbacks are due (never blocks)."""
+        """From the listener: a change, a reload or callbacks are due (never blocks)."""
         self._changed.notify()
         binding = self._binding
         if binding is None or binding.watch is not watch:
@@ -271,7 +351,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             AsyncRefresher.for_client(self._client).schedule(id(self), weak_work(self, "_refresh"))
 
     async def _refresh(self) -> None:
-        """On the refresher task: reload when stale, then run the change callbacks."""
+        """On the refresher: reload when stale, then run the change callbacks."""
         binding = self._binding
         if binding is None or self._fork != fork_generation():
             return
@@ -282,7 +362,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 # corrupt data is an operator's problem (ERROR); anything else passes (INFO)
                 level = logging.ERROR if isinstance(exc, CorruptDataError) else logging.INFO
                 logger.log(level, "run %s: reload failed (%s); trying again", binding.run_id, exc)
-                await asyncio.sleep(REFRESH_RETRY_DELAY)
+                await async_sleep(REFRESH_RETRY_DELAY)
                 if binding.watch is not None:
                     self._on_work(binding.watch)
                 return
@@ -305,57 +385,20 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     # -- I/O -------------------------------------------------------------------------------
 
-    async def _fcall(self, fn: Function, keys: list[str], args: Sequence[Any]) -> Any:
-        """One attempt of ``fn`` (one round trip when the library is loaded; on "Function
-        not found", FUNCTION LOAD on that node and the FCALL once more)."""
-        client = self._client
-        command = fn.command(keys, args)
-        if not self._cluster:
-            try:
-                return await client.execute_command(*command)
-            except redis.exceptions.ResponseError as exc:
-                if not is_function_missing(exc):
-                    raise
-            logger.info("loading the Redis Functions library %s", self._library.name)
-            await client.execute_command(*self._library.load_command)
-            return await client.execute_command(*command)
-        await client.initialize()  # no I/O once done (again after a connection error)
-        if client not in _PRIMED:
-            await self._prime_cluster()
-        try:
-            return await client.execute_command(*command, **cluster_route(client, keys))
-        except redis.exceptions.ResponseError as exc:
-            route = cluster_route(client, keys)
-            if not route or not is_function_missing(exc):  # no node known to load it on
-                raise
-        logger.info("loading the Redis Functions library %s on %s", self._library.name,
-                    route["target_nodes"].name)  # fmt: skip
-        await client.execute_command(*self._library.load_command, **route)
-        return await client.execute_command(*command, **route)
-
-    async def _prime_cluster(self) -> None:
-        """Load the library on every primary, once per client (a node added or promoted later
-        gets it on its first "Function not found")."""
-        client = self._client
-        _PRIMED.add(client)
-        try:
-            await client.execute_command(*self._library.load_command,
-                                         target_nodes=client.get_primaries())  # fmt: skip
-        except REDIS_ERRORS as exc:
-            logger.info("loading %s on every primary failed (%s); each node loads it on its "
-                        "first miss", self._library.name, exc)  # fmt: skip
-
     async def _call(self, fn: Function, args: Sequence[Any], keys: list[str],
                     run_id: object) -> Any:  # fmt: skip
-        return await self._retried(lambda: self._fcall(fn, keys, args), run_id)
+        """``fn`` under the retry policy (see :func:`luft_redis.fcall.call_function`)."""
+        client, cluster = self._client, self._cluster
+        return await self._retried(lambda: call_function(client, fn, keys, args, cluster=cluster),
+                                   run_id)  # fmt: skip
 
-    async def _retried(self, attempt: Callable[[], Awaitable[_T]], run_id: object) -> _T:
-        """``await attempt()`` under the retry policy, counted in :meth:`stats`; redis-py's
-        errors translated."""
+    async def _retried(self, attempt: Callable[[], Any], run_id: object) -> Any:
+        """``attempt()`` under the retry policy, counted in :meth:`stats`; redis-py's errors
+        translated."""
         counters = self._counters
         attempts = 0
 
-        def counted() -> Awaitable[_T]:
+        def counted() -> Any:
             nonlocal attempts
             attempts += 1
             return attempt()
@@ -406,7 +449,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                         raise reply
                 return result, int(count)
 
-            replied = await self._retried(attempt, run_id)
+            replied: tuple[Any, int] = await self._retried(attempt, run_id)
             self._counters.writes += 1
             return replied
 
@@ -456,13 +499,15 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     async def _wait(self, binding: Binding, predicate: Callable[[], bool],
                     timeout: float | None) -> bool:  # fmt: skip
         """Wait until ``predicate()`` holds, woken by every change the cache receives."""
-        self._waiting += 1
-        self._want_changes(binding)
+        with self._state_lock:
+            self._waiting += 1
+            self._want_changes(binding)
         try:
             return await self._changed.wait_for(predicate, timeout)
         finally:
-            self._waiting -= 1
-            self._want_changes(binding)
+            with self._state_lock:
+                self._waiting -= 1
+                self._want_changes(binding)
 
     def _emit(self) -> None:
         """Wake waiters and run the change callbacks once per new version."""
@@ -470,27 +515,21 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         binding = self._binding
         if binding is None or not self._callbacks:
             return
-        tip = binding.cache.tip
-        if tip == self._emitted:
-            return
-        snapshot = binding.cache.snapshot()
-        self._emitted = tip
-        if snapshot is None:
-            return
-        for callback in list(self._callbacks.values()):
-            try:
-                result = callback(snapshot)
-                if inspect.isawaitable(result):
-                    task = asyncio.ensure_future(result)
-                    self._tasks.add(task)
-                    task.add_done_callback(self._callback_done)
-            except Exception:
-                logger.exception("change callback %r failed", callback)
-
-    def _callback_done(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("change callback failed", exc_info=task.exception())
+        with self._state_lock:
+            if self._binding is not binding:
+                return
+            tip = binding.cache.tip
+            if tip == self._emitted:
+                return
+            snapshot = binding.cache.snapshot()
+            self._emitted = tip
+            if snapshot is None:
+                return
+            for callback in list(self._callbacks.values()):
+                try:
+                    async_run_callback(callback, snapshot)
+                except Exception:
+                    logger.exception("change callback %r failed", callback)
 
     # -- change API ------------------------------------------------------------------------
 
@@ -530,24 +569,26 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Call ``callback(checkpoint)`` after changes of the bound run; returns a function
         that unsubscribes.
 
-        ``callback`` may be a function or a coroutine function (its coroutine is run as a task).
-        Callbacks run on the client's refresher task (other processes' changes) or in the
-        writing coroutine (this backend's): keep them short and do not block in them.
+        Callbacks run on the client's refresher (other processes' changes) or in the writing
+        thread or coroutine (this backend's): keep them short and do not block in them. For
+        asyncio, a coroutine function's coroutine runs as a task.
         """
         self._check_fork()
-        key = self._next_callback
-        self._next_callback += 1
-        self._callbacks[key] = callback
-        binding = self._binding
-        if binding is not None:
-            self._want_changes(binding)
-            self._emitted = binding.cache.tip
+        with self._state_lock:
+            key = self._next_callback
+            self._next_callback += 1
+            self._callbacks[key] = callback
+            binding = self._binding
+            if binding is not None:
+                self._want_changes(binding)
+                self._emitted = binding.cache.tip
 
         def unsubscribe() -> None:
-            self._callbacks.pop(key, None)
-            current = self._binding
-            if current is not None:
-                self._want_changes(current)
+            with self._state_lock:
+                self._callbacks.pop(key, None)
+                current = self._binding
+                if current is not None:
+                    self._want_changes(current)
 
         return unsubscribe
 
@@ -588,8 +629,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     async def _index(self, binding: Binding) -> None:
         """ZADD the run to the run index (luft_redis.index), after a lifecycle change."""
-        await index_add_async(self._client, self._retry, self._prefix, binding.run_id,
-                              score_of(binding.cache.snapshot()))  # fmt: skip
+        await index_add(self._client, self._retry, self._prefix, binding.run_id,
+                        score_of(binding.cache.snapshot()))  # fmt: skip
 
     @traced("open_run", run_arg=True)
     async def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
@@ -614,9 +655,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     async def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
         """Delete a run (default: the bound one) with its event log; True if it existed.
 
-        Every key of the run goes in one atomic step; backends watching it are told (see
-        :meth:`luft_redis.RedisCheckpointBackend.delete_run`). This backend is unbound if it
-        was bound to that run.
+        Every key of the run goes in one atomic step. Backends watching it are told: their
+        caches stop being fresh, and their writes raise :class:`RunNotFoundError` (a run is
+        never brought back by a late write; ``init_run`` makes a new one). This backend is
+        unbound if it was bound to that run.
         """
         self._check_fork()
         rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
@@ -625,7 +667,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         keys = [*run_keys(self._prefix, rid), tombstone_key(self._prefix, rid)]
         ttl = (str(TOMBSTONE_TTL),)
         existed, acked = await self._execute(self._scripts.delete_run, ttl, keys, rid)
-        await index_remove_async(self._client, self._retry, self._prefix, rid)
+        await index_remove(self._client, self._retry, self._prefix, rid)
         if rid == self.run_id:
             self._unbind()
         self._check_durable(acked)
@@ -655,8 +697,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     @traced("append_events")
     async def append_events(self, events: Sequence[t.AgentEvent]) -> None:
-        """Append ``events`` in order, applying §5's rules to each, as one atomic change
-        (one round trip; either every event is stored or none is)."""
+        """Append ``events`` in order, applying §5's rules to each, as one atomic change.
+
+        One round trip for the whole batch; either every event is stored or none is.
+        """
         await self._append(events)
 
     async def _append(self, events: Sequence[t.AgentEvent]) -> None:
@@ -704,7 +748,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if checkpoint.status is not t.CheckpointStatus.RUNNING:
             await self._index(binding)
 
-    # -- reads -----------------------------------------------------------------------------
+    # -- reads (get_checkpoint, get_findings, can_resume: FrontEnd, from the cache) --------
 
     @traced("get_event_log")
     async def get_event_log(self) -> list[t.AgentEvent]:
@@ -746,25 +790,24 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Yield the run's events as :class:`LogEntry` ``(id, event)``, following new ones.
 
         Starts after stream id ``from_id`` (``None``: from the first event; ``"$"``: only events
-        appended from now on). With ``follow=True`` it waits for new events with
+        appended after the iteration starts). With ``follow=True`` it waits for new events with
         ``XREAD BLOCK`` and stops once ``timeout`` seconds pass without one (``None``: never);
         with ``follow=False`` it stops at the end of the log.
         """
         binding = self._need_run("iter_events")
         run_id, key = binding.run_id, binding.keys.events
         last = "0-0" if from_id is None else from_id
-        loop = asyncio.get_running_loop()
         try:
             if last == "$":
                 newest = await self._client.xrevrange(key, count=1)
                 last = entry_id(newest[0][0]) if newest else "0-0"
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
-        idle_since = loop.time()
+        idle_since = time.monotonic()
         while True:
             block = block_ms if follow else None
             if follow and timeout is not None:
-                left = timeout - (loop.time() - idle_since)
+                left = timeout - (time.monotonic() - idle_since)
                 if left <= 0:
                     return
                 block = max(1, min(block_ms, int(left * 1000)))
@@ -777,6 +820,6 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 last = entry_id(raw_id)
                 yield LogEntry(last, decode_entry(run_id, key, last, fields))
             if entries:
-                idle_since = loop.time()
+                idle_since = time.monotonic()
             elif not follow:
                 return

@@ -1,45 +1,53 @@
-"""The asyncio front end's change listener and refresher: one of each per client and event loop.
+"""The change listener and the refresher: one of each per client (and, for asyncio, per loop).
 
-The asyncio twin of :mod:`luft_redis.listener`, with the same logic. :class:`AsyncChangeListener`
-keeps one subscriber connection per Redis node that owns a watched run's channel (one in all on a
-plain server), each read by its own task on the loop. The task only reads, health-checks and
-queues: a notice is handed to every :class:`~luft_redis.coherence.Watch` of its channel (a
-header check and a list append), a confirmation marks the watches stale, and a PING goes out
-every ``max_staleness / 4``. It never awaits a lock that a writer holds across I/O and makes no
-call but its own subscription's (and, on Redis Cluster, the topology refresh that finding the
-channel's node needs).
+:class:`AsyncChangeListener` keeps one subscriber connection per Redis node that owns a watched
+run's channel (one in all on a plain server), each served by its own worker (a task on the
+loop; a thread in the sync code generated from this module, :mod:`luft_redis.listener`). The
+worker only reads, health-checks and queues: a notice is handed to every
+:class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
+confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It takes
+no lock that a writer holds across I/O and makes no call but its own subscription's (and, on
+Redis Cluster, the topology refresh that finding the channel's node needs).
 
 Anything that may have lost a notice (a lost connection, a PING unanswered for too long, an
-``sunsubscribe`` the client did not ask for) closes the connection, refreshes the cluster
-topology, subscribes again on the node that owns each channel now and marks the watches stale;
-the :class:`AsyncRefresher` task then reloads them (``Watch.on_work`` only queues work for it).
+``sunsubscribe`` the client did not ask for, a MOVED reply) closes the connection, refreshes
+the cluster topology, subscribes again on the node that owns each channel now and marks the
+watches stale; the :class:`AsyncRefresher` worker then reloads them (``Watch.on_work`` only
+queues work for it).
+
+This is the hand-written asyncio source; :mod:`luft_redis.listener` is generated from it
+(see :mod:`luft_redis.runtime` for what differs).
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, ClassVar
 
-import redis.asyncio
-import redis.asyncio.cluster
-
 from ..coherence import (
     DEFAULT_MAX_STALENESS,
     LinkHealth,
     Router,
     Watch,
-    check_primary,
     handle_message,
     node_name_for,
     on_fork,
 )
+from ..connect import is_cluster
+from ..runtime import (
+    AsyncRegistry,
+    AsyncSignal,
+    AsyncStateLock,
+    AsyncWorker,
+    AsyncWorkQueue,
+    async_sleep,
+)
+from ..subscriber import Reconnect, async_open_subscriber
 
-__all__ = ["AsyncChangeListener", "AsyncRefresher", "Signal"]
+__all__ = ["LISTENER_NICE", "AsyncChangeListener", "AsyncRefresher", "weak_work"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,89 +55,52 @@ POLL_SECONDS = 0.05
 """Longest wait for a message before a link looks at its requests and health checks."""
 
 IDLE_EXIT_SECONDS = 2.0
-"""A link or refresher with nothing to do ends its task after this long."""
+"""A link or refresher with nothing to do ends its worker after this long."""
 
 MAX_BACKOFF_SECONDS = 1.0
 """Longest pause between reconnection attempts."""
 
+LISTENER_NICE: int | None = 19
+"""The CPU priority (Linux nice value) of the sync listener threads
+(``luft_redis.listener.LISTENER_NICE``); None: the process's own. asyncio tasks have none.
+
+A listener thread wakes for every notice of a watched run, this process's own writes
+included, whose notice arrives with the write's reply. At the process's own priority the
+kernel switches to the listener at once, and the thread that wrote then waits for the CPU and
+the GIL: measured with the client on one cpu, 35-40 µs per write. At nice 19
+the listener runs when the process's other threads wait (for Redis, typically), so its work
+overlaps theirs. Freshness keeps its promise either way: ``cache_is_fresh`` needs a
+health-check PING answered within ``max_staleness``, so a listener starved of CPU makes its
+caches say they are not fresh; it never lets them claim to be. Set this before the first
+backend binds a run; only Linux sets a thread's priority (elsewhere it is left alone).
+"""
+
 Work = Callable[[], Awaitable[None]]
 
 
-class Signal:
-    """Wakes the coroutines waiting for a condition when somebody says it may have changed
-    (an asyncio condition variable without a lock: everything runs on one loop)."""
-
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event: asyncio.Event | None = None
-
-    def notify(self) -> None:
-        """Wake every waiter (never blocks)."""
-        event, self._event = self._event, None
-        if event is not None:
-            event.set()
-
-    async def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
-        """Wait until ``predicate()`` holds (checked after every :meth:`notify`); False when
-        ``timeout`` seconds passed first (``None``: no limit)."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not predicate():
-            if self._event is None:
-                self._event = asyncio.Event()
-            event = self._event
-            if deadline is None:
-                await event.wait()
-                continue
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except TimeoutError:
-                return predicate()
-        return True
-
-
-class _Reconnect(Exception):
-    """The subscriber connection can no longer be trusted: replace it."""
-
-
-_Registry = weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Any]]
+def _listener_nice() -> int | None:
+    return LISTENER_NICE  # read when a worker starts, so an assignment takes effect
 
 
 class AsyncChangeListener:
-    """The listener of one asyncio client on one event loop; get it with :meth:`for_client`
-    (from a coroutine)."""
+    """The listener of one client; get it with :meth:`for_client`."""
 
-    _registry: ClassVar[_Registry] = weakref.WeakKeyDictionary()
+    _registry: ClassVar[AsyncRegistry[AsyncChangeListener]] = AsyncRegistry()
 
     @classmethod
     def for_client(cls, client: Any) -> AsyncChangeListener:
-        per_loop = cls._registry.setdefault(asyncio.get_running_loop(), {})
-        listener = per_loop.get(id(client))
-        if not isinstance(listener, AsyncChangeListener) or listener._client is not client:
-            listener = per_loop[id(client)] = cls(client)
-        return listener
+        return cls._registry.get(client, cls)
 
     @classmethod
     def existing(cls, client: Any) -> AsyncChangeListener | None:
-        """The listener of ``client`` on the running loop, if one was made."""
-        per_loop = cls._registry.get(asyncio.get_running_loop())
-        listener = per_loop.get(id(client)) if per_loop is not None else None
-        if isinstance(listener, AsyncChangeListener) and listener._client is client:
-            return listener
-        return None
-
-    @classmethod
-    def _forget_all(cls) -> None:  # in a forked child: the loop and its tasks are the parent's
-        cls._registry = weakref.WeakKeyDictionary()
+        """The listener of ``client``, if one was made."""
+        return cls._registry.existing(client)
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
-        self._subscribed = Signal()
+        self._cluster = is_cluster(client)
+        self._lock = AsyncStateLock()
+        self._subscribed = AsyncSignal()
         self._router: Router[_Link] = Router(lambda name: _Link(self, name), self._node_name)
         self.failure: BaseException | None = None
         """Why the last subscriber connection failed, until a subscription is confirmed."""
@@ -137,15 +108,17 @@ class AsyncChangeListener:
     # -- used by the front end -------------------------------------------------------------
 
     def watch(self, watch: Watch, max_staleness: float = DEFAULT_MAX_STALENESS) -> None:
-        """Deliver the notices of ``watch.channel`` to ``watch`` (call it on the loop)."""
-        self.failure = None
-        link, already = self._router.add(watch, max_staleness)
-        link.ensure_task()
+        """Deliver the notices of ``watch.channel`` to ``watch``."""
+        with self._lock:
+            self.failure = None
+            link, already = self._router.add(watch, max_staleness)
+            link.ensure_worker()
         if already:  # no confirmation will come for this watch: its load follows this
             watch.subscribed()
 
     def unwatch(self, watch: Watch) -> None:
-        self._router.remove(watch)
+        with self._lock:
+            self._router.remove(watch)
 
     def healthy(self, channel: bytes, max_staleness: float | None = None) -> bool:
         """Subscribed on the channel's node, and that connection proved it delivers lately."""
@@ -168,32 +141,50 @@ class AsyncChangeListener:
         )
         return done and self.confirmed(channel)
 
+    def _failed(self, exc: BaseException | None) -> None:
+        self.failure = exc
+        self._subscribed.notify()
+
     @property
     def idle(self) -> bool:
         """Nothing is watched through this listener."""
-        return not self._router.watches
+        with self._lock:
+            return not self._router.watches
 
     @property
     def connected(self) -> bool:
         """Every subscriber connection is up (False while any reconnects)."""
-        return self._router.connected
+        with self._lock:
+            return self._router.connected
 
     def drop_connections_for_tests(self) -> None:
         """Close every subscriber connection (the effect of CLIENT KILL), to test recovery."""
-        self._router.drop_all()
+        with self._lock:
+            self._router.drop_all()
+
+    async def release(self, timeout: float = 1.0, *, force: bool = False) -> bool:
+        """When nothing is watched any more (or ``force``: the client is about to close):
+        close the subscriber connections and end their workers now (at most ``timeout``
+        seconds each), so the client can be closed at once. False when something is still
+        watched (and not ``force``)."""
+        with self._lock:
+            router = self._router
+            if router.watches and not force:
+                return False
+            links = list(router.links.values())
+            if force:
+                router.links.clear()
+                router.route.clear()
+                router.watches.clear()
+        for link in links:
+            await link.stop(timeout)
+        if force:
+            self._registry.drop(self._client, self)
+        return True
 
     async def aclose(self) -> None:
-        """Stop every link task and close its connection (the client is about to close)."""
-        router = self._router
-        links = list(router.links.values())
-        router.links.clear()
-        router.route.clear()
-        router.watches.clear()
-        for link in links:
-            await link.stop()
-        per_loop = self._registry.get(asyncio.get_running_loop())
-        if per_loop is not None and per_loop.get(id(self._client)) is self:
-            del per_loop[id(self._client)]
+        """:meth:`release` by force: stop every worker and close its connection."""
+        await self.release(force=True)
 
     # -- routing ---------------------------------------------------------------------------
 
@@ -201,12 +192,14 @@ class AsyncChangeListener:
         return node_name_for(self._client, self._cluster, channel)
 
     def _channels_of(self, link: _Link) -> list[bytes]:
-        return self._router.channels_of(link)
+        with self._lock:
+            return self._router.channels_of(link)
 
     def _reroute(self) -> None:
         """After a topology change: move channels to the links of their current nodes."""
-        for link in self._router.reroute():
-            link.ensure_task()
+        with self._lock:
+            for link in self._router.reroute():
+                link.ensure_worker()
 
     async def _refresh_topology(self) -> None:
         if not self._cluster:
@@ -219,114 +212,96 @@ class AsyncChangeListener:
         self._reroute()
 
     def _targets(self, channel: bytes) -> list[Watch]:
-        return self._router.targets(channel)
+        with self._lock:
+            return self._router.targets(channel)
 
     def _retire(self, link: _Link) -> bool:
         """Drop ``link`` if it carries nothing; True when it was dropped."""
-        return self._router.retire(link)
+        with self._lock:
+            return self._router.retire(link)
 
-    async def _open_pubsub(self, link: _Link) -> tuple[Any, Any]:
-        """A pubsub for ``link``'s node, and the connection pool to close after it (None
-        when it comes from the client's own pool)."""
-        if not self._cluster:
-            return self._client.pubsub(ignore_subscribe_messages=False), None
-        if link.name == "?":
-            raise _Reconnect("no slot map")
-        node = self._client.get_node(node_name=link.name)
-        if node is None:
-            raise _Reconnect(f"node {link.name} is not in the slot map")
-        # the asyncio RedisCluster has no client per node: one of our own, made like its
-        # connections (same connection class and options: TLS, credentials, timeouts)
-        pool = redis.asyncio.ConnectionPool(
-            connection_class=node.connection_class, max_connections=2,
-            **node.connection_kwargs,
-        )  # fmt: skip
-        subscriber = redis.asyncio.Redis(connection_pool=pool)
-        try:
-            # a refreshed slot map can still name a demoted primary right after a failover
-            check_primary(await subscriber.execute_command("ROLE"), link.name)  # type: ignore[no-untyped-call]
-        except BaseException:
-            await pool.disconnect()
-            raise
-        return subscriber.pubsub(ignore_subscribe_messages=False), pool
+    async def _open_pubsub(self, link: _Link) -> Any:
+        return await async_open_subscriber(self._client, self._cluster, link.name)
 
 
 class _Link:
-    """One subscriber connection (one node) and its task."""
+    """One subscriber connection (one node) and its worker."""
 
     def __init__(self, listener: AsyncChangeListener, name: str) -> None:
         self.listener = listener
         self.name = name
         self.health = LinkHealth()
-        self._requests: collections.deque[tuple[str, bytes]] = collections.deque()
-        self._task: asyncio.Task[None] | None = None
+        self._requests: AsyncWorkQueue[tuple[str, bytes]] = AsyncWorkQueue()
+        self._worker: AsyncWorker | None = None
         self._asked_unsub: dict[bytes, int] = {}  # unsubscribes not yet confirmed
+        self._stopping = False
 
     def request(self, item: tuple[str, bytes]) -> None:
-        self._requests.append(item)
+        self._requests.put(item)
 
-    def ensure_task(self) -> None:
-        if self._task is None or self._task.done():
+    async def stop(self, timeout: float) -> None:
+        """Close the connection and end the worker (it carries nothing: see release())."""
+        self._stopping = True
+        self._requests.put(("drop", b""))
+        worker = self._worker
+        if worker is not None:
+            await worker.join(timeout)
+
+    def ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.alive:
+            self._stopping = False
             name = f"luft-redis-listener-{self.name or 'redis'}-{id(self.listener._client):x}"
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=name)
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # we are being cancelled ourselves, not just the link task
-            except Exception:
-                logger.debug("stopping a listener task failed", exc_info=True)
+            self._worker = AsyncWorker(self._run, name, _listener_nice)
 
     async def _run(self) -> None:
         listener = self.listener
         backoff = POLL_SECONDS
         idle_since: float | None = None
         while True:
-            self._requests.clear()  # the connection below subscribes to all
+            while self._requests.get_nowait() is not None:
+                pass  # the connection below subscribes to all
             channels = listener._channels_of(self)
+            if self._stopping and not channels and listener._retire(self):
+                return
             if not channels:
                 now = time.monotonic()
                 idle_since = idle_since or now
                 if now - idle_since > IDLE_EXIT_SECONDS and listener._retire(self):
                     return
-                await asyncio.sleep(POLL_SECONDS)
+                await async_sleep(POLL_SECONDS)
                 continue
             idle_since = None
             pubsub: Any = None
-            pool: Any = None
             try:
-                pubsub, pool = await listener._open_pubsub(self)
-                logger.debug("change listener %s: subscribing %d channel(s)",
-                             self.name or "redis", len(channels))  # fmt: skip
-                self.health.connect(time.monotonic())
+                pubsub = await listener._open_pubsub(self)
                 self._asked_unsub = {}
-                await pubsub.ssubscribe(*channels)
+                await pubsub.ssubscribe(*channels)  # confirmations are read below
+                self.health.connect(time.monotonic())
                 backoff = POLL_SECONDS
                 await self._serve(pubsub)
             except Exception as exc:
                 self.health.disconnect()  # not fresh while we wait to reconnect
-                if not isinstance(exc, _Reconnect):
-                    listener.failure = exc
-                    listener._subscribed.notify()
-                self._lost(exc)
-                await listener._refresh_topology()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                if not self._stopping:
+                    if not isinstance(exc, Reconnect):
+                        listener._failed(exc)
+                    self._lost(exc)
+                    await listener._refresh_topology()
+                    await async_sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
             finally:
                 self.health.disconnect()
-                await _close(pubsub, pool)
+                if pubsub is not None:
+                    try:
+                        await pubsub.aclose()
+                    except Exception:
+                        logger.debug("closing a subscriber connection failed", exc_info=True)
 
     async def _serve(self, pubsub: Any) -> None:
         health = self.health
         while True:
-            while self._requests:
-                action, channel = self._requests.popleft()
+            request = self._requests.get_nowait()
+            while request is not None:
+                action, channel = request
                 if action == "sub":
                     await pubsub.ssubscribe(channel)
                 elif action == "unsub":
@@ -334,15 +309,16 @@ class _Link:
                     health.confirmed.discard(channel)
                     await pubsub.sunsubscribe(channel)
                 elif action == "drop":
-                    raise _Reconnect("dropped on request")
-            if not self.listener._channels_of(self) and not self._asked_unsub:
+                    raise Reconnect("dropped on request")
+                request = self._requests.get_nowait()
+            if not self.listener._channels_of(self) and (not self._asked_unsub or self._stopping):
                 return
             now = time.monotonic()
             token = health.ping_due(now)
             if token is not None:
                 await pubsub.ping(token)
             if health.stalled(now):
-                raise _Reconnect("health-check PING unanswered")
+                raise Reconnect("health-check PING unanswered")
             timeout = min(POLL_SECONDS, health.until_next_ping(now))
             message = await pubsub.get_message(timeout=timeout)
             while message is not None:
@@ -352,8 +328,7 @@ class _Link:
     def _dispatch(self, message: dict[str, Any]) -> None:
         listener = self.listener
         if handle_message(message, self.health, self._asked_unsub, listener._targets):
-            listener.failure = None
-            listener._subscribed.notify()
+            listener._failed(None)  # a confirmation: the subscription works
 
     def _lost(self, exc: BaseException) -> None:
         watched = bool(self.listener._channels_of(self))
@@ -361,61 +336,66 @@ class _Link:
         logger.log(level, "change listener %s: reconnecting (%s)", self.name or "redis", exc)
 
 
-async def _close(pubsub: Any, pool: Any) -> None:
-    """Close a subscriber connection (and its private pool); failures are only logged."""
-    try:
-        if pubsub is not None:
-            await pubsub.aclose()
-        if pool is not None:
-            await pool.disconnect()
-    except Exception:
-        logger.debug("closing a subscriber connection failed", exc_info=True)
-
-
 class AsyncRefresher:
-    """The task that reloads stale caches and runs change callbacks, per client and loop."""
+    """The worker that reloads stale caches and runs change callbacks, per client.
 
-    _registry: ClassVar[_Registry] = weakref.WeakKeyDictionary()
+    Its worker is started by :meth:`hold`, from the backend that binds a run, and stays while
+    any run is held: a thread inherits the priority of the thread that starts it, and the sync
+    listener threads run at ``LISTENER_NICE``, so a refresher started from a listener would
+    run reloads and the application's callbacks at that low priority too. With nothing held
+    it stops after ``IDLE_EXIT_SECONDS`` without work.
+    """
+
+    _registry: ClassVar[AsyncRegistry[AsyncRefresher]] = AsyncRegistry()
 
     @classmethod
     def for_client(cls, client: Any) -> AsyncRefresher:
-        per_loop = cls._registry.setdefault(asyncio.get_running_loop(), {})
-        refresher = per_loop.get(id(client))
-        if not isinstance(refresher, AsyncRefresher) or refresher._client is not client:
-            refresher = per_loop[id(client)] = cls(client)
-        return refresher
-
-    @classmethod
-    def _forget_all(cls) -> None:
-        cls._registry = weakref.WeakKeyDictionary()
+        return cls._registry.get(client, cls)
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        self._queue: asyncio.Queue[tuple[Hashable, Work]] = asyncio.Queue()
+        self._queue: AsyncWorkQueue[tuple[Hashable, Work]] = AsyncWorkQueue()
         self._pending: set[Hashable] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._lock = AsyncStateLock()
+        self._worker: AsyncWorker | None = None
+        self._held: weakref.WeakSet[Watch] = weakref.WeakSet()
+
+    def hold(self, watch: Watch) -> None:
+        """Keep the worker running while ``watch`` is held (until :meth:`release`, or until
+        the watch is garbage); starts it from the caller."""
+        with self._lock:
+            self._held.add(watch)
+            self._ensure_worker()
+
+    def release(self, watch: Watch) -> None:
+        with self._lock:
+            self._held.discard(watch)
 
     def schedule(self, key: Hashable, work: Work) -> None:
-        """Run ``await work()`` on the refresher task (never blocks the caller; call it on the
-        loop). Work already queued under ``key`` and not started yet is not queued twice."""
-        if key not in self._pending:
-            self._pending.add(key)
-            self._queue.put_nowait((key, work))
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="luft-redis-refresher"
-            )
+        """Run ``work()`` on the refresher's worker (never blocks the caller). Work already
+        queued under ``key`` and not started yet is not queued twice."""
+        with self._lock:
+            if key not in self._pending:
+                self._pending.add(key)
+                self._queue.put((key, work))
+            self._ensure_worker()
+
+    def _ensure_worker(self) -> None:  # with self._lock held
+        if self._worker is None or not self._worker.alive:
+            self._worker = AsyncWorker(self._run, f"luft-redis-refresher-{id(self._client):x}")
 
     async def _run(self) -> None:
         while True:
-            try:
-                key, work = await asyncio.wait_for(self._queue.get(), IDLE_EXIT_SECONDS)
-            except TimeoutError:
-                if self._queue.empty():
-                    self._task = None
-                    return
+            item = await self._queue.get(IDLE_EXIT_SECONDS)
+            if item is None:
+                with self._lock:
+                    if self._queue.empty() and not self._held:
+                        self._worker = None
+                        return
                 continue
-            self._pending.discard(key)
+            key, work = item
+            with self._lock:
+                self._pending.discard(key)
             try:
                 await work()
             except Exception:
@@ -423,7 +403,7 @@ class AsyncRefresher:
 
 
 def weak_work(owner: Any, method: str) -> Work:
-    """``await owner.<method>()`` if ``owner`` is still alive (the refresher holds no backend)."""
+    """``owner.<method>()`` if ``owner`` is still alive (the refresher holds no backend)."""
     ref = weakref.ref(owner)
 
     async def work() -> None:
@@ -435,8 +415,8 @@ def weak_work(owner: Any, method: str) -> Work:
 
 
 def _forget_after_fork() -> None:
-    AsyncChangeListener._forget_all()
-    AsyncRefresher._forget_all()
+    AsyncChangeListener._registry.forget_all()
+    AsyncRefresher._registry.forget_all()
 
 
 on_fork(_forget_after_fork)
