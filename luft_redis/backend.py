@@ -386,12 +386,14 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- I/O -------------------------------------------------------------------------------
 
+    def _fcall(self, fn: Function, keys: list[str], args: Sequence[Any]) -> Any:
+        """One attempt of ``fn`` (see :func:`luft_redis.fcall.call_function`)."""
+        return call_function(self._client, fn, keys, args, cluster=self._cluster)
+
     def _call(self, fn: Function, args: Sequence[Any], keys: list[str],
                     run_id: object) -> Any:  # fmt: skip
-        """``fn`` under the retry policy (see :func:`luft_redis.fcall.call_function`)."""
-        client, cluster = self._client, self._cluster
-        return self._retried(lambda: call_function(client, fn, keys, args, cluster=cluster),
-                                   run_id)  # fmt: skip
+        """``fn`` under the retry policy."""
+        return self._retried(lambda: self._fcall(fn, keys, args), run_id)
 
     def _retried(self, attempt: Callable[[], Any], run_id: object) -> Any:
         """``attempt()`` under the retry policy, counted in :meth:`stats`; redis-py's errors

@@ -14,7 +14,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from luft_redis import index
+from luft_redis import fcall, index
 from luft_redis.keys import run_index_key, run_keys
 from luft_redis.retry import NO_RETRY
 from luft_redis.types import (
@@ -110,8 +110,8 @@ def test_a_failed_index_update_is_logged_not_raised(caplog: pytest.LogCaptureFix
 
     run = uuid.uuid4()
     with caplog.at_level(logging.WARNING, logger="luft_redis.index"):
-        index.index_add(Broken(), NO_RETRY, "luft", run, 1.0)
-        index.index_remove(Broken(), NO_RETRY, "luft", run)
+        fcall.index_add(Broken(), NO_RETRY, "luft", run, 1.0)
+        fcall.index_remove(Broken(), NO_RETRY, "luft", run)
     assert len(caplog.records) == 2
     assert all("--rebuild-index" in r.getMessage() and str(run) in r.getMessage()
                for r in caplog.records)  # fmt: skip
