@@ -30,7 +30,7 @@ import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis.exceptions
 import tenacity
@@ -173,19 +173,10 @@ class RetryPolicy:
         try:
             return fn()
         except Exception as exc:
-            if self.max_attempts == 1 or not is_transient(exc):
-                raise
-            logger.info("Redis call failed (%s), attempt 1; retrying", exc)
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_attempts - 1)
-            | tenacity.stop_after_delay(self.deadline),
-            wait=self._wait,
-            retry=tenacity.retry_if_exception(is_transient),
-            before_sleep=_log_retry,
-            reraise=True,
-        )
-        time.sleep(_rng.uniform(0, self.initial_delay))
-        return retrying(fn)
+            self._first_failed(exc)
+        time.sleep(self._first_wait())
+        result: _T = self._retrying(tenacity.Retrying)(fn)
+        return result
 
     async def acall(self, fn: Callable[[], Awaitable[_T]]) -> _T:
         """``await fn()``, retried on transient failures with the same policy as :meth:`call`
@@ -193,25 +184,35 @@ class RetryPolicy:
         try:
             return await fn()
         except Exception as exc:
-            if self.max_attempts == 1 or not is_transient(exc):
-                raise
-            logger.info("Redis call failed (%s), attempt 1; retrying", exc)
-        retrying = tenacity.AsyncRetrying(
-            sleep=asyncio.sleep,
+            self._first_failed(exc)
+        await asyncio.sleep(self._first_wait())
+
+        async def attempt() -> _T:  # tenacity awaits only what a coroutine function returns
+            return await fn()
+
+        result: _T = await self._retrying(tenacity.AsyncRetrying, sleep=asyncio.sleep)(attempt)
+        return result
+
+    def _first_failed(self, exc: Exception) -> None:
+        """Re-raise ``exc`` unless the policy retries it (then log the first failure)."""
+        if self.max_attempts == 1 or not is_transient(exc):
+            raise exc
+        logger.info("Redis call failed (%s), attempt 1; retrying", exc)
+
+    def _first_wait(self) -> float:
+        return _rng.uniform(0, self.initial_delay)
+
+    def _retrying(self, kind: Any, **options: Any) -> Any:
+        """A tenacity ``Retrying``/``AsyncRetrying`` for the attempts after the first."""
+        return kind(
             stop=tenacity.stop_after_attempt(self.max_attempts - 1)
             | tenacity.stop_after_delay(self.deadline),
             wait=self._wait,
             retry=tenacity.retry_if_exception(is_transient),
             before_sleep=_log_retry,
             reraise=True,
+            **options,
         )
-        await asyncio.sleep(_rng.uniform(0, self.initial_delay))
-
-        async def attempt() -> _T:  # tenacity awaits only what a coroutine function returns
-            return await fn()
-
-        result: _T = await retrying(attempt)
-        return result
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         """Full jitter: uniform in [0, min(max_delay, initial_delay * 2^attempt)]."""
