@@ -1,10 +1,11 @@
-"""What the sync and the asyncio front ends share: options, the binding, and the reads.
+"""What a backend builds on without doing I/O: options, the binding, and the reads.
 
-Everything here is free of I/O. :class:`FrontEnd` holds a backend's options and its current
+No method here talks to Redis. :class:`FrontEnd` holds a backend's options and its current
 :class:`Binding`, and answers the reads of luft's trait (``get_checkpoint()``,
-``get_findings()``, ``can_resume()``) and the plain properties from the cache. The front ends
-(:mod:`luft_redis.backend`, :mod:`luft_redis.asyncio.backend`) add the I/O: with threads and
-locks, or with ``await``.
+``get_findings()``, ``can_resume()``) and the plain properties from the cache. The backend's
+I/O (:mod:`luft_redis.asyncio.backend`, and the sync :mod:`luft_redis.backend` generated from
+it) is built on it; it imports :mod:`luft_redis.retry` and :mod:`luft_redis.tracing` only for
+their checks and types (which errors are redis-py's, which refusals are final, the tracer).
 """
 
 from __future__ import annotations
