@@ -116,12 +116,17 @@ def test_the_version_is_kept_in_one_place() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert not re.search(r"^version\s*=", pyproject, re.MULTILINE)
     assert 'dynamic = ["version"]' in pyproject
-    assert re.search(r'^\[tool\.hatch\.version\]\npath = "luft_redis/__init__.py"$', pyproject,
+    assert re.search(r'^\[tool\.hatch\.version\]\npath = "luft_redis/_version.py"$', pyproject,
                      re.MULTILINE)  # fmt: skip
-    source = (ROOT / "luft_redis" / "__init__.py").read_text(encoding="utf-8")
+    source = (ROOT / "luft_redis" / "_version.py").read_text(encoding="utf-8")
     assert re.findall(r'^__version__ = "([^"]+)"$', source, re.MULTILINE) == [
         luft_redis.__version__
     ]
+    # nowhere else: every other module imports it from luft_redis._version
+    for module in (ROOT / "luft_redis").rglob("*.py"):
+        if module.name != "_version.py":
+            text = module.read_text(encoding="utf-8")
+            assert not re.search(r"^\s*__version__\s*=", text, re.MULTILINE), module
 
 
 @pytest.fixture(scope="module")
