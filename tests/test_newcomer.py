@@ -163,7 +163,7 @@ def test_the_sdist_holds_the_licence_and_the_files_the_readme_links_to(
         names = set(sdist.getnames())
         top = f"luft_redis-{version}"
         for name in ("LICENSE", "docker-compose.yml", "DEVELOPERS.md", "README.md",
-                     "CHANGELOG.md", "pyproject.toml", "luft_redis/testing.py"):  # fmt: skip
+                     "CHANGELOG.md", "pyproject.toml", "luft_redis/tools/testing.py"):  # fmt: skip
             assert f"{top}/{name}" in names, f"{name} missing from the sdist"
         lua = {name.removeprefix(f"{top}/") for name in names if name.endswith(".lua")}
         assert lua == {str(p.relative_to(ROOT)) for p in (ROOT / "lua").rglob("*.lua")}
@@ -196,8 +196,8 @@ def test_the_wheel_has_the_version_licence_scripts_and_entry_points(
     shipped = {f"luft_redis/lua/{p.relative_to(ROOT / 'lua')}"
                for p in (ROOT / "lua").rglob("*.lua")}  # fmt: skip
     assert lua == shipped
-    assert "luft_redis/testing.py" in names and "luft_redis/py.typed" in names
-    assert re.search(r"^\[pytest11\]\nluft_redis = luft_redis\.testing$", entry_points,
+    assert "luft_redis/tools/testing.py" in names and "luft_redis/py.typed" in names
+    assert re.search(r"^\[pytest11\]\nluft_redis = luft_redis\.tools\.testing$", entry_points,
                      re.MULTILINE)  # fmt: skip
     assert "luft-redis = luft_redis.tools.cli:main" in entry_points
 
