@@ -27,7 +27,7 @@ if not run[2] or string.find(run[2], '^%d+$') == nil then return 0 end
 local now = tonumber(redis.call('TIME')[1])
 if tonumber(run[2]) > now - tonumber(age) then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
-local parts = {'L2', run[4] or '', run[3] or '0', run[4] or '', run[3] or '0', 'delete'}
+local parts = {'L3', run[4] or '', run[3] or '0', run[4] or '', run[3] or '0', 'delete'}
 local out = {}
 for i = 1, #parts do out[#out + 1] = #parts[i] .. ':' .. parts[i] end
 redis.call('SPUBLISH', KEYS[10], table.concat(out))

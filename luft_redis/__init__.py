@@ -13,6 +13,7 @@ change is one atomic Lua script; ``get_checkpoint()`` is answered from an in-pro
 from __future__ import annotations
 
 from . import errors
+from ._version import __version__
 from .asyncio import AsyncRedisCheckpointBackend
 from .backend import CheckpointBackend, Durability, LogEntry, RedisCheckpointBackend
 from .errors import (
@@ -82,8 +83,6 @@ from .types import (
     WorkflowDone,
     WorkflowStarted,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "EVENT_TYPES",

@@ -150,8 +150,7 @@ class RunState:
         phases: list[tuple[int, t.PhaseSummary | None]] = []
         started: list[uuid.UUID] = []
         segments: list[tuple[str, tuple[t.Finding, ...] | None]] = []
-        blobs: dict[str, bytes] = {}  # F records' blobs by segment (an L3 E res may name one)
-        shared = delta.shared_findings
+        blobs: dict[str, bytes] = {}  # F records' blobs by segment (an E res may name one)
         i, n = 0, len(parts)
         while i < n:
             tag = parts[i]
@@ -174,7 +173,7 @@ class RunState:
                 i = end
                 if section == b"res":
                     aid = loader._agent_id(keys.results, entity)
-                    if shared and attrs.get(b"findings") == b"":
+                    if attrs.get(b"findings") == b"":
                         if entity not in blobs:
                             raise ValueError(f"E res {entity} names a findings blob not sent")
                         attrs[b"findings"] = blobs[entity]

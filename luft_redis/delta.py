@@ -9,9 +9,7 @@ then its records (see ``lua/includes/common.lua``). In format ``L3`` (this versi
 parts follow as one netstring of their byte lengths (decimals separated by spaces) and then the
 parts back to back, so splitting them is one ``bytes.split`` and one slice per part; an ``E res``
 record's ``findings`` attribute is empty when the delta's ``F`` record for the same segment
-carries the blob (sent once). Format ``L2`` (the version before) put every part in a netstring
-of its own and sent that blob twice; it is still read, since a fleet upgrading process by
-process publishes both.
+carries the blob (sent once).
 
 The header alone says whether a cache can apply the delta: only when the cache holds exactly
 ``(incarnation before, version before)``. The records are parsed only when the delta is
@@ -20,7 +18,9 @@ other processes' work.
 
 0.1.0 published notices without a format part (their first part is a version number). A
 payload in any format this code does not know raises :class:`UnknownFormat`: the cache then
-reloads through ``load``, which reads every format.
+reloads through ``load``, which reads every format. So does ``L2``, a format of this version's
+development that ``L3`` replaced before any release: its reader is gone, and an ``L2`` payload
+is refused as unknown rather than read with the ``L3`` rules.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ __all__ = [
 FORMAT = b"L3"
 """The first part of every delta this version writes."""
 
-READABLE_FORMATS = frozenset({b"L2", b"L3"})
-"""Every delta format this version reads (all this library ever wrote after 0.1.0)."""
+READABLE_FORMATS = frozenset({FORMAT})
+"""Every delta format this version reads: the one it writes (no released version wrote another
+one; 0.1.0's notices have no format part and are refused, the cache then reloads)."""
 
 WHOLE_STATE_OPS = frozenset({b"init", b"save"})
 """Operations whose delta carries the whole state (a ``Z`` record) instead of changes."""
@@ -111,16 +112,8 @@ class Delta:
     def deleted(self) -> bool:
         return self.op == b"delete"
 
-    @property
-    def shared_findings(self) -> bool:
-        """True when an empty ``findings`` attribute of an ``E res`` record stands for the
-        blob of the delta's ``F`` record of the same segment (format L3)."""
-        return self.fmt == b"L3"
-
     def records(self) -> list[bytes]:
         """The parts of every record, in order (parsed now; ValueError when malformed)."""
-        if self.fmt == b"L2":
-            return split(self.payload, self.body)[0]
         return split_indexed(self.payload, self.body)
 
 

@@ -30,6 +30,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
+from ._version import __version__
+
 __all__ = ["OperationTracer", "otel_available", "traced"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -94,8 +96,6 @@ class OperationTracer:
         self._base: dict[str, str | int] = {}
         if _trace_api is None:
             return
-        from . import __version__
-
         self._tracer = _trace_api.get_tracer("luft_redis", __version__)
         self._base = {"db.system.name": "redis", "luft.prefix": prefix,
                       **client_attributes(client)}  # fmt: skip

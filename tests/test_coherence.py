@@ -617,12 +617,32 @@ def canon_json(value: Any) -> str:
     return json.dumps(plain(value), sort_keys=True, ensure_ascii=False)
 
 
+def netstrings(*parts: bytes) -> bytes:
+    return b"".join(str(len(p)).encode() + b":" + p for p in parts)
+
+
+def l9_notice(incarnation: bytes, version: int) -> bytes:
+    """A newer writer's notice: netstrings, first part an unknown format."""
+    return b"2:L91:x1:y"
+
+
+def l2_notice(incarnation: bytes, version: int) -> bytes:
+    """A notice in format L2 (every record part a netstring of its own), replaced by L3 before
+    any release: one that continues the reader's chain and sets the task, so that reading it
+    would change the checkpoint."""
+    return netstrings(b"L2", incarnation, str(version).encode(), incarnation,
+                      str(version + 1).encode(), b"append", b"R", b"task", b"misread")  # fmt: skip
+
+
+@pytest.mark.parametrize("notice", [l9_notice, l2_notice], ids=["L9", "L2"])
 def test_a_notice_in_an_unknown_format_makes_a_watcher_reload_not_raise(
     make_backend: Factory, open_client: Callable[[], Any],
+    notice: Callable[[bytes, int], bytes],
 ) -> None:
-    """A newer writer's notice (format tag ``L9``, unknown here) on the run's channel: the
-    watching backend marks its cache stale (cache_is_fresh False while the reload waits),
-    then reloads and equals a fresh load; nothing raises (docs/redis-layout.md)."""
+    """A notice in a format unknown here (a newer writer's ``L9``; ``L2``, whose reader is
+    gone) on the run's channel: the watching backend marks its cache stale (cache_is_fresh
+    False while the reload waits), then reloads and equals a fresh load; nothing raises, and
+    nothing of the notice is applied (docs/redis-layout.md)."""
     from luft_redis.keys import run_keys
 
     writer, reader = make_backend(watch=False), make_backend()
@@ -645,7 +665,8 @@ def test_a_notice_in_an_unknown_format_makes_a_watcher_reload_not_raise(
 
     reader._reload = held_reload  # type: ignore[method-assign]
     reloads = reader.stats().reloads_total
-    admin.spublish(keys.changes, b"2:L91:x1:y")  # netstrings, first part an unknown format
+    incarnation = admin.hget(keys.run, "incarnation")
+    admin.spublish(keys.changes, notice(incarnation, reader.version))
     try:
         assert eventually(lambda: not reader.cache_is_fresh)
         assert reader.get_checkpoint().task == "before"  # type: ignore[union-attr]

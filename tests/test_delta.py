@@ -110,12 +110,12 @@ def test_split_indexed_refuses_malformed_indexes(payload: bytes) -> None:
 
 
 def reference_parse(payload: bytes) -> tuple[object, ...]:
-    """The header as the format states it: ``2:L2``/``2:L3``, then five netstrings whose
-    lengths are ASCII digits; versions are decimals."""
+    """The header as the format states it: ``2:L3``, then five netstrings whose lengths are
+    ASCII digits; versions are decimals. Any other format (``L2`` included) is unknown."""
     if not payload.startswith(b"2:L"):
         raise UnknownFormat(payload[:4])
     fmt = payload[2:4]
-    if fmt not in (b"L2", b"L3"):
+    if fmt != b"L3":
         raise UnknownFormat(fmt)
     head, pos = [], 4
     for _ in range(5):
@@ -143,13 +143,18 @@ def fields(delta: Delta) -> tuple[object, ...]:
     return d[:5] + d[6:]  # without the payload
 
 
-HEADER = st.tuples(
-    st.sampled_from([b"L2", b"L3"]), st.sampled_from([b"", uuid.uuid4().hex.encode()]),
-    st.integers(0, 2**64).map(lambda n: str(n).encode()),
-    st.sampled_from([b"", uuid.uuid4().hex.encode()]),
-    st.integers(0, 2**64).map(lambda n: str(n).encode()),
-    st.sampled_from([b"append", b"save", b"init", b"replay", b"delete", b""]),
-)  # fmt: skip
+def header(formats: list[bytes]) -> st.SearchStrategy[tuple[bytes, ...]]:
+    return st.tuples(
+        st.sampled_from(formats), st.sampled_from([b"", uuid.uuid4().hex.encode()]),
+        st.integers(0, 2**64).map(lambda n: str(n).encode()),
+        st.sampled_from([b"", uuid.uuid4().hex.encode()]),
+        st.integers(0, 2**64).map(lambda n: str(n).encode()),
+        st.sampled_from([b"append", b"save", b"init", b"replay", b"delete", b""]),
+    )  # fmt: skip
+
+
+HEADER = header([b"L3"])
+ANY_HEADER = header([b"L2", b"L3", b"L4", b"L9"])
 
 
 @given(HEADER, PARTS)
@@ -158,12 +163,25 @@ def test_parse_delta_reads_every_header_field(head: tuple[bytes, ...], parts: li
     delta = parse_delta(payload)
     assert fields(delta) == reference_parse(payload)
     assert delta.payload is payload
-    if head[0] == b"L3":
-        assert delta.records() == parts
+    assert delta.fmt == b"L3"
+    assert delta.records() == parts
+
+
+@given(header([b"L2"]), PARTS)
+def test_an_l2_delta_is_refused_as_an_unknown_format(
+    head: tuple[bytes, ...], parts: list[bytes]
+) -> None:
+    """``L2`` (every record part a netstring of its own) was replaced by ``L3`` before any
+    release, and its reader removed: an L2 payload, laid out as L2 or as L3, is an unknown
+    format (the cache reloads), never read with the L3 rules."""
+    for body in (b"".join(netstring(p) for p in parts), body_of(parts)):
+        payload = b"".join(netstring(p) for p in head) + body
+        with pytest.raises(UnknownFormat, match="unknown change format b'L2'"):
+            parse_delta(payload)
 
 
 @settings(max_examples=400)
-@given(HEADER, st.integers(0, 120), st.binary(min_size=1, max_size=4), st.booleans())
+@given(ANY_HEADER, st.integers(0, 120), st.binary(min_size=1, max_size=4), st.booleans())
 def test_parse_delta_agrees_with_the_reference_on_bad_input(
     head: tuple[bytes, ...], where: int, junk: bytes, replace: bool,
 ) -> None:

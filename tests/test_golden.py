@@ -297,7 +297,9 @@ DELTA_FILES = sorted((GOLDEN / "deltas").glob("*.json"))
 
 
 def test_golden_delta_sets_exist() -> None:
-    """Every delta format ever written has its captured deltas, the current one included."""
+    """Every delta format this version reads has its captured deltas, the current one
+    included, and none other is kept: a format is read, and its file kept, forever once a
+    released version wrote it (L2, replaced before any release, is neither)."""
     from luft_redis.delta import FORMAT, READABLE_FORMATS
 
     names = {p.stem for p in DELTA_FILES}
@@ -307,8 +309,8 @@ def test_golden_delta_sets_exist() -> None:
 
 @pytest.mark.parametrize("path", DELTA_FILES, ids=lambda p: p.stem)
 def test_golden_deltas_apply_to_their_checkpoint(path: Path) -> None:
-    """Deltas (replies = notices) of every format ever written still apply, record by record,
-    to the checkpoint they made (a mixed fleet publishes old-format notices)."""
+    """Deltas (replies = notices) of every format read still apply, record by record, to the
+    checkpoint they made (a mixed fleet publishes the notices of every released version)."""
     from luft_redis.cache import RunState
     from luft_redis.delta import parse_delta
     from luft_redis.keys import run_keys

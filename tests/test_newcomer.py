@@ -116,12 +116,17 @@ def test_the_version_is_kept_in_one_place() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert not re.search(r"^version\s*=", pyproject, re.MULTILINE)
     assert 'dynamic = ["version"]' in pyproject
-    assert re.search(r'^\[tool\.hatch\.version\]\npath = "luft_redis/__init__.py"$', pyproject,
+    assert re.search(r'^\[tool\.hatch\.version\]\npath = "luft_redis/_version.py"$', pyproject,
                      re.MULTILINE)  # fmt: skip
-    source = (ROOT / "luft_redis" / "__init__.py").read_text(encoding="utf-8")
+    source = (ROOT / "luft_redis" / "_version.py").read_text(encoding="utf-8")
     assert re.findall(r'^__version__ = "([^"]+)"$', source, re.MULTILINE) == [
         luft_redis.__version__
     ]
+    # nowhere else: every other module imports it from luft_redis._version
+    for module in (ROOT / "luft_redis").rglob("*.py"):
+        if module.name != "_version.py":
+            text = module.read_text(encoding="utf-8")
+            assert not re.search(r"^\s*__version__\s*=", text, re.MULTILINE), module
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +163,7 @@ def test_the_sdist_holds_the_licence_and_the_files_the_readme_links_to(
         names = set(sdist.getnames())
         top = f"luft_redis-{version}"
         for name in ("LICENSE", "docker-compose.yml", "DEVELOPERS.md", "README.md",
-                     "CHANGELOG.md", "pyproject.toml", "luft_redis/testing.py"):  # fmt: skip
+                     "CHANGELOG.md", "pyproject.toml", "luft_redis/tools/testing.py"):  # fmt: skip
             assert f"{top}/{name}" in names, f"{name} missing from the sdist"
         lua = {name.removeprefix(f"{top}/") for name in names if name.endswith(".lua")}
         assert lua == {str(p.relative_to(ROOT)) for p in (ROOT / "lua").rglob("*.lua")}
@@ -191,8 +196,8 @@ def test_the_wheel_has_the_version_licence_scripts_and_entry_points(
     shipped = {f"luft_redis/lua/{p.relative_to(ROOT / 'lua')}"
                for p in (ROOT / "lua").rglob("*.lua")}  # fmt: skip
     assert lua == shipped
-    assert "luft_redis/testing.py" in names and "luft_redis/py.typed" in names
-    assert re.search(r"^\[pytest11\]\nluft_redis = luft_redis\.testing$", entry_points,
+    assert "luft_redis/tools/testing.py" in names and "luft_redis/py.typed" in names
+    assert re.search(r"^\[pytest11\]\nluft_redis = luft_redis\.tools\.testing$", entry_points,
                      re.MULTILINE)  # fmt: skip
     assert "luft-redis = luft_redis.tools.cli:main" in entry_points
 

@@ -28,6 +28,7 @@ from luft_redis import (
     RedisCheckpointBackend,
     RunNotBoundError,
     TokenUsage,
+    __version__,
 )
 from luft_redis.keys import run_keys
 from luft_redis.tracing import OperationTracer, client_attributes
@@ -146,6 +147,7 @@ def test_each_operation_is_a_client_span(
         assert span.attributes["luft.prefix"] == "luft"
         assert span.status.status_code is not StatusCode.ERROR
         assert span.instrumentation_scope.name == "luft_redis"
+        assert span.instrumentation_scope.version == __version__
 
 
 def test_a_failed_operation_is_an_error_span(

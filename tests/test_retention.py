@@ -501,6 +501,41 @@ def test_gc_tells_watching_backends_the_run_is_gone(
         watcher.close()
 
 
+def test_gc_publishes_the_delete_notice_in_the_current_format(
+    redis_client: Any, aged_runs: dict[str, uuid.UUID]
+) -> None:
+    """gc's notice is the delete delta of delete_run (format ``delta.FORMAT``, from the run's
+    last incarnation and version, no records), which a cache applies as a delete, not an
+    unknown format to reload after."""
+    from luft_redis.delta import FORMAT, parse_delta
+
+    keys = run_keys("luft", aged_runs["failed-old"])
+    incarnation, version = redis_client.hmget(keys.run, "incarnation", "version")
+    if isinstance(redis_client, RedisCluster):  # subscribe on the node that owns the slot
+        node = redis_client.get_node_from_key(keys.changes)  # type: ignore[no-untyped-call]
+        listener: Any = redis.Redis(host=node.host, port=node.port)
+    else:
+        listener = redis_client
+    pubsub = listener.pubsub()
+    try:
+        pubsub.ssubscribe(keys.changes)
+        assert pubsub.get_sharded_message(timeout=5)["type"] == "ssubscribe"
+        report = retention.collect_garbage(redis_client, older_than=dt.timedelta(days=7),
+                                           statuses=("failed",))  # fmt: skip
+        assert report.deleted == [aged_runs["failed-old"]]
+        message = pubsub.get_sharded_message(timeout=5)
+    finally:
+        pubsub.close()
+        if listener is not redis_client:
+            listener.close()
+    assert message is not None and message["type"] == "smessage", message
+    delta = parse_delta(message["data"])
+    assert delta.fmt == FORMAT and delta.deleted
+    assert (delta.inc_before, delta.v_before) == (incarnation.decode(), int(version))
+    assert (delta.inc_after, delta.v_after) == (delta.inc_before, delta.v_before)
+    assert delta.records() == []
+
+
 def _no_scan(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("gc SCANned the keyspace instead of reading the run index")
 

@@ -1,6 +1,6 @@
-"""The pytest plugin ``luft_redis.testing``, tested as a user meets it: a test file of their own,
-run by pytest in a subprocess (``pytester``), with the plugin loaded through its entry point
-only (nothing in a conftest, no ``-p``)."""
+"""The pytest plugin ``luft_redis.tools.testing``, tested as a user meets it: a test file of
+their own, run by pytest in a subprocess (``pytester``), with the plugin loaded through its
+entry point only (nothing in a conftest, no ``-p``)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ SERVER_TESTS = 2
 
 def test_the_plugin_is_registered_as_a_pytest_entry_point() -> None:
     points = importlib.metadata.entry_points(group="pytest11")
-    assert [p.value for p in points if p.name == "luft_redis"] == ["luft_redis.testing"]
+    assert [p.value for p in points if p.name == "luft_redis"] == ["luft_redis.tools.testing"]
 
 
 def test_a_users_tests_use_the_fixtures(pytester: pytest.Pytester) -> None:

@@ -1,42 +1,146 @@
-"""The tools live in ``luft_redis.tools``; the old module paths re-export them unchanged."""
+"""The package's import arrows run one way.
+
+- The tools (``luft_redis.tools``) import the library; no module of the library imports a tool
+  (``luft_redis/__main__.py``, the ``python -m luft_redis`` entry that nothing imports, is the
+  one exception).
+- No modules of the package import each other in a circle (an import inside a function or
+  under ``TYPE_CHECKING`` counts: it is still an arrow).
+- The old module paths (``luft_redis.cli``, ``.doctor``, ``.server``, ``.testing``) are gone,
+  not re-exported: the package was never released.
+
+The arrows are read from the package's own import statements (``ast``), so a lazy import
+cannot hide one.
+"""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-OLD_TO_NEW = [
-    ("luft_redis.cli", "luft_redis.tools.cli"),
-    ("luft_redis.doctor", "luft_redis.tools.doctor"),
-    ("luft_redis.server", "luft_redis.tools.server"),
-]
+import luft_redis
+
+PACKAGE = Path(luft_redis.__file__).resolve().parent
+ENTRY = "luft_redis.__main__"
+"""Runs the command (``python -m luft_redis``); imported by nobody."""
 
 
-@pytest.mark.parametrize(("old", "new"), OLD_TO_NEW)
-def test_old_import_path_re_exports_the_same_objects(old: str, new: str) -> None:
-    old_module = importlib.import_module(old)
-    new_module = importlib.import_module(new)
-    assert old_module.__doc__ is not None and new in old_module.__doc__
-    assert sorted(old_module.__all__) == sorted(new_module.__all__)
-    for name in new_module.__all__:
-        assert getattr(old_module, name) is getattr(new_module, name), f"{old}.{name}"
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_documented_old_imports() -> None:
-    from luft_redis.doctor import check_server
-    from luft_redis.server import LocalRedisCluster, LocalRedisServer
-    from luft_redis.tools.doctor import check_server as tools_check_server
-    from luft_redis.tools.server import LocalRedisCluster as ToolsCluster
-    from luft_redis.tools.server import LocalRedisServer as ToolsServer
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
-    assert check_server is tools_check_server
-    assert LocalRedisServer is ToolsServer
-    assert LocalRedisCluster is ToolsCluster
-    assert LocalRedisServer.__module__ == "luft_redis.tools.server"
+
+def imported(name: str, path: Path) -> Iterator[str]:
+    """The package's modules that module ``name`` (file ``path``) imports, anywhere in it."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            # ``from pkg import mod`` imports the module pkg.mod; ``from pkg import name``
+            # imports pkg itself
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                       for a in node.names]  # fmt: skip
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:  # ``import luft_redis.x.y`` of a name
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target
+
+
+ARROWS = {name: sorted(set(imported(name, path))) for name, path in MODULES.items()}
+
+
+def test_the_arrows_are_read() -> None:
+    # the reader sees relative, absolute, lazy and TYPE_CHECKING imports
+    assert "luft_redis.tools.cli_common" in ARROWS["luft_redis.tools.cli"]
+    assert "luft_redis.tools.server" in ARROWS["luft_redis.tools.testing"]
+    assert "luft_redis.backend" in ARROWS["luft_redis.tools.testing"]
+    assert "luft_redis._version" in ARROWS["luft_redis.tracing"]
+    assert "luft_redis.tools.cli" in ARROWS[ENTRY]
+
+
+def test_the_library_imports_no_tool() -> None:
+    wrong = {
+        name: [t for t in targets if t.startswith("luft_redis.tools")]
+        for name, targets in ARROWS.items()
+        if not name.startswith("luft_redis.tools") and name != ENTRY
+    }
+    assert {name: found for name, found in wrong.items() if found} == {}
+
+
+def test_no_module_imports_the_package_face() -> None:
+    # luft_redis/__init__.py imports both front ends: a module importing it stands both above
+    # and below them (tracing did, for __version__; it lives in luft_redis/_version.py now)
+    assert [name for name, targets in ARROWS.items() if "luft_redis" in targets] == []
+
+
+def circles(arrows: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        on_stack.add(node)
+        for target in arrows.get(node, []):
+            if target not in order:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], order[target])
+        if low[node] == order[node]:
+            group: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in arrows:
+        if node not in order:
+            visit(node)
+    return found
+
+
+def test_circles_are_found() -> None:
+    assert circles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+    assert circles({"a": ["b"], "b": [], "c": ["a", "b"]}) == []
+
+
+def test_no_import_circle_in_the_package() -> None:
+    assert circles(ARROWS) == []
+
+
+@pytest.mark.parametrize(
+    "gone", ["luft_redis.cli", "luft_redis.doctor", "luft_redis.server", "luft_redis.testing"]
+)
+def test_the_old_module_paths_are_gone(gone: str) -> None:
+    assert gone not in MODULES
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(gone)
 
 
 def test_importing_the_library_imports_no_tool(tmp_path: Path) -> None:

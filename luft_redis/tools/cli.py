@@ -43,13 +43,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
-import redis.cluster
 import redis.exceptions
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -58,89 +54,36 @@ from .. import codec, index
 from .. import types as t
 from ..backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
-from ..keys import DEFAULT_PREFIX, run_keys
+from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
-from . import live
+from . import cli_interop, cli_retention, live
+from .cli_common import (
+    DEFAULT_URL,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    URL_ENV,
+    CommandFailed,
+    add_connection,
+    connect,
+    parse_run_id,
+    redact_url,
+)
 from .doctor import ServerReport, check_server
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
-"""The Redis URL used when neither ``--redis`` nor env ``LUFT_REDIS_URL`` is given."""
-
-URL_ENV: Final = "LUFT_REDIS_URL"
-
-EXIT_OK: Final = 0
-EXIT_FAILURE: Final = 1
-EXIT_UNREACHABLE: Final = 2
-EXIT_REFUSED: Final = 3
-"""Redis was reached but refused this client: password, ACL permission or TLS certificate."""
-
 _DEFAULT_EVENTS: Final = 10
 _DEFAULT_LIMIT: Final = 50
 _PIPE_WIDTH: Final = 240
-_TIMEOUT: Final = 10.0
-
-
-class _Fail(Exception):
-    """Stop a subcommand with a message and an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # ---------------------------------------------------------------------------- plumbing
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``, for messages."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparsable URL>"
-
-
-def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "socket_connect_timeout": _TIMEOUT,
-        "socket_timeout": _TIMEOUT,
-    }
-    if not args.cluster:
-        # An operator wants a quick, clear answer, not minutes of backoff.
-        kwargs["retry"] = Retry(NoBackoff(), 0)
-    if args.tls_ca_cert:
-        kwargs["ssl_ca_certs"] = args.tls_ca_cert
-    return kwargs
-
-
-def _connect(args: argparse.Namespace) -> Any:
-    """A client for ``--redis`` (a ``RedisCluster`` with ``--cluster``)."""
-    url: str = args.redis
-    try:
-        if args.cluster:
-            return redis.cluster.RedisCluster.from_url(url, **_client_kwargs(args))
-        return redis.Redis.from_url(url, **_client_kwargs(args))
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.RedisClusterException,
-    ) as exc:
-        raise _Fail(f"cannot reach Redis at {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
-    except ValueError as exc:
-        raise _Fail(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
 
 
 @contextlib.contextmanager
@@ -150,7 +93,7 @@ def _backend(args: argparse.Namespace) -> Iterator[RedisCheckpointBackend]:
     No change listener (``watch=False``) and no retries: an operator wants one quick, clear
     answer, and can simply run the command again.
     """
-    client = _connect(args)
+    client = connect(args)
     try:
         with RedisCheckpointBackend(
             client, prefix=args.prefix, watch=False, retry=NO_RETRY
@@ -182,13 +125,6 @@ def _json_default(value: Any) -> Any:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, default=_json_default, ensure_ascii=False, sort_keys=False)
-
-
-def _run_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a run id (UUID): {text!r}") from None
 
 
 def _positive_or_zero(text: str) -> int:
@@ -225,12 +161,12 @@ def print_report(report: ServerReport, out: TextIO) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    client = _connect(args)
+    client = connect(args)
     try:
         print(f"checking {redact_url(args.redis)}", file=sys.stdout)
         report = check_server(client, prefix=args.prefix)
     except ConnectionError as exc:
-        raise _Fail(
+        raise CommandFailed(
             f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
         ) from exc
     finally:
@@ -318,7 +254,7 @@ def _positive(text: str) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    client = _connect(args)
+    client = connect(args)
     try:
         if args.rebuild_index:
             indexed, removed = index.rebuild(client, args.prefix)
@@ -402,7 +338,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         cp = backend.open_run(run_id)
         if cp is None:
-            raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
         summary = _summary(cp)
         try:
             summary["events"] = backend.client.xlen(run_keys(args.prefix, run_id).events)
@@ -452,7 +388,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         if backend.open_run(run_id) is None:
-            raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
         if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
             print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
         try:
@@ -474,18 +410,18 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
 def _cmd_watch(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
-    client = _connect(args)
+    client = connect(args)
     try:
         # watch=True: the change listener keeps the cache current from the run's notices
         with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
             if backend.open_run(run_id) is None:
-                raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+                raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
             try:
                 final = live.watch_run(backend, _console())
             except KeyboardInterrupt:
                 return EXIT_OK
             if final is None:
-                raise _Fail(f"run {run_id} was deleted")
+                raise CommandFailed(f"run {run_id} was deleted")
     finally:
         client.close()
     return EXIT_OK
@@ -499,7 +435,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         cp = backend.open_run(run_id)
         if cp is None:
-            raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
         before = cp.status
         backend.cancel()
         after = backend.get_checkpoint()
@@ -510,7 +446,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         elif after.status is t.CheckpointStatus.CANCELLED:
             print(f"run {run_id}: {status} (it already was)")
         else:
-            raise _Fail(
+            raise CommandFailed(
                 f"run {run_id} is {status}: only a running run can be cancelled; nothing changed"
             )
     return EXIT_OK
@@ -539,13 +475,13 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             if status is None:
-                raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+                raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
             what = (f"{status.decode('utf-8', 'replace')}, {count} event(s), task "
                     f"{_one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
             if not _confirm(f"Delete run {run_id} ({what}) and its event log? [y/N] "):
-                raise _Fail(f"run {run_id}: not deleted")
+                raise CommandFailed(f"run {run_id}: not deleted")
         if not backend.delete_run(run_id):
-            raise _Fail(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
         print(f"run {run_id}: deleted, with its event log")
     return EXIT_OK
 
@@ -573,47 +509,6 @@ _GLOBAL_VALUE_OPTIONS: Final = ("--redis", "--prefix", "--tls-ca-cert")
 _GLOBAL_FLAGS: Final = ("-v", "--verbose", "--cluster")
 
 
-def _add_connection(
-    parser: argparse.ArgumentParser, *, prefix: bool = True, top: bool = False
-) -> None:
-    """The connection options. On the top-level parser (``top``) they carry the defaults; on
-    a subcommand they default to SUPPRESS, so that options given before the subcommand are
-    kept and options given after it win."""
-    default_url = os.environ.get(URL_ENV) or DEFAULT_URL
-
-    def default(value: Any) -> Any:
-        return value if top else argparse.SUPPRESS
-
-    parser.add_argument(
-        "--redis",
-        metavar="URL",
-        default=default(default_url),
-        help=f"Redis URL (default: env {URL_ENV}, else {DEFAULT_URL}); "
-        "redis://, rediss:// (TLS), unix:// or redis+sentinel://",
-    )
-    parser.add_argument(
-        "--cluster",
-        action="store_true",
-        default=default(False),
-        help="the URL names a Redis Cluster node",
-    )
-    parser.add_argument(
-        "--tls-ca-cert",
-        metavar="FILE",
-        default=default(None),
-        help="CA certificate file to verify the server with (rediss:// URLs)",
-    )
-    if prefix:
-        parser.add_argument(
-            "--prefix",
-            default=default(DEFAULT_PREFIX),
-            help=f"key prefix of the runs (default: {DEFAULT_PREFIX})",
-        )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", default=default(False), help="log debug messages"
-    )
-
-
 def _add_command(
     sub: Any, name: str, summary: str, description: str, handler: Callable[..., int],
     *, run_id: bool = False,
@@ -625,8 +520,9 @@ def _add_command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     if run_id:
-        parser.add_argument("run_id", metavar="RUN_ID", type=_run_id, help="the run's id (UUID)")
-    _add_connection(parser)
+        parser.add_argument("run_id", metavar="RUN_ID", type=parse_run_id,
+                            help="the run's id (UUID)")  # fmt: skip
+    add_connection(parser)
     parser.set_defaults(handler=handler)
     return parser
 
@@ -642,7 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor); 2 Redis unreachable or a usage error; 3 Redis refused the client (password, "
         "ACL, TLS certificate); 130 interrupted.",
     )
-    _add_connection(parser, top=True)
+    add_connection(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     _add_command(
@@ -728,11 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
     # -- more subcommands register here: add_commands(sub) from their own modules
-    from . import cli_interop  # export, import, import-sqlite, export-sqlite
-    from .cli_retention import add_commands as add_retention_commands  # gc
-
-    add_retention_commands(sub)
-    cli_interop.add_commands(sub)
+    cli_retention.add_commands(sub)  # gc
+    cli_interop.add_commands(sub)  # export, import, import-sqlite, export-sqlite
 
     sub.add_parser(
         "demo", help="run the demo (luft-redis demo --help for its options)", add_help=False,
@@ -804,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"luft-redis {args.command}: Redis refused this client: {refused}",
               file=sys.stderr)  # fmt: skip
         return EXIT_REFUSED
-    except _Fail as exc:
+    except CommandFailed as exc:
         print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:

@@ -22,39 +22,27 @@ import importlib
 import os
 import sys
 import time
-import uuid
 from collections.abc import Iterator
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
 from .. import interop
 from ..connect import make_client
 from ..retention import LOG_TRIMMED_NOTE
+from .cli_common import TIMEOUT, add_connection, parse_run_id
 
 __all__ = ["add_commands", "progress_reporter"]
 
-_URL_ENV: Final = "LUFT_REDIS_URL"
-_DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
-_TIMEOUT: Final = 10.0
-
-
-def _run_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a run id (UUID): {text!r}") from None
 
 
 def _add_connection(parser: argparse.ArgumentParser) -> None:
     """The CLI's connection options (given before or after the command) and ``--quiet``."""
-    from .cli import _add_connection as add_connection  # cli imports this module
-
     add_connection(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 @contextlib.contextmanager
 def _client(args: argparse.Namespace) -> Iterator[Any]:
-    kwargs: dict[str, Any] = {"socket_connect_timeout": _TIMEOUT, "socket_timeout": _TIMEOUT}
+    kwargs: dict[str, Any] = {"socket_connect_timeout": TIMEOUT, "socket_timeout": TIMEOUT}
     if args.tls_ca_cert:
         kwargs["ssl_ca_certs"] = args.tls_ca_cert
     client = make_client(args.redis, cluster=args.cluster, **kwargs)
@@ -202,7 +190,7 @@ def add_commands(sub: Any) -> None:
         help="write a run as a luft run directory",
         description="Write checkpoint.json and events.jsonl as luft does.",
     )
-    export.add_argument("run_id", metavar="RUN_ID", type=_run_id)
+    export.add_argument("run_id", metavar="RUN_ID", type=parse_run_id)
     export.add_argument("-o", "--output", metavar="DIR", required=True, help="the run directory")
     export.add_argument("--force", action="store_true", help="replace files already in DIR")
     export.add_argument("--allow-trimmed", action="store_true", help=_ALLOW_TRIMMED_HELP)
@@ -232,7 +220,7 @@ def add_commands(sub: Any) -> None:
     isql.add_argument(
         "--run",
         metavar="RUN_ID",
-        type=_run_id,
+        type=parse_run_id,
         default=None,
         help="only this run (default: every run with a checkpoint)",
     )
@@ -246,7 +234,7 @@ def add_commands(sub: Any) -> None:
         description="The database must have luft's schema.",
     )
     esql.add_argument("path", metavar="PATH")
-    esql.add_argument("run_id", metavar="RUN_ID", type=_run_id)
+    esql.add_argument("run_id", metavar="RUN_ID", type=parse_run_id)
     esql.add_argument("--replace", action="store_true", help="replace the run if it is there")
     esql.add_argument("--allow-trimmed", action="store_true", help=_ALLOW_TRIMMED_HELP)
     _add_connection(esql)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ValidationError
 from ..retention import DEFAULT_BATCH, FINAL_STATUSES, collect_garbage, parse_duration
+from .cli_common import EXIT_OK, add_connection, connect
 
 __all__ = ["add_commands"]
 
@@ -54,9 +55,7 @@ def _when(seconds: int) -> str:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    from .cli import EXIT_OK, _connect  # cli imports this module: import at call time
-
-    client: Any = _connect(args)
+    client: Any = connect(args)
     try:
         report = collect_garbage(
             client,
@@ -87,8 +86,6 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Add ``gc`` to the ``luft-redis`` subcommands ``sub`` (argparse subparsers)."""
-    from .cli import _add_connection
-
     gc = sub.add_parser(
         "gc",
         help="delete finished runs older than a given age",
@@ -126,5 +123,5 @@ def add_commands(sub: Any) -> None:
         help="find the runs by a SCAN of the keyspace, not through the run index (for a "
         "prefix whose index was never built; `luft-redis runs --rebuild-index` builds it)",
     )
-    _add_connection(gc, prefix=True)
+    add_connection(gc, prefix=True)
     gc.set_defaults(handler=_cmd_gc)

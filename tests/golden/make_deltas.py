@@ -7,8 +7,9 @@ writes ``tests/golden/deltas/<format>.json`` for the delta format this version w
 refuses to overwrite a file that exists: fixtures are never edited, a format change adds a new
 file). For each run of ``make_fixtures.py`` (on fakeredis) the file holds every write's reply,
 in order (base64), and the run's checkpoint as luft JSON after the last one.
-``tests/test_golden.py`` applies every file's deltas forever after (a mixed fleet can publish
-old-format notices) and compares the result with that checkpoint.
+``tests/test_golden.py`` applies every file's deltas and compares the result with that
+checkpoint. The file of a format that a released version wrote is kept forever (a mixed fleet
+publishes old-format notices); one replaced before any release goes with its reader (``L2``).
 """
 
 from __future__ import annotations

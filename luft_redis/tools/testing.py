@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .asyncio import AsyncRedisCheckpointBackend
-from .backend import RedisCheckpointBackend
-from .errors import ConfigurationError
+from ..asyncio import AsyncRedisCheckpointBackend
+from ..backend import RedisCheckpointBackend
+from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from .tools.server import LocalRedisServer
+    from .server import LocalRedisServer
 
 __all__ = [
     "luft_async_backend",
@@ -150,7 +150,7 @@ def luft_async_backend(luft_fake_server: Any) -> AsyncRedisCheckpointBackend:
 def luft_redis_server() -> Iterator[LocalRedisServer]:
     """A private ``redis-server`` on a free 127.0.0.1 port, for the whole session (started on
     first use, stopped at the end, its temporary directory removed)."""
-    from .tools.server import LocalRedisServer, find_redis_server
+    from .server import LocalRedisServer, find_redis_server
 
     binary = find_redis_server()
     if binary is None:

@@ -1,0 +1,157 @@
+"""What every ``luft-redis`` subcommand shares: exit codes, the connection options, the client.
+
+:mod:`luft_redis.tools.cli` (the parser and ``main``) and the modules that add subcommands
+(:mod:`~luft_redis.tools.cli_interop`, :mod:`~luft_redis.tools.cli_retention`) import from
+here; this module imports none of them, so the arrows run one way: ``cli`` -> subcommand
+modules -> ``cli_common``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import uuid
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import redis.cluster
+import redis.exceptions
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..keys import DEFAULT_PREFIX
+
+__all__ = [
+    "DEFAULT_URL",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_UNREACHABLE",
+    "TIMEOUT",
+    "URL_ENV",
+    "CommandFailed",
+    "add_connection",
+    "connect",
+    "parse_run_id",
+    "redact_url",
+]
+
+DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
+"""The Redis URL used when neither ``--redis`` nor env ``LUFT_REDIS_URL`` is given."""
+
+URL_ENV: Final = "LUFT_REDIS_URL"
+
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_UNREACHABLE: Final = 2
+EXIT_REFUSED: Final = 3
+"""Redis was reached but refused this client: password, ACL permission or TLS certificate."""
+
+TIMEOUT: Final = 10.0
+"""Seconds a command's client waits to connect and for each reply."""
+
+
+class CommandFailed(Exception):
+    """Stop a subcommand with a message and an exit code (``cli.main`` prints it)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for messages."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "socket_connect_timeout": TIMEOUT,
+        "socket_timeout": TIMEOUT,
+    }
+    if not args.cluster:
+        # An operator wants a quick, clear answer, not minutes of backoff.
+        kwargs["retry"] = Retry(NoBackoff(), 0)
+    if args.tls_ca_cert:
+        kwargs["ssl_ca_certs"] = args.tls_ca_cert
+    return kwargs
+
+
+def connect(args: argparse.Namespace) -> Any:
+    """A client for ``--redis`` (a ``RedisCluster`` with ``--cluster``)."""
+    url: str = args.redis
+    try:
+        if args.cluster:
+            return redis.cluster.RedisCluster.from_url(url, **_client_kwargs(args))
+        return redis.Redis.from_url(url, **_client_kwargs(args))
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.RedisClusterException,
+    ) as exc:
+        raise CommandFailed(
+            f"cannot reach Redis at {redact_url(url)}: {exc}", EXIT_UNREACHABLE
+        ) from exc
+    except ValueError as exc:
+        raise CommandFailed(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
+
+
+def parse_run_id(text: str) -> uuid.UUID:
+    """A ``RUN_ID`` argument (argparse ``type=``)."""
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a run id (UUID): {text!r}") from None
+
+
+def add_connection(
+    parser: argparse.ArgumentParser, *, prefix: bool = True, top: bool = False
+) -> None:
+    """The connection options. On the top-level parser (``top``) they carry the defaults; on
+    a subcommand they default to SUPPRESS, so that options given before the subcommand are
+    kept and options given after it win."""
+    default_url = os.environ.get(URL_ENV) or DEFAULT_URL
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=default(default_url),
+        help=f"Redis URL (default: env {URL_ENV}, else {DEFAULT_URL}); "
+        "redis://, rediss:// (TLS), unix:// or redis+sentinel://",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        default=default(False),
+        help="the URL names a Redis Cluster node",
+    )
+    parser.add_argument(
+        "--tls-ca-cert",
+        metavar="FILE",
+        default=default(None),
+        help="CA certificate file to verify the server with (rediss:// URLs)",
+    )
+    if prefix:
+        parser.add_argument(
+            "--prefix",
+            default=default(DEFAULT_PREFIX),
+            help=f"key prefix of the runs (default: {DEFAULT_PREFIX})",
+        )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default(False), help="log debug messages"
+    )
