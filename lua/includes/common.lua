@@ -34,8 +34,8 @@
       F segment blob                finding segment set: in place when listed, else appended
       X segment                     finding segment removed
       Z then the 7 parts of load's reply, each counted: the whole state (replaces all)
-  Format L2 (this library before L3) put every record part in a netstring of its own and sent
-  the findings blob in full in both the E res and the F record; readers keep reading it.
+  Format L2 (an unreleased layout before L3) put every record part in a netstring of its own;
+  no release wrote it, and this version reads it as an unknown format (a reload).
   A script that changes nothing replies with version before = version after and no records,
   and publishes nothing. The cache applies a delta only when its incarnation and version equal
   the delta's "before" (see luft_redis/delta.py).
