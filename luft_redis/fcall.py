@@ -18,6 +18,7 @@ from typing import Any
 
 import redis.exceptions
 
+from .cluster import raise_lost_redirect
 from .connect import is_cluster
 from .retry import is_function_missing
 from .scripts import Function, cluster_route, library
@@ -67,6 +68,9 @@ def call_function(client: Any, fn: Function, keys: Sequence[Any], args: Sequence
         route = cluster_route(client, keys)
         if not route or not is_function_missing(exc):  # no node known to load it on
             raise
+    except AttributeError as exc:  # redirected to a node redis-py does not know: a reshard
+        raise_lost_redirect(client, exc, lib.load_command)  # TopologyChanged, transient
+        raise
     logger.info("loading the Redis Functions library %s on %s", lib.name,
                 route["target_nodes"].name)  # fmt: skip
     client.execute_command(*lib.load_command, **route)

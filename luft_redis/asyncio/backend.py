@@ -24,6 +24,7 @@ import redis.exceptions
 
 from .. import types as t
 from ..cache import Offer, RunCache, RunState
+from ..cluster import araise_lost_redirect
 from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation
 from ..connect import Durability, check_async_client, is_cluster, make_client
 from ..delta import Delta, UnknownFormat, parse_delta
@@ -328,6 +329,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             route = cluster_route(client, keys)
             if not route or not is_function_missing(exc):  # no node known to load it on
                 raise
+        except AttributeError as exc:  # redirected to a node redis-py does not know: a reshard
+            await araise_lost_redirect(client, exc, self._library.load_command)
+            raise
         logger.info("loading the Redis Functions library %s on %s", self._library.name,
                     route["target_nodes"].name)  # fmt: skip
         await client.execute_command(*self._library.load_command, **route)
