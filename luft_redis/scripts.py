@@ -363,6 +363,10 @@ def translate_error(
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return errors.ConnectionError(f"Redis is unreachable: {exc}")
+    if isinstance(exc, redis.exceptions.ClusterError) and str(exc).startswith("TTL exhausted"):
+        return errors.BackendError(
+            "Redis Cluster kept redirecting the call (TRYAGAIN, ASK or MOVED: its slot is being "
+            f"migrated) until the retry policy gave up ({exc})")
     if isinstance(exc, (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)):
         return errors.BackendError(f"Redis error: {exc}")
     return errors.BackendError(f"unexpected error talking to Redis: {exc!r}")

@@ -102,3 +102,11 @@ def test_the_hook_passes_other_attribute_errors_through() -> None:
     assert isinstance(exc, AttributeError)
     cluster.raise_lost_redirect(object(), exc)
     asyncio.run(cluster.araise_lost_redirect(object(), exc))
+
+
+def test_a_slot_that_stays_unsettled_is_named_in_the_final_error() -> None:
+    """redis-py's own give-up after TRYAGAIN/ASK/MOVED (``TTL exhausted``) becomes a
+    BackendError that says a slot was being migrated."""
+    typed = translate_error(redis.exceptions.ClusterError("TTL exhausted."))
+    assert isinstance(typed, BackendError)
+    assert "slot is being migrated" in str(typed) and "TTL exhausted" in str(typed)

@@ -468,3 +468,69 @@ def _shard_subscribers(node: LocalRedisServer, channel: bytes) -> int:
     with _redis_at(node) as conn:
         reply: Any = conn.execute_command("PUBSUB", "SHARDNUMSUB", channel)
     return int(reply[1]) if len(reply) >= 2 else 0
+
+
+@contextlib.contextmanager
+def _held_migrating(slot: int, source: LocalRedisServer,
+                    target: LocalRedisServer) -> Iterator[None]:  # fmt: skip
+    """``slot`` IMPORTING on ``target`` and MIGRATING on ``source``, no key moved; STABLE again
+    on exit."""
+    source_id, _ = _myself(source)
+    target_id, _ = _myself(target)
+    with _redis_at(source) as src, _redis_at(target) as dst:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        try:
+            yield
+        finally:
+            src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+
+
+def test_a_slot_held_migrating_past_the_deadline_is_a_typed_error_and_writes_nothing(
+    grown_cluster: tuple[LocalRedisCluster, LocalRedisServer],
+) -> None:
+    """A run lacking some of its keys gets TRYAGAIN while its slot is MIGRATING (its keys are
+    not all on one side); when the slot stays so past the retry policy's deadline, the write
+    fails with a LuftRedisError, on both front ends, having written nothing; once the slot
+    settles, writes go through."""
+    cluster, new = grown_cluster
+    short = RetryPolicy(max_attempts=1000, deadline=1.0)
+    typed = r"its slot is being migrated\) until the retry policy gave up"
+    client = cluster.client()
+    writer = RedisCheckpointBackend(client, watch=False, retry=short)
+    run_id = uuid.uuid4()
+    try:
+        writer.init_run(run_id, "held", "/tmp/held")  # run hash and writers only
+        slot = key_slot(f"{{{run_id}}}".encode())
+        source = cluster.primary_for_slot(slot)
+        with _held_migrating(slot, source, new):
+            started = time.monotonic()
+            with pytest.raises(LuftRedisError, match=typed) as caught:
+                writer.append_event(_done(run_id, uuid.uuid4()))
+            took = time.monotonic() - started
+        print(f"sync write, slot held MIGRATING: {caught.value!r} after {took:.2f}s")
+        assert short.deadline <= took < short.deadline + 3.0
+
+        async def async_write() -> None:
+            aclient = redis.asyncio.cluster.RedisCluster(host=source.host, port=source.port)
+            backend = AsyncRedisCheckpointBackend(aclient, watch=False, retry=short)
+            try:
+                assert await backend.open_run(run_id) is not None
+                with _held_migrating(slot, source, new), pytest.raises(LuftRedisError,
+                                                                       match=typed):
+                    await backend.append_event(_done(run_id, uuid.uuid4()))
+            finally:
+                await backend.aclose()
+                await aclient.aclose()
+
+        asyncio.run(async_write())
+        state = writer.open_run(run_id)
+        assert state is not None and state.total_tokens == 0
+        assert client.xlen(run_keys("luft", run_id).events) == 0
+        writer.append_event(_done(run_id, uuid.uuid4()))
+        after = writer.get_checkpoint()
+        assert after is not None and after.total_tokens == 1
+    finally:
+        writer.close()
+        client.close()
