@@ -11,8 +11,8 @@ summarised in ``docs/interop.md``. The functions here copy one run at a time:
 
 An import is a restore, not an operation: the run's stored timestamps are kept. It streams the
 events into staging keys under the run's own hash tag (``<prefix>:{<run>}:import:<token>:*``,
-so Redis Cluster is fine), writes the state through ``save_checkpoint-10.lua`` on those keys,
-and swaps them in with ``restore_run-19.lua`` (RENAME within the slot), which also publishes a
+so Redis Cluster is fine), writes the state through ``save_checkpoint-9.lua`` on those keys,
+and swaps them in with ``restore_run-18.lua`` (RENAME within the slot), which also publishes a
 change notice of a new incarnation: a cache bound to the run reloads. Memory stays bounded by
 the checkpoint plus one batch of events, whatever the length of the log. On any error the
 staging keys are deleted and the run is as it was.
@@ -488,7 +488,7 @@ class _Staging:
 
     def drop(self) -> None:
         try:
-            self.client.delete(*self.keys[:9])
+            self.client.delete(*self.keys)
         except Exception:
             logger.error(
                 "run %s: could not delete the staging keys %s*; they expire in %d s",
@@ -550,7 +550,7 @@ def _import(
             NO_RETRY.call(lambda: call_function(client, save, list(s),
                                                 [staging.writer, "1", *save_args]))  # fmt: skip
             pipe = client.pipeline(transaction=False)
-            for key in s[:9]:
+            for key in s:
                 pipe.expire(key, STAGING_TTL)
             pipe.execute()
         except LuftRedisError:
@@ -621,7 +621,7 @@ def _stage_events(
 
 def _swap(client: Any, staging: _Staging, cp: t.RunCheckpoint, replace: bool) -> Any:
     restore = library().ops.restore_run
-    keys = [*staging.target, *staging.keys[:9]]
+    keys = [*staging.target, *staging.keys]
     args = [staging.writer, "2", "1" if replace else "0", str(cp.updated_at),
             staging.incarnation]  # fmt: skip
     try:

@@ -16,7 +16,8 @@ key                                    type    holds
 ``<prefix>:{<run>}:findings``          hash    finding segment id -> msgpack list of findings
 ``<prefix>:{<run>}:findings_order``    list    finding segment ids in list order
 ``<prefix>:{<run>}:writers``           hash    ``<writer id>`` -> ``<op seq> <reply>``
-``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices
+``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices (not
+                                               a key: passed to the scripts in ``ARGV``)
 ``<prefix>:{<run>}:deleted``           hash    ``<writer id>`` -> ``<op seq> <reply>`` of a
                                                delete_run, expiring (``TOMBSTONE_TTL``)
 ``<prefix>:{<prefix>}:runs``           zset    run index: run id -> updated_at (unix seconds)
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "TOMBSTONE_TTL",
     "RunKeys",
+    "changes_channel",
     "check_prefix",
     "run_index_key",
     "run_keys",
@@ -53,7 +55,8 @@ SCHEMA_VERSION = "1"
 
 
 class RunKeys(NamedTuple):
-    """The keys of one run, in the order every Lua script receives them as ``KEYS``."""
+    """The keys of one run, in the order every Lua script receives them as ``KEYS``, and
+    (:attr:`changes`) the run's change channel."""
 
     run: str
     events: str
@@ -64,8 +67,14 @@ class RunKeys(NamedTuple):
     findings: str
     findings_order: str
     writers: str
-    changes: str
-    """The change-notice channel (SSUBSCRIBE), not a key; passed so it hashes like one."""
+
+    @property
+    def changes(self) -> str:
+        """The run's change-notice channel (SSUBSCRIBE): not a key, so not in ``KEYS`` (a
+        name declared as a key that never exists makes a migrating slot answer ``TRYAGAIN``
+        to every call). It shares the run's hash tag, so it hashes to the run's slot; a
+        writing script gets it as ``ARGV[1]`` (:func:`changes_channel`)."""
+        return changes_channel(self.run)
 
 
 def check_prefix(prefix: str) -> str:
@@ -91,6 +100,19 @@ def run_keys(prefix: str, run_id: uuid.UUID) -> RunKeys:
     return RunKeys(*(base + name for name in RunKeys._fields))
 
 
+_RUN_SUFFIX = "run"
+_CHANNEL_SUFFIX = "changes"
+
+
+def changes_channel(run_key: str) -> str:
+    """The change channel of the run whose main hash is ``run_key`` (``<base>run`` ->
+    ``<base>changes``, same hash tag, same slot). For staging keys it is the staging
+    copy's channel, which nobody subscribes to."""
+    if not run_key.endswith(_RUN_SUFFIX):
+        raise ConfigurationError(f"{run_key!r} is not the main hash key of a run")
+    return run_key[: -len(_RUN_SUFFIX)] + _CHANNEL_SUFFIX
+
+
 TOMBSTONE_TTL = 300
 """Seconds a delete_run's tombstone is kept: a retry of the delete within that time (its
 reply was lost) gets the first answer."""
@@ -105,7 +127,7 @@ def tombstone_key(prefix: str, run_id: uuid.UUID) -> str:
 def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
     """The staging keys of an import of ``run_id`` (``luft_redis.interop``):
     ``<prefix>:{<run-id>}:import:<token>:<name>``, in the run's slot, swapped in by
-    ``lua/restore_run-19.lua``. ``token`` is a fresh hex id per import."""
+    ``lua/restore_run-18.lua``. ``token`` is a fresh hex id per import."""
     if not token or any(c not in "0123456789abcdef" for c in token):
         raise ConfigurationError(f"staging token {token!r} is not a hex id")
     base = f"{prefix}:{{{run_id}}}:import:{token}:"

@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import redis.exceptions
 import tenacity
 
+from .cluster import TopologyChanged
+
 __all__ = [
     "DEFAULT_RETRY",
     "REDIS_ERRORS",
@@ -138,6 +140,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, redis.exceptions.ResponseError):
         # "Function not found": nothing ran; the next attempt loads the library again
         return str(exc).startswith(_TRANSIENT_PREFIXES) or is_function_missing(exc)
+    if isinstance(exc, TopologyChanged):  # a redirect to a node not known yet: nothing ran
+        return True
     if isinstance(exc, redis.exceptions.ClusterError):
         # RedisCluster gave up following TRYAGAIN/ASK/MOVED (a slot migrating): nothing ran
         return str(exc).startswith("TTL exhausted")

@@ -50,6 +50,7 @@ from redis.crc import key_slot
 
 from . import errors
 from .connect import scripting_missing
+from .keys import changes_channel
 from .retry import is_access_error, is_function_missing, tls_failure
 
 __all__ = [
@@ -182,7 +183,7 @@ class Function:
     op: str
     """The operation (``append_events``)."""
     file: str
-    """Its file in ``lua/`` (``append_events-10.lua``)."""
+    """Its file in ``lua/`` (``append_events-9.lua``)."""
     name: str
     """The function's name in Redis (``append_events_<hash12>``)."""
     numkeys: int
@@ -191,12 +192,20 @@ class Function:
     """``(FCALL or FCALL_RO, name, numkeys)``: the start of every call."""
 
     def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
-        """The whole FCALL command; ConfigurationError unless ``keys`` has ``numkeys`` keys."""
+        """The whole FCALL command; ConfigurationError unless ``keys`` has ``numkeys`` keys.
+
+        A writing function publishes its change notice on the run's channel, which is not a
+        key: it goes first in ``ARGV`` (derived from ``keys[0]``, the run's main hash, by
+        :func:`luft_redis.keys.changes_channel`), before ``args``."""
         if len(keys) != self.numkeys:
             raise errors.ConfigurationError(
                 f"Lua script {self.file} takes {self.numkeys} keys, {len(keys)} were passed"
             )
-        return (*self.head, *keys, *args)
+        if self.read_only:
+            return (*self.head, *keys, *args)
+        run = keys[0]
+        channel = changes_channel(run if isinstance(run, str) else run.decode())
+        return (*self.head, *keys, channel, *args)
 
 
 class Ops:
@@ -354,6 +363,10 @@ def translate_error(
         return errors.BackendError(f"Redis refused a luft-redis command: {text}")
     if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return errors.ConnectionError(f"Redis is unreachable: {exc}")
+    if isinstance(exc, redis.exceptions.ClusterError) and str(exc).startswith("TTL exhausted"):
+        return errors.BackendError(
+            "Redis Cluster kept redirecting the call (TRYAGAIN, ASK or MOVED: its slot is being "
+            f"migrated) until the retry policy gave up ({exc})")
     if isinstance(exc, (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)):
         return errors.BackendError(f"Redis error: {exc}")
     return errors.BackendError(f"unexpected error talking to Redis: {exc!r}")

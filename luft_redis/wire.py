@@ -95,7 +95,7 @@ class Encoder:
 
     def init_run(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *,
                  with_meta: bool) -> tuple[uuid.UUID, list[Any]]:  # fmt: skip
-        """(run id, arguments) of init_run-10.lua; a new incarnation each call."""
+        """(run id, arguments) of init_run-9.lua; a new incarnation each call."""
         rid = check_uuid(run_id, "run_id")
         task = check_str(task, "task")
         run_dir = check_str(run_dir, "run_dir")
@@ -104,7 +104,7 @@ class Encoder:
         return rid, [str(rid), task, run_dir, opt(blob), SCHEMA_VERSION, uuid.uuid4().hex]
 
     def events(self, events: Any, run_id: uuid.UUID) -> list[Any]:
-        """Arguments of append_events-10.lua for a batch (ValidationError naming the event)."""
+        """Arguments of append_events-9.lua for a batch (ValidationError naming the event)."""
         if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
             raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
         batch = list(events)
@@ -123,7 +123,7 @@ class Encoder:
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
         blob = self.limit(codec.encode_event(event), field)
         etype = event.TYPE
-        # the rule arguments, packed as append_events-10.lua reads them ("<a> <b>": one string
+        # the rule arguments, packed as append_events-9.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
         if isinstance(event, t.AgentDone):
             total = event.tokens.total()
@@ -149,7 +149,7 @@ class Encoder:
         return [etype, blob]
 
     def result(self, cache: Any) -> list[Any]:
-        """Arguments of upsert_agent_result-10.lua."""
+        """Arguments of upsert_agent_result-9.lua."""
         r = check_type(cache, t.AgentResultCache, "cache")
         return self._result_fields(r, "cache")
 
@@ -166,7 +166,7 @@ class Encoder:
 
     @staticmethod
     def session(session: Any) -> list[Any]:
-        """Arguments of upsert_agent_session-10.lua."""
+        """Arguments of upsert_agent_session-9.lua."""
         s = check_type(session, t.AgentSessionCheckpoint, "session")
         return [
             codec.id_text(s.agent_id), opt(s.backend_id), opt(s.protocol_session_id),
@@ -174,7 +174,7 @@ class Encoder:
         ]  # fmt: skip
 
     def save(self, checkpoint: Any, run_id: uuid.UUID | None) -> list[Any]:
-        """Arguments of save_checkpoint-10.lua for ``checkpoint`` of the bound run."""
+        """Arguments of save_checkpoint-9.lua for ``checkpoint`` of the bound run."""
         cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
         if cp.run_id != run_id:
             raise RunMismatchError(

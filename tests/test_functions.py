@@ -140,7 +140,7 @@ def test_eval_form_and_function_give_the_same_reply() -> None:
     init = ["w", "1", str(run_id), "t", "/d", "n", "1", "ab12"]
     client.execute_command(*lib.ops.init_run.command(keys, init))
     by_function = client.execute_command(*lib.ops.load.command(keys, ()))
-    by_eval = client.eval(script_source("load"), 10, *keys)
+    by_eval = client.eval(script_source("load"), 9, *keys)
     assert by_function == by_eval and by_function[0][:2] == [b"schema", b"1"]
 
 
@@ -150,11 +150,11 @@ def test_eval_form_and_function_give_the_same_reply() -> None:
 def test_keys_passed_must_match_the_file_name() -> None:
     fn = library().ops.append_events
     keys = list(run_keys("luft", uuid.uuid4()))
-    with pytest.raises(ConfigurationError, match=r"append_events-10\.lua takes 10 keys, 9 were"):
-        fn.command(keys[:9], ("w", "1"))
-    with pytest.raises(ConfigurationError, match=r"takes 10 keys, 11 were"):
+    with pytest.raises(ConfigurationError, match=r"append_events-9\.lua takes 9 keys, 8 were"):
+        fn.command(keys[:8], ("w", "1"))
+    with pytest.raises(ConfigurationError, match=r"takes 9 keys, 10 were"):
         fn.command([*keys, "extra"], ())
-    assert fn.command(keys, ("w", "1"))[:3] == ("FCALL", fn.name, 10)
+    assert fn.command(keys, ("w", "1"))[:3] == ("FCALL", fn.name, 9)
 
 
 def test_a_script_reading_past_its_numkeys_is_refused() -> None:
@@ -337,3 +337,25 @@ def test_a_server_without_functions_is_a_clear_configuration_error() -> None:
     backend = RedisCheckpointBackend(fakeredis.FakeRedis(version=6), watch=False)
     with pytest.raises(ConfigurationError, match=r"Redis 7\.0.*fakeredis\[lua\]"):
         backend.init_run(uuid.uuid4(), "t", "/d")
+
+
+def test_the_change_channel_is_an_argument_not_a_key() -> None:
+    """A run's change channel is not declared in KEYS (a declared name that never exists makes
+    a migrating Cluster slot answer TRYAGAIN to every call): every writing function gets it as
+    ARGV[1], and it hashes to the run's slot, so SPUBLISH inside the function stays local."""
+    run_id = uuid.uuid4()
+    keys = run_keys("luft", run_id)
+    assert keys.changes == f"luft:{{{run_id}}}:changes" and keys.changes not in keys
+    assert len(keys) == 9 and keys._fields[-1] == "writers"
+    slot = redis.crc.key_slot(keys.run.encode())
+    assert redis.crc.key_slot(keys.changes.encode()) == slot
+    lib = library()
+    for op in SCRIPT_NAMES:
+        fn = getattr(lib.ops, op)
+        run_keys_of_call = [*keys, *(f"luft:{{{run_id}}}:extra{i}" for i in range(fn.numkeys - 9))]
+        command = fn.command(run_keys_of_call, ("a", "b"))
+        assert command[3 : 3 + fn.numkeys] == tuple(run_keys_of_call), op
+        argv = command[3 + fn.numkeys :]
+        assert argv == (("a", "b") if fn.read_only else (keys.changes, "a", "b")), op
+    with pytest.raises(ConfigurationError, match="not the main hash key"):
+        lib.ops.cancel.command([keys.events, *keys[1:]], ())

@@ -321,7 +321,8 @@ def test_a_malformed_retention_argument_is_refused_before_any_write(redis_client
     before = redis_client.hgetall(run_keys("luft", run_id).run)
     script = redis_client.register_script(script_source("cancel"))
     with pytest.raises(redis.exceptions.ResponseError, match="LUFT_BAD_ARG retention option"):
-        script(keys=list(run_keys("luft", run_id)), args=["w", "1", "@retention soon 0"])
+        keys = run_keys("luft", run_id)  # ARGV: the change channel, writer, operation, option
+        script(keys=list(keys), args=[keys.changes, "w", "1", "@retention soon 0"])
     assert redis_client.hgetall(run_keys("luft", run_id).run) == before
 
 

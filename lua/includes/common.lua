@@ -1,7 +1,7 @@
 --[[
   Shared prelude of every luft-redis script.
 
-  Every script receives the keys of one run, in this order (see luft_redis/keys.py):
+  Every script receives the nine keys of one run, in this order (see luft_redis/keys.py):
     KEYS[1]  run            hash    status, task, totals, timestamps, version
     KEYS[2]  events         stream  the event log
     KEYS[3]  phases         hash    <phase_id>:<attr>
@@ -11,15 +11,18 @@
     KEYS[7]  findings       hash    segment id -> msgpack list of findings
     KEYS[8]  findings_order list    segment ids in order
     KEYS[9]  writers        hash    <writer id> -> "<op seq> <reply>" (exactly-once writes)
-    KEYS[10] changes        the sharded pub/sub channel of change notices (not a key)
 
-  Every writing script takes ARGV[1] = writer id and ARGV[2] = the writer's operation sequence
-  number, made before the first attempt; its own arguments follow and are read as ARGS[i]
-  (= ARGV[i + 2]). A retried operation whose first attempt was applied gets a "replay" delta
-  back (the versions of that attempt, no records) and changes nothing (see dedup / remember).
+  Every writing script takes ARGV[1] = the run's change channel, the sharded pub/sub channel
+  of its change notices (<prefix>:{<run>}:changes, in the run's slot; a channel is not a key,
+  so it is not declared in KEYS: a declared name that never exists would make a migrating
+  slot answer TRYAGAIN to every call), ARGV[2] = writer id and ARGV[3] = the writer's
+  operation sequence number, made before the first attempt; its own arguments follow and are
+  read as ARGS[i] (= ARGV[i + 3]). A retried operation whose first attempt was applied gets a
+  "replay" delta back (the versions of that attempt, no records) and changes nothing (see
+  dedup / remember).
 
   Deltas. Every writing script replies with one delta and publishes the same bytes as its
-  change notice (SPUBLISH on KEYS[10]) when it changed something. A delta (format L3) is a
+  change notice (SPUBLISH on ARGV[1]) when it changed something. A delta (format L3) is a
   header of six netstrings "<len>:<bytes>":
     'L3', incarnation before, version before, incarnation after, version after, op
   then, when there are records, one netstring holding the byte length of every record part as
@@ -54,8 +57,8 @@
 -- defined once per library load (FUNCTION LOAD) and its state is per call.
 local K_RUN, K_EVENTS, K_PHASES, K_RESULTS
 local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
-local K_WRITERS, K_CHANGES
-local WRITER, WRITER_SEQ
+local K_WRITERS
+local CHANNEL, WRITER, WRITER_SEQ
 local ARGS
 
 local U64_MAX = '18446744073709551615'
@@ -270,7 +273,7 @@ local function check_type(key, kind)
   end
 end
 
--- The type every key of a run must have (KEYS[1..9]; KEYS[10] is a channel).
+-- The type every key of a run must have (KEYS[1..9]).
 local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash'}
 
 -- Probe KEYS[i] with a command that reads only a `kind` key and answers an integer: cheaper
@@ -357,7 +360,7 @@ end
 
 -- Publish a delta as the run's change notice (every script that changes something).
 local function notify(payload)
-  redis.call('SPUBLISH', K_CHANGES, payload)
+  redis.call('SPUBLISH', CHANNEL, payload)
 end
 
 -- Finish a change of `run` (read_run's values): stamp updated_at with `now`, set `fields`,
@@ -423,10 +426,10 @@ end
 local function begin_call()
   K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-  K_WRITERS, K_CHANGES = KEYS[9], KEYS[10]
-  WRITER, WRITER_SEQ = ARGV[1], ARGV[2]
+  K_WRITERS = KEYS[9]
+  CHANNEL, WRITER, WRITER_SEQ = ARGV[1], ARGV[2], ARGV[3]
   ARGS = {}
-  for i = 3, #ARGV do ARGS[i - 2] = ARGV[i] end
+  for i = 4, #ARGV do ARGS[i - 3] = ARGV[i] end
   CALL = CALL + 1
   if DN > DELTA_KEEP then DELTA, LENGTHS = {}, {} end
   DN = 0

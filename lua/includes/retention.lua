@@ -8,8 +8,8 @@
     ARGV[#ARGV] (optional) "@retention <ttl_ms> <max_events>": the writing backend's options,
                 decimal, 0 = off. ttl_ms: expire_finished_after in milliseconds;
                 max_events: trim the event log to about that many entries. No other script
-                argument starts with "@", and the writer id and operation number (ARGV[1],
-                ARGV[2]) are never taken for it. A malformed option is the error reply
+                argument starts with "@", and the channel, writer id and operation number
+                (ARGV[1..3]) are never taken for it. A malformed option is the error reply
                 LUFT_BAD_ARG before anything is read or written.
 
   The rule (retain, after all of a script's writes, with the run's status after the script):
@@ -31,7 +31,7 @@ local function retention_begin()
   RETAIN_TTL_MS, RETAIN_MAX_EVENTS = 0, 0
   local n = #ARGV
   local last = ARGV[n]
-  if n >= 3 and string.sub(last, 1, 1) == '@' then
+  if n >= 4 and string.sub(last, 1, 1) == '@' then
     local ttl, max_events = string.match(last, '^@retention (%d+) (%d+)$')
     if not ttl or #ttl > 15 or #max_events > 15 then
       return 'LUFT_BAD_ARG retention option ' .. string.format('%q', string.sub(last, 1, 60))
@@ -44,7 +44,7 @@ local function retention_begin()
 end
 --- @each-call do local bad = retention_begin(); if bad then return redis.error_reply(bad) end end
 
-local RETAIN_KEYS = 9 -- KEYS[1..9] are keys; KEYS[10] is the change channel
+local RETAIN_KEYS = 9 -- KEYS[1..9], every key of the run
 local RETAIN_FINAL = {completed = true, failed = true, cancelled = true}
 
 -- Apply the retention rule (see the header) to the run, whose status is now `status`.

@@ -26,6 +26,7 @@ from typing import Any
 
 import redis.exceptions
 
+from ..cluster import async_raise_lost_redirect
 from ..connect import is_cluster
 from ..index import warn_index_failure
 from ..keys import run_index_key
@@ -77,6 +78,9 @@ async def call_function(client: Any, fn: Function, keys: Sequence[Any], args: Se
         route = cluster_route(client, keys)
         if not route or not is_function_missing(exc):  # no node known to load it on
             raise
+    except AttributeError as exc:  # redirected to a node redis-py does not know: a reshard
+        await async_raise_lost_redirect(client, exc, lib.load_command)  # TopologyChanged
+        raise
     logger.info("loading the Redis Functions library %s on %s", lib.name,
                 route["target_nodes"].name)  # fmt: skip
     await client.execute_command(*lib.load_command, **route)

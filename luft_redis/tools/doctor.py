@@ -481,7 +481,7 @@ def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
     try:
         for run_id in sample:
             total = 0
-            for key in list(run_keys(prefix, run_id))[:9]:  # the 10th is the channel
+            for key in run_keys(prefix, run_id):
                 used = _ask("MEMORY USAGE", client.memory_usage, key)
                 total += int(used or 0)
             sizes.append((total, run_id))

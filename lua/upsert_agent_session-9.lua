@@ -1,9 +1,10 @@
 --[[
   upsert_agent_session: insert or replace agent_sessions[agent_id] (contract §4).
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
+  KEYS[1..9]  the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
-  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] backend_id (opt)   ARGS[3] protocol_session_id (opt)
   ARGS[4] session_id   ARGS[5] status   ARGS[6] updated_at   ARGS[7] resumable ("true"/"false")
 

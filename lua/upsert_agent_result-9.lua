@@ -3,9 +3,10 @@
   findings replace its earlier ones in the run's finding list. total_tokens is untouched and
   no event is added.
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
+  KEYS[1..9]  the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
-  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] phase_id   ARGS[3] status   ARGS[4] tokens   ARGS[5] completed_at
   ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
   ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)

@@ -2,11 +2,12 @@
   append_events: append a batch of events (one or more) to the run's log and apply the state
   rules of contract §5 to each, in order, as one atomic change (one version, one notice).
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
+  KEYS[1..9]  the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
               max_events > 0: the log is trimmed to about max_events entries, and the
               first trim sets the run field log_trimmed = 1 (an R record)
-  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS (= ARGV[3..]):
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS (= ARGV[4..]):
   ARGS[1] number of events, then per event:
     type (plain text, the entry's "type" field), stored event (opaque msgpack, the entry's
     "data" field), then the rule arguments, a fixed number by type; "<a> <b>" is one argument

@@ -2,10 +2,11 @@
   delete_run: delete every key of a run (its state, its event log, its writers) and tell the
   processes watching it; exactly once per writer operation.
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
-  KEYS[11]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
+  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[10]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
               ARGS[1] seconds (a retried delete whose reply was lost gets its first answer)
-  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] tombstone TTL in seconds
 
   Reply:  1 when the run existed, 0 when it did not (any leftovers are deleted all the same);
@@ -17,7 +18,7 @@
 ]]
 --- @include "includes/common"
 
-local K_TOMBSTONE = KEYS[11]
+local K_TOMBSTONE = KEYS[10]
 
 local function main()
   if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then

@@ -2,8 +2,9 @@
   init_run: create a new run (contract §4): status running, phase 0, empty collections,
   created_at = updated_at = server time, version 1, a new incarnation.
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
-  ARGV[1] writer id   ARGV[2] operation sequence   then ARGS:
+  KEYS[1..9]  the run's keys (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] run id (canonical)   ARGS[2] task   ARGS[3] run_dir
   ARGS[4] workflow_meta: optional msgpack blob ("n" or "s<blob>")
   ARGS[5] schema version   ARGS[6] incarnation (a new random id, [0-9a-f]+)
@@ -40,7 +41,7 @@ local function main()
   redis.call('HSET', K_RUN, unpack(fields))
   rec_whole_state()
   local payload = delta_bytes(inc, '0', inc, '1', 'init', DELTA)
-  redis.call('SPUBLISH', K_CHANGES, payload)
+  redis.call('SPUBLISH', CHANNEL, payload)
   remember(inc, '0', inc, '1')
   return payload
 end

@@ -2,9 +2,10 @@
   save_checkpoint: replace the run's whole state (not its event log) atomically
   (contract §4). updated_at becomes the server time; run_dir and the event log are kept.
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
+  KEYS[1..9]  the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
-  ARGS[1] writer id   ARGS[2] operation sequence   then ARGS:
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] task   ARGS[2] status   ARGS[3] current_phase   ARGS[4] total_tokens
   ARGS[5] created_at   ARGS[6] workflow_meta (opt msgpack)
   then five counted groups, each "<count>" followed by count * width arguments:

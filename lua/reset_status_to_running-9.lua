@@ -2,9 +2,10 @@
   reset_status_to_running: failed/cancelled/running -> running (contract §5, decided: a
   completed run is not resumable).
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
+  KEYS[1..9]  the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
-  ARGV[1] writer id   ARGV[2] operation sequence
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence
 
   Reply and notice: the delta, op "reset": R status running
   Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;

@@ -3,21 +3,22 @@
   luft_redis.retention.collect_garbage). The check and the delete are one atomic step, so a
   run resumed or updated after gc found it is never deleted.
 
-  KEYS[1..10] the run's keys (see includes/common.lua)
-  ARGV[1] the statuses to delete, comma separated (of completed, failed, cancelled)
-  ARGV[2] minimum age in seconds: the run's updated_at must be <= server time - ARGV[2]
+  KEYS[1..9]  the run's keys (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] the statuses to delete, comma separated (of completed, failed, cancelled)
+  ARGV[3] minimum age in seconds: the run's updated_at must be <= server time - ARGV[3]
 
   Reply:  1 when the run was deleted, 0 when it is gone, running, of another status or newer
   Notice: (only when deleted) the delete notice of delete_run-10.lua: a delta header with op
           "delete" from the run's last (incarnation, version), no records
   Errors: LUFT_BAD_ARG when the age is not a decimal number
 ]]
-local age = ARGV[2]
+local age = ARGV[3]
 if age == nil or string.find(age, '^%d+$') == nil or #age > 15 then
   return redis.error_reply('LUFT_BAD_ARG minimum age is not a decimal number of seconds')
 end
 local wanted = {}
-for status in string.gmatch(ARGV[1] or '', '[^,]+') do
+for status in string.gmatch(ARGV[2] or '', '[^,]+') do
   if status == 'running' then return redis.error_reply('LUFT_BAD_ARG gc never deletes running runs') end
   wanted[status] = true
 end
@@ -30,5 +31,5 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7],
 local parts = {'L3', run[4] or '', run[3] or '0', run[4] or '', run[3] or '0', 'delete'}
 local out = {}
 for i = 1, #parts do out[#out + 1] = #parts[i] .. ':' .. parts[i] end
-redis.call('SPUBLISH', KEYS[10], table.concat(out))
+redis.call('SPUBLISH', ARGV[1], table.concat(out))
 return 1
