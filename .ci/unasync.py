@@ -30,6 +30,7 @@ FILES = {
     "asyncio/backend.py": "backend.py",
     "asyncio/listener.py": "listener.py",
     "asyncio/fcall.py": "fcall.py",
+    "asyncio/lease.py": "lease.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -45,7 +46,7 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall)\b", r"luft_redis.\1"),
+    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease)\b", r"luft_redis.\1"),
     (r"^from \.\.", "from ."),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""

@@ -19,6 +19,7 @@ from .backend import CheckpointBackend, Durability, LogEntry, RedisCheckpointBac
 from .errors import (
     ConfigurationError,
     CorruptDataError,
+    LeaseLostError,
     LuftRedisError,
     NotDurableError,
     NotResumableError,
@@ -27,10 +28,13 @@ from .errors import (
     RunMismatchError,
     RunNotBoundError,
     RunNotFoundError,
+    RunNotRunningError,
     ValidationError,
 )
+from .lease import AgentLease
 from .retry import RetryPolicy
 from .stats import BackendStats
+from .tasks import AgentTask, TaskInfo, TaskState
 from .types import (
     EVENT_TYPES,
     AcpRaw,
@@ -90,11 +94,13 @@ __all__ = [
     "AcpRequest",
     "AgentDone",
     "AgentEvent",
+    "AgentLease",
     "AgentProgress",
     "AgentResultCache",
     "AgentSessionCheckpoint",
     "AgentStarted",
     "AgentStatus",
+    "AgentTask",
     "AsyncRedisCheckpointBackend",
     "BackendStats",
     "BudgetSet",
@@ -109,6 +115,7 @@ __all__ = [
     "FrozenDict",
     "FrozenList",
     "FrozenMap",
+    "LeaseLostError",
     "Location",
     "Log",
     "LogEntry",
@@ -143,11 +150,14 @@ __all__ = [
     "RunMismatchError",
     "RunNotBoundError",
     "RunNotFoundError",
+    "RunNotRunningError",
     "RunStarted",
     "RunStatus",
     "SchemaRetry",
     "Severity",
     "SignalReceived",
+    "TaskInfo",
+    "TaskState",
     "Timestamp",
     "TokenUsage",
     "ValidationError",

@@ -21,6 +21,7 @@ __all__ = [
     "ConnectionError",
     "CorruptDataError",
     "ForkedError",
+    "LeaseLostError",
     "LuftRedisError",
     "NotDurableError",
     "NotResumableError",
@@ -30,6 +31,7 @@ __all__ = [
     "RunMismatchError",
     "RunNotBoundError",
     "RunNotFoundError",
+    "RunNotRunningError",
     "TLSError",
     "ValidationError",
 ]
@@ -110,6 +112,34 @@ class NotResumableError(LuftRedisError):
         self.run_id = run_id
         self.status = status
         super().__init__(f"run {run_id} is {status} and cannot be resumed")
+
+
+class RunNotRunningError(LuftRedisError):
+    """An operation that needs a running run (``submit_agents``) on a completed, failed or
+    cancelled one; nothing was changed."""
+
+    def __init__(self, run_id: object, status: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        super().__init__(f"run {run_id} is {status}, not running: resume it first")
+
+
+class LeaseLostError(LuftRedisError):
+    """A fenced write, renew or release of a lease that another worker has taken over (or
+    whose run was deleted and created again): nothing was written.
+
+    ``agent_id`` names the agent, ``token`` the stale fencing token and ``current`` the
+    task's current one (None when the run was re-created or the task is gone)."""
+
+    def __init__(self, agent_id: str, token: str, current: str | None) -> None:
+        self.agent_id = agent_id
+        self.token = int(token) if token.isdigit() else token
+        self.current = int(current) if current is not None and current.isdigit() else current
+        now = "the run was re-created" if current is None else f"its current token is {current}"
+        super().__init__(
+            f"the lease of agent {agent_id} (token {token}) was taken over: {now}; "
+            "nothing was written"
+        )
 
 
 class CorruptDataError(LuftRedisError):

@@ -16,6 +16,9 @@ key                                    type    holds
 ``<prefix>:{<run>}:findings``          hash    finding segment id -> msgpack list of findings
 ``<prefix>:{<run>}:findings_order``    list    finding segment ids in list order
 ``<prefix>:{<run>}:writers``           hash    ``<writer id>`` -> ``<op seq> <reply>``
+``<prefix>:{<run>}:tasks``             hash    ``<agent_id>:<attr>`` -> agent tasks (leases)
+``<prefix>:{<run>}:queue``             zset    agent id -> submit order (ready) or lease
+                                               expiry in unix ms (leased)
 ``<prefix>:{<run>}:changes``           -       sharded pub/sub channel of change notices (not
                                                a key: passed to the scripts in ``ARGV``)
 ``<prefix>:{<run>}:deleted``           hash    ``<writer id>`` -> ``<op seq> <reply>`` of a
@@ -67,6 +70,8 @@ class RunKeys(NamedTuple):
     findings: str
     findings_order: str
     writers: str
+    tasks: str
+    queue: str
 
     @property
     def changes(self) -> str:
@@ -127,7 +132,7 @@ def tombstone_key(prefix: str, run_id: uuid.UUID) -> str:
 def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
     """The staging keys of an import of ``run_id`` (``luft_redis.interop``):
     ``<prefix>:{<run-id>}:import:<token>:<name>``, in the run's slot, swapped in by
-    ``lua/restore_run-18.lua``. ``token`` is a fresh hex id per import."""
+    ``lua/restore_run-22.lua``. ``token`` is a fresh hex id per import."""
     if not token or any(c not in "0123456789abcdef" for c in token):
         raise ConfigurationError(f"staging token {token!r} is not a hex id")
     base = f"{prefix}:{{{run_id}}}:import:{token}:"

@@ -87,10 +87,15 @@ SCRIPT_NAMES = (
     "delete_run",
     "restore_run",
     "gc_run",
+    "submit_agents",
+    "claim_agent",
+    "renew_lease",
+    "release_lease",
+    "agent_tasks",
 )
 """Every script the backend uses, by operation name."""
 
-READ_ONLY = frozenset({"load"})
+READ_ONLY = frozenset({"load", "agent_tasks"})
 """The operations registered with ``flags={'no-writes'}`` and called with ``FCALL_RO``."""
 
 LIBRARY_PREFIX = "luft_"
@@ -183,7 +188,7 @@ class Function:
     op: str
     """The operation (``append_events``)."""
     file: str
-    """Its file in ``lua/`` (``append_events-9.lua``)."""
+    """Its file in ``lua/`` (``append_events-11.lua``)."""
     name: str
     """The function's name in Redis (``append_events_<hash12>``)."""
     numkeys: int
@@ -223,6 +228,11 @@ class Ops:
     delete_run: Function
     restore_run: Function
     gc_run: Function
+    submit_agents: Function
+    claim_agent: Function
+    renew_lease: Function
+    release_lease: Function
+    agent_tasks: Function
 
     def __init__(self, functions: dict[str, Function]) -> None:
         for op in SCRIPT_NAMES:
@@ -409,6 +419,17 @@ def _domain_error(code: str, message: str, run_id: object) -> errors.LuftRedisEr
         return errors.CorruptDataError(key, field, detail)
     if code == "OVERFLOW":
         return errors.ValidationError("total_tokens", message)
+    if code == "LEASE_LOST":
+        agent, _, rest = message.strip().partition(" ")
+        stale, _, current = rest.partition(" ")
+        return errors.LeaseLostError(agent, stale, None if current in ("", "-") else current)
+    if code == "NOT_RUNNING":
+        return errors.RunNotRunningError(run_id, message.strip())
+    if code == "TASK_MISMATCH":
+        return errors.ValidationError(
+            f"tasks[{message.strip()}]",
+            "this agent was submitted before with another phase or payload",
+        )
     if code == "STALE":
         return errors.BackendError(f"a newer operation of this backend was applied: {message}")
     return errors.BackendError(f"luft-redis script rejected its arguments: {code} {message}")

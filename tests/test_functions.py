@@ -25,6 +25,7 @@ from redis.cluster import RedisCluster
 from luft_redis import AgentStarted, CheckpointStatus, ConfigurationError
 from luft_redis.keys import run_keys
 from luft_redis.scripts import (
+    READ_ONLY,
     SCRIPT_NAMES,
     _check_keys,
     _script_file,
@@ -88,8 +89,8 @@ def test_library_names_carry_the_content_hash() -> None:
         fn = getattr(lib.ops, op)
         assert fn.name == f"{op}_{lib.digest}"
         assert f"function_name = '{fn.name}'" in lib.code
-        assert fn.head == ("FCALL_RO" if op == "load" else "FCALL", fn.name, fn.numkeys)
-    assert lib.code.count("flags = {'no-writes'}") == 1
+        assert fn.head == ("FCALL_RO" if op in READ_ONLY else "FCALL", fn.name, fn.numkeys)
+    assert lib.code.count("flags = {'no-writes'}") == len(READ_ONLY)
     assert re.search(r"flags = \{'no-writes'\},\n  callback = function\(keys, argv\)\nKEYS, ARGV "
                      r"= keys, argv\n--\[\[\n  load:", lib.code)  # fmt: skip
 
@@ -140,7 +141,7 @@ def test_eval_form_and_function_give_the_same_reply() -> None:
     init = ["w", "1", str(run_id), "t", "/d", "n", "1", "ab12"]
     client.execute_command(*lib.ops.init_run.command(keys, init))
     by_function = client.execute_command(*lib.ops.load.command(keys, ()))
-    by_eval = client.eval(script_source("load"), 9, *keys)
+    by_eval = client.eval(script_source("load"), len(keys), *keys)
     assert by_function == by_eval and by_function[0][:2] == [b"schema", b"1"]
 
 
@@ -150,11 +151,11 @@ def test_eval_form_and_function_give_the_same_reply() -> None:
 def test_keys_passed_must_match_the_file_name() -> None:
     fn = library().ops.append_events
     keys = list(run_keys("luft", uuid.uuid4()))
-    with pytest.raises(ConfigurationError, match=r"append_events-9\.lua takes 9 keys, 8 were"):
+    with pytest.raises(ConfigurationError, match=r"append_events-11\.lua takes 11 keys, 8 were"):
         fn.command(keys[:8], ("w", "1"))
-    with pytest.raises(ConfigurationError, match=r"takes 9 keys, 10 were"):
+    with pytest.raises(ConfigurationError, match=r"takes 11 keys, 12 were"):
         fn.command([*keys, "extra"], ())
-    assert fn.command(keys, ("w", "1"))[:3] == ("FCALL", fn.name, 9)
+    assert fn.command(keys, ("w", "1"))[:3] == ("FCALL", fn.name, 11)
 
 
 def test_a_script_reading_past_its_numkeys_is_refused() -> None:
@@ -221,7 +222,7 @@ def test_the_common_path_is_one_fcall(
     later = _calls(redis_client)
     for own in ("config|resetstat", "hello", "info"):  # this test's own connections
         later.pop(f"cmdstat_{own}", None)
-    inner = ("hget", "hmget", "hset", "hsetnx", "hlen", "xlen", "llen", "time", "xadd",
+    inner = ("hget", "hmget", "hset", "hsetnx", "hlen", "xlen", "llen", "zcard", "time", "xadd",
              "spublish", "type", "hexists", "pttl")  # fmt: skip
     script_inner = {"cmdstat_" + c for c in inner}
     outer = {k: v for k, v in later.items() if k not in script_inner}
@@ -346,13 +347,13 @@ def test_the_change_channel_is_an_argument_not_a_key() -> None:
     run_id = uuid.uuid4()
     keys = run_keys("luft", run_id)
     assert keys.changes == f"luft:{{{run_id}}}:changes" and keys.changes not in keys
-    assert len(keys) == 9 and keys._fields[-1] == "writers"
+    assert len(keys) == 11 and keys._fields[-1] == "queue"
     slot = redis.crc.key_slot(keys.run.encode())
     assert redis.crc.key_slot(keys.changes.encode()) == slot
     lib = library()
     for op in SCRIPT_NAMES:
         fn = getattr(lib.ops, op)
-        run_keys_of_call = [*keys, *(f"luft:{{{run_id}}}:extra{i}" for i in range(fn.numkeys - 9))]
+        run_keys_of_call = [*keys, *(f"luft:{{{run_id}}}:extra{i}" for i in range(fn.numkeys - 11))]
         command = fn.command(run_keys_of_call, ("a", "b"))
         assert command[3 : 3 + fn.numkeys] == tuple(run_keys_of_call), op
         argv = command[3 + fn.numkeys :]

@@ -1,7 +1,7 @@
 --[[
   Shared prelude of every luft-redis script.
 
-  Every script receives the nine keys of one run, in this order (see luft_redis/keys.py):
+  Every script receives the eleven keys of one run, in this order (see luft_redis/keys.py):
     KEYS[1]  run            hash    status, task, totals, timestamps, version
     KEYS[2]  events         stream  the event log
     KEYS[3]  phases         hash    <phase_id>:<attr>
@@ -11,6 +11,20 @@
     KEYS[7]  findings       hash    segment id -> msgpack list of findings
     KEYS[8]  findings_order list    segment ids in order
     KEYS[9]  writers        hash    <writer id> -> "<op seq> <reply>" (exactly-once writes)
+    KEYS[10] tasks          hash    <agent_id>:<attr> -> the agent tasks (leases; see below)
+    KEYS[11] queue          zset    agent_id -> its submit order (ready) or lease expiry in ms
+                                    (leased): the oldest ready task, then the lease that
+                                    lapsed longest ago, sort first
+
+  Agent tasks (docs/leases.md). A task's attributes: phase, payload (opaque msgpack), seq
+  (submit order), state (ready | leased | done | dead), attempt (hand-outs), failures (failed
+  attempts), max (max_attempts of its last claim), token (its current fencing token, "0"
+  before the first claim), holder (the worker of the last claim), expires (the lease's expiry,
+  unix ms, server clock). The run hash keeps the counters lease_token (the last fencing token
+  of this incarnation: strictly increasing, never reused) and task_seq. A fenced write
+  carries ARGS[#ARGS] = "@fence <agent_id> <token> <incarnation>" (before the retention
+  option): it is applied only when the run's incarnation and the task's token are those of
+  the lease (check_fence), else LUFT_LEASE_LOST and nothing is written.
 
   Every writing script takes ARGV[1] = the run's change channel, the sharded pub/sub channel
   of its change notices (<prefix>:{<run>}:changes, in the run's slot; a channel is not a key,
@@ -57,9 +71,10 @@
 -- defined once per library load (FUNCTION LOAD) and its state is per call.
 local K_RUN, K_EVENTS, K_PHASES, K_RESULTS
 local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
-local K_WRITERS
+local K_WRITERS, K_TASKS, K_QUEUE
 local CHANNEL, WRITER, WRITER_SEQ
 local ARGS
+local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD
 
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
@@ -273,8 +288,9 @@ local function check_type(key, kind)
   end
 end
 
--- The type every key of a run must have (KEYS[1..9]).
-local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash'}
+-- The type every key of a run must have (KEYS[1..11]).
+local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash',
+  'hash', 'zset'}
 
 -- Probe KEYS[i] with a command that reads only a `kind` key and answers an integer: cheaper
 -- than TYPE, whose status reply becomes a table. Its WRONGTYPE error is the sign of a stray
@@ -285,6 +301,8 @@ local function probe_type(i, kind)
     found = redis.pcall('HLEN', KEYS[i])
   elseif kind == 'stream' then
     found = redis.pcall('XLEN', KEYS[i])
+  elseif kind == 'zset' then
+    found = redis.pcall('ZCARD', KEYS[i])
   else
     found = redis.pcall('LLEN', KEYS[i])
   end
@@ -421,15 +439,76 @@ local function set_agent_findings(aid, blob, push)
   end
 end
 
+-- The server's clock in unix milliseconds (a number: exact below 2^53).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Decimal text of a whole number that may pass 2^31 (string.format('%d') may not).
+local function whole(n)
+  return string.format('%.0f', n)
+end
+
+-- A fenced write (FENCE_AID set): the run's incarnation and the agent's current token must be
+-- the lease's, else LUFT_LEASE_LOST "<agent_id> <stale token> <current token or ->" and
+-- nothing is written. Returns the fenced agent id, or nil for a write without a lease.
+local function check_fence(run)
+  if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "@fence <agent> <token> <inc>"') end
+  if not FENCE_AID then return nil end
+  local current = redis.call('HGET', K_TASKS, FENCE_AID .. ':token')
+  if (run[3] or '') ~= FENCE_INC then current = nil end
+  if current ~= FENCE_TOKEN then
+    fail('LEASE_LOST', FENCE_AID .. ' ' .. FENCE_TOKEN .. ' ' .. (current or '-'))
+  end
+  return FENCE_AID
+end
+
+-- The ready score of a task (its submit order) and the smallest lease score (an expiry in
+-- unix ms): every submit order is far below it.
+local LEASE_SCORE = 1e12
+
+-- The writes that end task `aid`'s lease as it stands (`state`, `failures` and `max` as
+-- stored, `seq` its submit order): `ok` makes it done; otherwise a failed attempt, ready again
+-- until `max` failures, then dead. Returns the task's HSET fields, its queue score (nil:
+-- leaves the queue) and the new state.
+local function end_lease(aid, ok, failures, max, seq)
+  local p = aid .. ':'
+  local state, score = 'done', nil
+  if not ok then
+    failures = failures + 1
+    if failures >= max then state = 'dead' else state, score = 'ready', seq end
+  end
+  return {p .. 'state', state, p .. 'failures', whole(failures), p .. 'expires', '0'}, score, state
+end
+
+-- Apply end_lease's result (after every check of the script).
+local function write_task_end(aid, fields, score)
+  redis.call('HSET', K_TASKS, unpack(fields))
+  if score then redis.call('ZADD', K_QUEUE, score, aid) else redis.call('ZREM', K_QUEUE, aid) end
+end
+
+-- A stored task attribute that must be a whole number.
+local function task_uint(aid, attr, value)
+  return tonumber(stored_uint(K_TASKS, aid .. ':' .. attr, value))
+end
+
 -- Bind this call's keys and arguments (and start an empty delta). The loader runs the
 -- statement of the @each-call line where a script includes this file (scripts.py).
 local function begin_call()
   K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-  K_WRITERS = KEYS[9]
+  K_WRITERS, K_TASKS, K_QUEUE = KEYS[9], KEYS[10], KEYS[11]
   CHANNEL, WRITER, WRITER_SEQ = ARGV[1], ARGV[2], ARGV[3]
   ARGS = {}
   for i = 4, #ARGV do ARGS[i - 3] = ARGV[i] end
+  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false
+  local last = ARGS[#ARGS]
+  if last and string.sub(last, 1, 7) == '@fence ' then
+    ARGS[#ARGS] = nil
+    FENCE_AID, FENCE_TOKEN, FENCE_INC = string.match(last, '^@fence (%S+) (%d+) (%S+)$')
+    FENCE_BAD = FENCE_AID == nil
+  end
   CALL = CALL + 1
   if DN > DELTA_KEEP then DELTA, LENGTHS = {}, {} end
   DN = 0

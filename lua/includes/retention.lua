@@ -8,7 +8,8 @@
     ARGV[#ARGV] (optional) "@retention <ttl_ms> <max_events>": the writing backend's options,
                 decimal, 0 = off. ttl_ms: expire_finished_after in milliseconds;
                 max_events: trim the event log to about that many entries. No other script
-                argument starts with "@", and the channel, writer id and operation number
+                argument starts with "@" but the fence of a fenced write ("@fence ...", which comes
+                just before this option and is read by includes/common.lua), and the channel, writer id and operation number
                 (ARGV[1..3]) are never taken for it. A malformed option is the error reply
                 LUFT_BAD_ARG before anything is read or written.
 
@@ -31,7 +32,7 @@ local function retention_begin()
   RETAIN_TTL_MS, RETAIN_MAX_EVENTS = 0, 0
   local n = #ARGV
   local last = ARGV[n]
-  if n >= 4 and string.sub(last, 1, 1) == '@' then
+  if n >= 4 and string.sub(last, 1, 1) == '@' and string.sub(last, 1, 7) ~= '@fence ' then
     local ttl, max_events = string.match(last, '^@retention (%d+) (%d+)$')
     if not ttl or #ttl > 15 or #max_events > 15 then
       return 'LUFT_BAD_ARG retention option ' .. string.format('%q', string.sub(last, 1, 60))
@@ -44,7 +45,7 @@ local function retention_begin()
 end
 --- @each-call do local bad = retention_begin(); if bad then return redis.error_reply(bad) end end
 
-local RETAIN_KEYS = 9 -- KEYS[1..9], every key of the run
+local RETAIN_KEYS = 11 -- KEYS[1..11], every key of the run
 local RETAIN_FINAL = {completed = true, failed = true, cancelled = true}
 
 -- Apply the retention rule (see the header) to the run, whose status is now `status`.

@@ -11,9 +11,11 @@ the sync :class:`luft_redis.RedisCheckpointBackend` (see :mod:`luft_redis.asynci
 from __future__ import annotations
 
 from .backend import AsyncCheckpointBackend, AsyncRedisCheckpointBackend, ChangeCallback
+from .lease import AsyncAgentLease
 from .listener import AsyncChangeListener, AsyncRefresher
 
 __all__ = [
+    "AsyncAgentLease",
     "AsyncChangeListener",
     "AsyncCheckpointBackend",
     "AsyncRedisCheckpointBackend",

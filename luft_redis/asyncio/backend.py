@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,8 +26,10 @@ from ..connect import Durability, check_async_client, make_async_client
 from ..delta import Delta, UnknownFormat, parse_delta
 from ..errors import (
     BackendError,
+    ConfigurationError,
     CorruptDataError,
     ForkedError,
+    LeaseLostError,
     LuftRedisError,
     RunNotBoundError,
     RunNotFoundError,
@@ -63,6 +65,16 @@ from ..runtime import (
     async_sleep,
 )
 from ..scripts import Function, is_function_missing, translate_error
+from ..tasks import (
+    DEFAULT_MAX_ATTEMPTS,
+    AgentTask,
+    TaskInfo,
+    fence_arg,
+    lease_ms,
+    parse_claim,
+    parse_tasks,
+    submit_args,
+)
 from ..tracing import traced
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
@@ -74,10 +86,13 @@ from ..wire import (
     xread_entries,
 )
 from .fcall import call_function, index_add, index_remove
+from .lease import AsyncAgentLease
 from .listener import AsyncChangeListener, AsyncRefresher, weak_work
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
+    "AgentTask",
+    "AsyncAgentLease",
     "AsyncCheckpointBackend",
     "AsyncRedisCheckpointBackend",
     "ChangeCallback",
@@ -151,6 +166,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     ``max_events=N``: this backend's appends trim the run's event log to about ``N`` entries
     (see :attr:`log_trimmed`). Both are off by default; see :mod:`luft_redis.retention`.
 
+    ``max_attempts`` (default 3): after that many failed attempts of an agent task claimed
+    through this backend (lapsed leases, non-ok ``agent_done``, exceptions leaving
+    ``with lease``) the task is dead until the run is resumed (docs/leases.md).
+
     Operations that talk to Redis are coroutines; :meth:`get_checkpoint`, :meth:`get_findings`
     and :meth:`can_resume` are answered from the cache. The change listener and the refresher
     are tasks on the running loop, one of each per client and loop. Release the backend with
@@ -172,11 +191,15 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         max_staleness: float = DEFAULT_MAX_STALENESS,
         expire_finished_after: timedelta | None = None,
         max_events: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         check_async_client(client)
         self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                         max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
         self._configure_retention(expire_finished_after, max_events)
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ConfigurationError("max_attempts must be a positive integer")
+        self._max_attempts = max_attempts
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
         self._waiting = 0
@@ -230,6 +253,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         max_staleness: float = DEFAULT_MAX_STALENESS,
         expire_finished_after: timedelta | None = None,
         max_events: int | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         **client_kwargs: Any,
     ) -> AsyncRedisCheckpointBackend:
         """A backend with its own client for ``url``, closed by :meth:`aclose`.
@@ -243,7 +267,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         backend = cls(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                       max_payload_size=max_payload_size, max_staleness=max_staleness,
                       expire_finished_after=expire_finished_after,
-                      max_events=max_events)  # fmt: skip
+                      max_events=max_events, max_attempts=max_attempts)  # fmt: skip
         backend._owns_client = True
         return backend
 
@@ -394,9 +418,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """``fn`` under the retry policy."""
         return await self._retried(lambda: self._fcall(fn, keys, args), run_id)
 
-    async def _retried(self, attempt: Callable[[], Any], run_id: object) -> Any:
-        """``attempt()`` under the retry policy, counted in :meth:`stats`; redis-py's errors
-        translated."""
+    async def _retried(self, attempt: Callable[[], Any], run_id: object,
+                       policy: RetryPolicy | None = None) -> Any:
+        """``attempt()`` under the retry policy (``policy``, else the backend's), counted in
+        :meth:`stats`; redis-py's errors translated."""
         counters = self._counters
         attempts = 0
 
@@ -407,7 +432,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
         started = time.perf_counter()
         try:
-            return await self._retry.acall(counted)
+            return await (policy or self._retry).acall(counted)
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
         finally:
@@ -455,21 +480,33 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             self._counters.writes += 1
             return replied
 
-    async def _write(self, fn: Function, args: Sequence[Any], binding: Binding) -> Delta:
+    async def _write(self, fn: Function, args: Sequence[Any], binding: Binding,
+                     lease: AsyncAgentLease | None = None, *, retention: bool = True) -> Delta:
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it."""
+        if retention:
+            args = self._with_retention(args)
+        return (await self._write_reply(fn, args, binding, lease))[1]
+
+    async def _write_reply(self, fn: Function, args: Sequence[Any], binding: Binding,
+                           lease: AsyncAgentLease | None = None) -> tuple[Any, Delta]:
+        """:meth:`_write` for a script whose reply may be an array led by the delta: the
+        reply as it came, and the delta applied."""
         try:
-            reply, acked = await self._execute(
-                fn, self._with_retention(args), binding.key_list, binding.run_id)
+            reply, acked = await self._execute(fn, args, binding.key_list, binding.run_id)
         except RunNotFoundError:
             binding.cache.install(None, binding.cache.generation)  # the server says: gone
             raise
-        delta = await self._absorb(binding, reply)
+        except LeaseLostError:
+            if lease is not None:
+                lease.lost = True
+            raise
+        delta = await self._absorb(binding, reply[0] if isinstance(reply, list) else reply)
         if delta.replay:
             self._counters.replays += 1
         self._emit()
         self._check_durable(acked)
-        return delta
+        return reply, delta
 
     async def _absorb(self, binding: Binding, reply: Any) -> Delta:
         """Apply a write's delta: at once when it continues the cache; after the notices of
@@ -693,39 +730,153 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     # -- writes ----------------------------------------------------------------------------
 
     @traced("append_event")
-    async def append_event(self, event: t.AgentEvent) -> None:
-        """Append ``event`` to the run's log and apply contract §5's rules, atomically."""
-        await self._append((event,))
+    async def append_event(self, event: t.AgentEvent, *,
+                           lease: AsyncAgentLease | None = None) -> None:  # fmt: skip
+        """Append ``event`` to the run's log and apply contract §5's rules, atomically.
+
+        With ``lease=``, the write is fenced: applied only while the lease is the task's
+        current one, else :class:`~luft_redis.errors.LeaseLostError` and nothing is written
+        (see :meth:`claim_agent`)."""
+        await self._append((event,), lease)
 
     @traced("append_events")
-    async def append_events(self, events: Sequence[t.AgentEvent]) -> None:
+    async def append_events(self, events: Sequence[t.AgentEvent], *,
+                            lease: AsyncAgentLease | None = None) -> None:  # fmt: skip
         """Append ``events`` in order, applying §5's rules to each, as one atomic change.
 
-        One round trip for the whole batch; either every event is stored or none is.
+        One round trip for the whole batch; either every event is stored or none is. With
+        ``lease=`` the batch is fenced, and an event of another agent refuses it whole
+        (:class:`~luft_redis.errors.ValidationError`).
         """
-        await self._append(events)
+        await self._append(events, lease)
 
-    async def _append(self, events: Sequence[t.AgentEvent]) -> None:
+    async def _append(self, events: Sequence[t.AgentEvent],
+                      lease: AsyncAgentLease | None) -> None:  # fmt: skip
         binding = self._need_run("append_events")
         args = self._encoder.events(events, binding.run_id)
         if args == ["0"]:
             return
-        await self._write(self._scripts.append_events, args, binding)
+        if lease is not None:
+            agents = [getattr(event, "agent_id", None) for event in events]
+            args.append(self._fence(lease, binding, "events", agents))
+        await self._write(self._scripts.append_events, args, binding, lease)
+        if lease is not None and any(
+                isinstance(e, t.AgentDone) and e.agent_id == lease.agent_id for e in events):
+            lease.finished = True  # the script ended the lease (done, or ready again)
         if finishes(events):
             await self._index(binding)
 
     @traced("upsert_agent_result")
-    async def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
-        """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event)."""
+    async def upsert_agent_result(self, cache: t.AgentResultCache, *,
+                                  lease: AsyncAgentLease | None = None) -> None:  # fmt: skip
+        """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event); fenced
+        with ``lease=`` (see :meth:`append_event`)."""
         binding = self._need_run("upsert_agent_result")
-        await self._write(self._scripts.upsert_agent_result, self._encoder.result(cache), binding)
+        args = self._encoder.result(cache)
+        if lease is not None:
+            args.append(self._fence(lease, binding, "cache", [cache.agent_id]))
+        await self._write(self._scripts.upsert_agent_result, args, binding, lease)
 
     @traced("upsert_agent_session")
-    async def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
-        """Insert or replace ``agent_sessions[session.agent_id]``."""
+    async def upsert_agent_session(self, session: t.AgentSessionCheckpoint, *,
+                                   lease: AsyncAgentLease | None = None) -> None:  # fmt: skip
+        """Insert or replace ``agent_sessions[session.agent_id]``; fenced with ``lease=``."""
         binding = self._need_run("upsert_agent_session")
         args = self._encoder.session(session)
-        await self._write(self._scripts.upsert_agent_session, args, binding)
+        if lease is not None:
+            args.append(self._fence(lease, binding, "session", [session.agent_id]))
+        await self._write(self._scripts.upsert_agent_session, args, binding, lease)
+
+    def _fence(self, lease: AsyncAgentLease, binding: Binding, field: str,
+               agents: Sequence[uuid.UUID | None]) -> str:  # fmt: skip
+        """The fence argument of a write with ``lease`` (ValidationError for a lease of another
+        run or backend, or data of another agent; LeaseLostError in a forked child)."""
+        if not isinstance(lease, AsyncAgentLease):
+            raise ValidationError("lease", f"expected an agent lease, got {type(lease).__name__}")
+        if lease.run_id != binding.run_id:
+            raise ValidationError("lease", f"the lease is of run {lease.run_id}, "
+                                           f"not of the bound run {binding.run_id}")  # fmt: skip
+        for agent in agents:
+            if agent is not None and agent != lease.agent_id:
+                raise ValidationError(field, f"holds data of agent {agent}; the lease is of "
+                                             f"agent {lease.agent_id}")  # fmt: skip
+        if lease.forked:
+            raise LeaseLostError(str(lease.agent_id), str(lease.token), None)
+        return fence_arg(lease.agent_id, lease.token, lease.incarnation)
+
+    # -- agent tasks and leases (docs/leases.md) -------------------------------------------
+
+    @traced("submit_agents")
+    async def submit_agents(self, tasks: Iterable[AgentTask]) -> None:
+        """Add agent tasks for workers to claim, atomically for the batch. Submitting an agent
+        again with the same phase and payload changes nothing; with another phase or payload
+        it is a :class:`~luft_redis.errors.ValidationError` (nothing changed). On a run that
+        is not running: :class:`~luft_redis.errors.RunNotRunningError`."""
+        binding = self._need_run("submit_agents")
+        args = submit_args(tasks, self._encoder.max_payload_size)
+        if args == ["0"]:
+            return
+        await self._write(self._scripts.submit_agents, args, binding)
+
+    @traced("claim_agent")
+    async def claim_agent(self, worker: str, *, lease_for: float = 30.0,
+                          timeout: float = 0.0) -> AsyncAgentLease | None:  # fmt: skip
+        """Claim one agent task with a lease of ``lease_for`` seconds (server clock): the
+        oldest ready task, else the one whose lease lapsed longest ago (a lapse is a failed
+        attempt). None when nothing is claimable within ``timeout`` seconds, or when the run
+        is not running. A blocked claim wakes on the run's change notices (a submit, a
+        release, a failed finish) and when the earliest lease lapses, never by polling.
+
+        A claim retried after a lost reply returns the same lease. ``worker`` names the holder
+        (``host:pid`` is a good name); it is shown by :meth:`agent_tasks`.
+        """
+        binding = self._need_run("claim_agent")
+        if not isinstance(worker, str) or not worker or any(c.isspace() for c in worker):
+            raise ValidationError("worker", "must be a non-empty name without white space")
+        duration = lease_ms(lease_for)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ValidationError("timeout", "must be a number of seconds >= 0")
+        deadline = time.monotonic() + timeout
+        while True:
+            sent = time.monotonic()
+            args = (worker, str(duration), str(self._max_attempts))
+            reply, delta = await self._write_reply(self._scripts.claim_agent, args, binding)
+            _, claim = parse_claim(reply, binding.keys.tasks)
+            if claim.agent_id is not None:
+                return AsyncAgentLease(self, claim, worker, duration, sent)
+            left = deadline - time.monotonic()
+            if claim.not_running is not None or left <= 0:
+                return None
+            wait = left if claim.wait_ms is None else min(left, claim.wait_ms / 1000 + 0.002)
+            await self.wait_for_change(delta.v_after, timeout=wait)
+
+    @traced("agent_tasks")
+    async def agent_tasks(self) -> list[TaskInfo]:
+        """Every agent task of the bound run, in submit order: state, holder, attempt,
+        failures, token, lease expiry (server clock) and payload."""
+        binding = self._need_run("agent_tasks")
+        reply = await self._call(self._scripts.agent_tasks, (), binding.key_list, binding.run_id)
+        return parse_tasks(reply, binding.keys.tasks)
+
+    async def _renew_lease(self, lease: AsyncAgentLease) -> tuple[str, int]:
+        """RENEW: ("ok" | "ended" | "cancelled", new expiry in unix ms); retried within the
+        lease's remaining time, not the backend's retry budget."""
+        binding = self._need_run("renew")
+        left = max(0.05, lease.expires_at - time.time())
+        policy = RetryPolicy(max_attempts=self._retry.max_attempts, deadline=left,
+                             initial_delay=self._retry.initial_delay,
+                             max_delay=min(self._retry.max_delay, left / 4))  # fmt: skip
+        args = (self._writer_id, "0", str(lease.agent_id), str(lease.token), lease.incarnation,
+                str(lease.lease_ms))  # fmt: skip
+        fn, keys = self._scripts.renew_lease, binding.key_list
+        reply = await self._retried(lambda: self._fcall(fn, keys, args), binding.run_id, policy)
+        outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return outcome, int(reply[1])
+
+    async def _release_lease(self, lease: AsyncAgentLease, failed: bool) -> None:
+        binding = self._need_run("release")
+        args = (str(lease.agent_id), str(lease.token), lease.incarnation, "1" if failed else "0")
+        await self._write(self._scripts.release_lease, args, binding, lease, retention=False)
 
     @traced("cancel")
     async def cancel(self) -> None:

@@ -2,7 +2,7 @@
   init_run: create a new run (contract §4): status running, phase 0, empty collections,
   created_at = updated_at = server time, version 1, a new incarnation.
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] run id (canonical)   ARGS[2] task   ARGS[3] run_dir

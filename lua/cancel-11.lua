@@ -2,7 +2,7 @@
   cancel: running -> cancelled (contract §5). A completed, failed or already cancelled run is
   left as it is, without error and without a new version.
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence

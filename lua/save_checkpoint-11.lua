@@ -2,7 +2,7 @@
   save_checkpoint: replace the run's whole state (not its event log) atomically
   (contract §4). updated_at becomes the server time; run_dir and the event log are kept.
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:

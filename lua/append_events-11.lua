@@ -2,7 +2,7 @@
   append_events: append a batch of events (one or more) to the run's log and apply the state
   rules of contract §5 to each, in order, as one atomic change (one version, one notice).
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
               max_events > 0: the log is trimmed to about max_events entries, and the
               first trim sets the run field log_trimmed = 1 (an R record)
@@ -22,7 +22,13 @@
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
           run fields, S of started agents, E res/ph of the results and phases written, F/X of
           finding segments.
-  Errors: LUFT_NO_RUN, LUFT_CORRUPT (a stored field is unreadable), LUFT_OVERFLOW
+  A fenced batch (ARGS[#ARGS] = "@fence ...", see includes/common.lua) is applied only while
+  the lease is current; its agent_done of the leased agent ends the lease: an ok status makes
+  the task done, any other a failed attempt (ready again until max_attempts, then dead). The
+  token stays current until the next claim of the task.
+
+  Errors: LUFT_LEASE_LOST (fenced, and the lease was taken over: nothing is written),
+          LUFT_NO_RUN, LUFT_CORRUPT (a stored field is unreadable), LUFT_OVERFLOW
           (total_tokens would pass 2^64-1), LUFT_BAD_ARG, LUFT_STALE; nothing is written on
           error, for any event of the batch.
 ]]
@@ -37,6 +43,8 @@ local function main()
   local current_phase = stored_uint(K_RUN, 'current_phase', run[4])
   local total = stored_uint(K_RUN, 'total_tokens', run[5])
   local phase_count = stored_uint(K_RUN, 'phases', run[6])
+  local fenced = check_fence(run)
+  local lease_end = nil -- {fields, score} when this batch ends the lease
   local now = now_seconds()
 
   -- 1. checks and reads, over a simulated state, collecting the writes
@@ -169,6 +177,17 @@ local function main()
         new_findings = findings
         entry.findings = true
       end
+      if aid == fenced and lease_end == nil then
+        local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'failures', p .. 'max',
+          p .. 'seq')
+        if t[1] == 'leased' then
+          local ended, score = end_lease(aid, rstatus == 'ok', task_uint(aid, 'failures', t[2]),
+            task_uint(aid, 'max', t[3]), task_uint(aid, 'seq', t[4]))
+          lease_end = {ended, score}
+        else
+          lease_end = false
+        end
+      end
       total = u64_add(total, tokens, 'total_tokens')
       run_changed.total_tokens = true
       touch_id(touched_results, aid)
@@ -247,6 +266,7 @@ local function main()
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
 
   -- 2. writes
+  if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
   for i = 1, #entries do
     redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
   end

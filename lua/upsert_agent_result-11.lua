@@ -3,7 +3,7 @@
   findings replace its earlier ones in the run's finding list. total_tokens is untouched and
   no event is added.
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
@@ -12,7 +12,9 @@
   ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)
 
   Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments
-  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
+  A fenced write ("@fence ...", see includes/common.lua) is applied only while the lease is
+  current, else LUFT_LEASE_LOST and nothing is written.
+  Errors: LUFT_LEASE_LOST, LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/retention"
 --- @include "includes/common"
@@ -23,6 +25,7 @@ local function main()
   local dup = dedup()
   if dup then return dup end
   local run = read_run()
+  check_fence(run)
   local aid = ARGS[1]
   local p = aid .. ':'
   local fields = {

@@ -1,9 +1,9 @@
 --[[
-  delete_run: delete every key of a run (its state, its event log, its writers) and tell the
+  delete_run: delete every key of a run (its state, its event log, its writers, its agent tasks) and tell the
   processes watching it; exactly once per writer operation.
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
-  KEYS[10]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
+  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[12]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
               ARGS[1] seconds (a retried delete whose reply was lost gets its first answer)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
@@ -18,7 +18,7 @@
 ]]
 --- @include "includes/common"
 
-local K_TOMBSTONE = KEYS[10]
+local K_TOMBSTONE = KEYS[12]
 
 local function main()
   if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
@@ -36,7 +36,7 @@ local function main()
   local run = redis.pcall('HMGET', K_RUN, 'version', 'incarnation')
   local existed = redis.call('EXISTS', K_RUN)
   redis.call('DEL', K_RUN, K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
-    K_FINDINGS_ORDER, K_WRITERS)
+    K_FINDINGS_ORDER, K_WRITERS, K_TASKS, K_QUEUE)
   if existed == 1 then
     local version, inc = '0', ''
     if type(run) == 'table' and not run.err then

@@ -1,7 +1,7 @@
 --[[
   upsert_agent_session: insert or replace agent_sessions[agent_id] (contract §4).
 
-  KEYS[1..9]  the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
@@ -9,7 +9,9 @@
   ARGS[4] session_id   ARGS[5] status   ARGS[6] updated_at   ARGS[7] resumable ("true"/"false")
 
   Reply and notice: the delta, op "session": E ses of the agent
-  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
+  A fenced write ("@fence ...", see includes/common.lua) is applied only while the lease is
+  current, else LUFT_LEASE_LOST and nothing is written.
+  Errors: LUFT_LEASE_LOST, LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/retention"
 --- @include "includes/common"
@@ -18,6 +20,7 @@ local function main()
   local dup = dedup()
   if dup then return dup end
   local run = read_run()
+  check_fence(run)
   local p = ARGS[1] .. ':'
   if ARGS[7] ~= 'true' and ARGS[7] ~= 'false' then fail('BAD_ARG', 'resumable is not a bool') end
   local fields = {

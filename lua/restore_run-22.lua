@@ -4,9 +4,10 @@
   written by save_checkpoint on the staging keys); they share the run's hash tag, so RENAME
   stays in the run's slot (Redis Cluster included).
 
-  KEYS[1..9]   the run's keys (see includes/common.lua)
-  KEYS[10..18] the staging keys, in the same order as KEYS[1..9]: run, events, phases,
-               results, sessions, started, findings, findings_order, writers
+  KEYS[1..11]  the run's keys (see includes/common.lua)
+  KEYS[12..22] the staging keys, in the same order as KEYS[1..11]: run, events, phases,
+               results, sessions, started, findings, findings_order, writers, tasks, queue
+               (an import brings no agent tasks: the staged tasks and queue are never filled)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] replace: '1' to replace an existing run, '0' to refuse it
@@ -32,24 +33,24 @@ local function main()
   if inc == nil or string.find(inc, '^[0-9a-f]+$') == nil then
     fail('BAD_ARG', 'incarnation is not a hex id')
   end
-  check_type(KEYS[10], 'hash')
-  local staged = redis.call('HGET', KEYS[10], 'incarnation')
+  check_type(KEYS[12], 'hash')
+  local staged = redis.call('HGET', KEYS[12], 'incarnation')
   if staged ~= inc then
-    fail('BAD_ARG', KEYS[10] .. ' is not the staged run of this import')
+    fail('BAD_ARG', KEYS[12] .. ' is not the staged run of this import')
   end
   if replace == '0' and redis.call('EXISTS', K_RUN) == 1 then
     fail('EXISTS', K_RUN .. ' already exists')
   end
 
   redis.call('DEL', K_RUN, K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
-    K_FINDINGS_ORDER, K_WRITERS)
+    K_FINDINGS_ORDER, K_WRITERS, K_TASKS, K_QUEUE)
   for i = 1, 8 do
-    if redis.call('EXISTS', KEYS[9 + i]) == 1 then
-      redis.call('RENAME', KEYS[9 + i], KEYS[i])
+    if redis.call('EXISTS', KEYS[11 + i]) == 1 then
+      redis.call('RENAME', KEYS[11 + i], KEYS[i])
       redis.call('PERSIST', KEYS[i])
     end
   end
-  redis.call('DEL', KEYS[18])
+  redis.call('DEL', KEYS[20], KEYS[21], KEYS[22])
   redis.call('HSET', K_RUN, 'updated_at', updated_at, 'version', '1')
   local payload = delta_bytes(inc, '0', inc, '1', 'restore')
   redis.call('SPUBLISH', CHANNEL, payload)

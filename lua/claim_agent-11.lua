@@ -1,0 +1,107 @@
+--[[
+  claim_agent: hand out one agent task with a lease (docs/leases.md): the oldest ready task;
+  when none is ready, the task whose lease lapsed longest ago (the stalled check runs here, so
+  no separate process is needed; the lapse counts as a failed attempt). A task whose agent has
+  an ok result meanwhile (written with or without a lease) becomes done and is skipped; a
+  lapsed task at max_attempts failures becomes dead. Times are the server's clock.
+
+  KEYS[1..11] the run's keys (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
+  ARGS[1] worker (the holder's name)   ARGS[2] lease duration in ms   ARGS[3] max_attempts
+
+  Reply:  an array: the delta (op "claim"; no records), then for a lease
+          agent_id, token, attempt, expires (unix ms), phase_id, payload, incarnation;
+          with nothing claimable: "" and the ms until the next lease lapses ("" when none is
+          leased) — a delta that changes nothing (or "skip" records when tasks became done
+          or dead) — and on a run that is not running "" and "!<status>".
+          A retry of the same operation (its reply lost) gets the same lease again.
+  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
+]]
+--- @include "includes/common"
+
+local SCAN = 64 -- the most queue entries one claim looks at (done or dead ones are skipped)
+
+local function lease_reply(delta, aid, token, attempt, expires, inc)
+  local p = aid .. ':'
+  local task = redis.call('HMGET', K_TASKS, p .. 'phase', p .. 'payload')
+  return {delta, aid, token, attempt, expires, task[1] or '0', task[2] or '', inc}
+end
+
+local function main()
+  local memo_field = WRITER .. ' claim'
+  local dup = dedup()
+  if dup then
+    local memo = redis.call('HGET', K_WRITERS, memo_field)
+    local seq, aid, token, attempt, expires, inc =
+      string.match(memo or '', '^(%d+) (%S+) (%d+) (%d+) (%d+) (%S+)$')
+    if seq == WRITER_SEQ then return lease_reply(dup, aid, token, attempt, expires, inc) end
+    return {dup, '', ''}
+  end
+  local worker = ARGS[1]
+  if worker == nil or worker == '' then fail('BAD_ARG', 'worker is empty') end
+  local lease_ms = tonumber(arg_uint(ARGS[2], 'lease duration'))
+  local max = tonumber(arg_uint(ARGS[3], 'max_attempts'))
+  if lease_ms < 1 or max < 1 then fail('BAD_ARG', 'lease duration and max_attempts must be >= 1') end
+  local run = read_run('lease_token')
+  if run[1] ~= 'running' then return {unchanged(run, 'claim'), '', '!' .. run[1]} end
+  local token = tonumber(run[4] and stored_uint(K_RUN, 'lease_token', run[4]) or '0')
+  local now = now_ms()
+
+  -- 1. reads and decisions: skip tasks that are done or dead by now; pick the first claimable
+  local ended, chosen, wait = {}, nil, ''
+  local head = redis.call('ZRANGE', K_QUEUE, 0, SCAN - 1, 'WITHSCORES')
+  for i = 1, #head, 2 do
+    local aid, score = head[i], tonumber(head[i + 1])
+    local leased = score >= LEASE_SCORE
+    if leased and score > now then
+      wait = whole(score - now)
+      break
+    end
+    local p = aid .. ':'
+    local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'attempt', p .. 'failures',
+      p .. 'max', p .. 'seq')
+    if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
+    local attempt, failures = task_uint(aid, 'attempt', t[2]), task_uint(aid, 'failures', t[3])
+    local seq = task_uint(aid, 'seq', t[5])
+    local task_max = t[4] and task_uint(aid, 'max', t[4]) or max
+    if redis.call('HGET', K_RESULTS, p .. 'status') == 'ok' then
+      local fields = end_lease(aid, true, failures, task_max, seq)
+      ended[#ended + 1] = {aid, fields, nil}
+    elseif leased then -- lapsed: that attempt failed
+      local fields, score_after, state = end_lease(aid, false, failures, task_max, seq)
+      if state == 'dead' then
+        ended[#ended + 1] = {aid, fields, nil}
+      else
+        chosen = {aid, attempt, failures + 1}
+        break
+      end
+    else
+      chosen = {aid, attempt, failures}
+      break
+    end
+  end
+
+  -- 2. writes
+  for i = 1, #ended do write_task_end(ended[i][1], ended[i][2], ended[i][3]) end
+  if not chosen then
+    if #ended == 0 then return {unchanged(run, 'claim'), '', wait} end
+    return {commit(run, now_seconds(), 'claim'), '', wait}
+  end
+  local aid, attempt = chosen[1], whole(chosen[2] + 1)
+  token = whole(token + 1)
+  local expires = whole(now + lease_ms)
+  local p = aid .. ':'
+  redis.call('HSET', K_TASKS, p .. 'state', 'leased', p .. 'attempt', attempt,
+    p .. 'failures', whole(chosen[3]), p .. 'max', whole(max), p .. 'token', token,
+    p .. 'holder', worker, p .. 'expires', expires)
+  redis.call('ZADD', K_QUEUE, expires, aid)
+  redis.call('HSET', K_RUN, 'lease_token', token) -- a counter, not a checkpoint field
+  local delta = commit(run, now_seconds(), 'claim')
+  local inc = redis.call('HGET', K_RUN, 'incarnation')
+  redis.call('HSET', K_WRITERS, memo_field,
+    WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc)
+  return lease_reply(delta, aid, token, attempt, expires, inc)
+end
+
+--- @include "includes/main"

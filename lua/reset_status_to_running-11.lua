@@ -1,0 +1,59 @@
+--[[
+  reset_status_to_running: failed/cancelled/running -> running (contract §5, decided: a
+  completed run is not resumable).
+
+  KEYS[1..11] the run's keys (see includes/common.lua)
+  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
+  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence
+
+  Agent tasks (docs/leases.md) that are dead, or leased with a lease that has lapsed, are
+  ready again, their attempts and failures reset.
+
+  Reply and notice: the delta, op "reset": R status running
+  Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;
+          LUFT_CORRUPT; LUFT_STALE
+]]
+--- @include "includes/retention"
+--- @include "includes/common"
+
+local function main()
+  local dup = dedup()
+  if dup then return dup end
+  local run = read_run()
+  if run[1] == 'completed' then fail('NOT_RESUMABLE', run[1]) end
+  local now = now_ms()
+  local flat = redis.call('HGETALL', K_TASKS)
+  local tasks = {}
+  for i = 1, #flat, 2 do
+    local aid, attr = string.match(flat[i], '^(.*):(%a+)$')
+    if aid then
+      local task = tasks[aid]
+      if not task then
+        task = {}
+        tasks[aid] = task
+        tasks[#tasks + 1] = aid
+      end
+      task[attr] = flat[i + 1]
+    end
+  end
+  local revive = {}
+  for i = 1, #tasks do
+    local aid = tasks[i]
+    local task = tasks[aid]
+    local lapsed = task.state == 'leased' and task_uint(aid, 'expires', task.expires) <= now
+    if task.state == 'dead' or lapsed then
+      revive[#revive + 1] = {aid, task_uint(aid, 'seq', task.seq)}
+    end
+  end
+  for i = 1, #revive do
+    local aid, seq = revive[i][1], revive[i][2]
+    local p = aid .. ':'
+    redis.call('HSET', K_TASKS, p .. 'state', 'ready', p .. 'attempt', '0', p .. 'failures', '0',
+      p .. 'expires', '0')
+    redis.call('ZADD', K_QUEUE, seq, aid)
+  end
+  return retained(commit(run, now_seconds(), 'reset', {'status', 'running'}), 'running')
+end
+
+--- @include "includes/main"

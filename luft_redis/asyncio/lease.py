@@ -1,0 +1,170 @@
+"""``AsyncAgentLease``: one claimed agent task, with its fencing token and heartbeat.
+
+A worker gets a lease from ``claim_agent`` (see docs/leases.md), runs the agent, and writes its
+events and results with ``lease=lease``: those writes are fenced (applied only while the lease
+is the task's current one). ``async with lease:`` renews it in the background every third of
+its duration and, when the block ends without the agent finished, hands the task back
+(an exception counts as a failed attempt). :attr:`lost` tells a long-running agent to stop.
+
+This is the hand-written asyncio source; :mod:`luft_redis.lease` is generated from it
+(see :mod:`luft_redis.runtime` for what differs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from ..coherence import fork_generation
+from ..errors import LeaseLostError, LuftRedisError
+from ..runtime import AsyncSignal, AsyncWorker
+from ..tasks import AgentTask, Claim
+
+if TYPE_CHECKING:
+    from .backend import AsyncRedisCheckpointBackend
+
+__all__ = ["AsyncAgentLease"]
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_FRACTION = 3
+"""A heartbeat renews the lease every ``lease_for / HEARTBEAT_FRACTION`` seconds."""
+
+
+class AsyncAgentLease:
+    """The right to run one agent task until :attr:`expires_at` (the Redis server's clock).
+
+    ``agent_id``, ``task`` (the submitted :class:`~luft_redis.tasks.AgentTask`), ``token``
+    (the fencing token: strictly increasing per run), ``attempt`` (hand-outs of this task so
+    far, this one included) and ``expires_at`` (unix seconds) describe it. :attr:`lost` turns
+    True when the lease is known to be gone (taken over, the run cancelled or re-created, or a
+    heartbeat too late to keep it), :attr:`cancelled` when the run stopped running.
+    """
+
+    def __init__(self, backend: AsyncRedisCheckpointBackend, claim: Claim, worker: str,
+                 lease_ms: int, sent_at: float) -> None:  # fmt: skip
+        assert claim.agent_id is not None
+        self._backend = backend
+        self.run_id: uuid.UUID = backend._need_run("lease").run_id
+        self.agent_id: uuid.UUID = claim.agent_id
+        self.task = AgentTask(claim.agent_id, claim.phase_id, claim.payload)
+        self.token = claim.token
+        self.attempt = claim.attempt
+        self.worker = worker
+        self.incarnation = claim.incarnation
+        self.expires_at = claim.expires_ms / 1000
+        self.lease_ms = lease_ms
+        self.lost = False
+        self.cancelled = False
+        self.finished = False
+        """An ``agent_done`` was written with this lease: the task is done, or ready again."""
+        self.released = False
+        self._deadline = sent_at + lease_ms / 1000  # local clock, measured before the claim
+        self._fork = fork_generation()
+        self._stopping = False
+        self._wake = AsyncSignal()
+        self._heartbeat: AsyncWorker | None = None
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "finished" if self.finished else "held"
+        return (f"<AgentLease agent={self.agent_id} token={self.token} attempt={self.attempt} "
+                f"{state}>")  # fmt: skip
+
+    @property
+    def forked(self) -> bool:
+        """This process is a fork of the one that claimed the lease: it never holds it."""
+        return self._fork != fork_generation()
+
+    def _lose(self, why: str) -> None:
+        if not self.lost:
+            self.lost = True
+            logger.warning("lease of agent %s (token %d) lost: %s", self.agent_id, self.token, why)
+
+    async def renew(self) -> None:
+        """Extend the lease by its duration (from now, server clock).
+
+        :class:`~luft_redis.errors.LeaseLostError` once another worker took the task over (a
+        lapsed lease that nobody took over renews fine). On a run that is no longer running
+        :attr:`cancelled` and :attr:`lost` turn True (the agent should stop)."""
+        if self.forked:
+            raise LeaseLostError(str(self.agent_id), str(self.token), None)
+        sent = time.monotonic()
+        try:
+            outcome, expires_ms = await self._backend._renew_lease(self)
+        except LeaseLostError:
+            self._lose("another worker took the task over")
+            raise
+        if outcome == "cancelled":
+            self.cancelled = True
+            self._lose("the run is no longer running")
+        elif outcome == "ended":
+            self.finished = True
+        else:
+            self.expires_at = expires_ms / 1000
+            self._deadline = sent + self.lease_ms / 1000
+
+    async def release(self, *, failed: bool = False) -> None:
+        """Hand the task back: ready again for another worker. ``failed=True`` counts this
+        attempt as failed (after ``max_attempts`` failures the task is dead). Nothing happens
+        when the agent finished with this lease already."""
+        self._stopping = True
+        self._wake.notify()
+        if self.forked or self.released:
+            return
+        await self._backend._release_lease(self, failed)
+        self.released = True
+
+    async def _beat(self) -> None:
+        """The heartbeat: renew every third of the lease, retrying within the time left."""
+        interval = self.lease_ms / 1000 / HEARTBEAT_FRACTION
+        next_beat = time.monotonic() + interval
+        while not self._stopping and not self.lost and not self.finished:
+            pause = max(0.0, next_beat - time.monotonic())
+            await self._wake.wait_for(lambda: self._stopping, pause)
+            if self._stopping:
+                return
+            now = time.monotonic()
+            if now > self._deadline:
+                self._lose(f"the heartbeat ran {now - next_beat:.3f} s late (the event loop or "
+                           "the process was blocked) and the lease lapsed meanwhile")  # fmt: skip
+                return
+            try:
+                await self.renew()
+            except LeaseLostError:
+                return
+            except LuftRedisError as exc:
+                if time.monotonic() > self._deadline:
+                    self._lose(f"renewing failed until the lease lapsed ({exc})")
+                    return
+                logger.info("renewing the lease of agent %s failed (%s); trying again",
+                            self.agent_id, exc)  # fmt: skip
+                next_beat = time.monotonic() + min(interval, 0.1)
+                continue
+            next_beat = time.monotonic() + interval
+
+    async def __aenter__(self) -> AsyncAgentLease:
+        if self._heartbeat is None and not self.forked:
+            name = f"luft-redis-heartbeat-{self.agent_id}"
+            self._heartbeat = AsyncWorker(self._beat, name)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:  # fmt: skip
+        self._stopping = True
+        self._wake.notify()
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None:
+            await heartbeat.join(self.lease_ms / 1000)
+        if self.finished or self.lost or self.released or self.forked:
+            return
+        try:
+            await self.release(failed=kind is not None)
+        except LeaseLostError:
+            self.lost = True
+        except LuftRedisError as error:
+            if kind is None:
+                raise
+            logger.warning("releasing the lease of agent %s failed (%s)", self.agent_id, error)
