@@ -55,6 +55,8 @@ sync-only. The fixtures::
     open_frontend_client   a factory of further such clients (closed after the test)
     make_frontend_backend  a factory of backends of that front end, make(client=None, **kwargs):
                            on ``client`` or on a new client; closed after the test
+    frontend_backend_type  that front end's backend class, cls(client, **kwargs)
+    async_loop             the EventLoopThread of the asyncio clients (asked for by the above)
 
 ``redis_client`` stays the sync client, for raw inspection on either front end.
 
@@ -542,8 +544,17 @@ def frontend_client(
 
 
 @pytest.fixture
+def frontend_backend_type(frontend: str) -> type[RedisCheckpointBackend | AsyncBackendProxy]:
+    """The backend class of the front end under test, ``cls(client, **kwargs)`` with a client of
+    that front end: ``RedisCheckpointBackend`` or :class:`AsyncBackendProxy` (for a backend the
+    test closes itself; :func:`make_frontend_backend`'s are closed after the test)."""
+    return RedisCheckpointBackend if frontend == "sync" else AsyncBackendProxy
+
+
+@pytest.fixture
 def make_frontend_backend(
-    frontend: str, open_frontend_client: Callable[[], Any]
+    frontend_backend_type: type[RedisCheckpointBackend | AsyncBackendProxy],
+    open_frontend_client: Callable[[], Any],
 ) -> Iterator[Callable[..., Any]]:
     """A factory ``make(client=None, **kwargs)`` of backends of the front end under test:
     ``RedisCheckpointBackend`` or :class:`AsyncBackendProxy`, on ``client`` (one of this
@@ -552,13 +563,9 @@ def make_frontend_backend(
     made: list[RedisCheckpointBackend | AsyncBackendProxy] = []
 
     def make(client: Any = None, **kwargs: Any) -> RedisCheckpointBackend | AsyncBackendProxy:
-        if client is None:
-            client = open_frontend_client()
-        backend: RedisCheckpointBackend | AsyncBackendProxy
-        if frontend == "sync":
-            backend = RedisCheckpointBackend(client, **kwargs)
-        else:
-            backend = AsyncBackendProxy(client, **kwargs)
+        backend = frontend_backend_type(
+            open_frontend_client() if client is None else client, **kwargs
+        )
         made.append(backend)
         return backend
 
