@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import sqlite3
+import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -106,7 +107,9 @@ Progress = Callable[[int, "int | None"], None]
 
 
 class InteropError(LuftRedisError):
-    """A run could not be moved between Redis and a luft store; nothing was half-written."""
+    """A run could not be moved between Redis and a luft store; nothing was half-written,
+    except where the message says so (:func:`export_run_dir` when the second of its two
+    renames fails: the new ``events.jsonl`` is in place, ``checkpoint.json`` is not)."""
 
 
 class LogTrimmedError(InteropError):
@@ -149,13 +152,19 @@ class SqliteSchemaError(InteropError):
 
 
 class SqliteDataError(InteropError, ValueError):
-    """A row of a luft SQLite database cannot be read as the contract's types."""
+    """A row of a luft SQLite database cannot be read as the contract's types: ``path``,
+    ``table``, ``row`` (``"run <id>"``, ``"run <id>, agent <id>"``, ``"seq <n>"``, ...) and,
+    when one column is at fault, ``column`` (a TEXT or JSON value that is not UTF-8, JSON that
+    does not parse, a record that names a field twice)."""
 
-    def __init__(self, path: str, table: str, row: str, message: str) -> None:
+    def __init__(self, path: str, table: str, row: str, message: str,
+                 column: str | None = None) -> None:  # fmt: skip
         self.path = path
         self.table = table
         self.row = row
-        super().__init__(f"{path}: table {table}, {row}: {message}")
+        self.column = column
+        where = f"table {table}, {row}" + (f", column {column}" if column else "")
+        super().__init__(f"{path}: {where}: {message}")
 
 
 class ImportResult(NamedTuple):
@@ -304,14 +313,98 @@ def checkpoint_json(cp: t.RunCheckpoint) -> dict[str, Any]:
 # ------------------------------------------------------------------------ the run directory
 
 
+# Where luft reads a struct (a derived serde Deserialize) rather than a free JSON value. serde
+# refuses a struct that names a field twice ("duplicate field"); a free value
+# (serde_json::Value: `output`, `report`, `raw`, `args`, `results`, `result`, `data`,
+# `workflow_meta`) and a map (HashMap: `agent_results`, `agent_sessions`) keep the last value.
+# The contract's field names are unambiguous, so the shape of a field follows from its name.
+_STRUCT: Final = "struct"
+_MAP_OF_STRUCTS: Final = "map"
+_STRUCT_FIELDS: Final[dict[str, str]] = {
+    "completed_phases": _STRUCT,  # [PhaseSummary]
+    "agent_results": _MAP_OF_STRUCTS,  # {agent id: AgentResultCache}
+    "agent_sessions": _MAP_OF_STRUCTS,  # {agent id: AgentSessionCheckpoint}
+    "findings": _STRUCT,  # [Finding]
+    "location": _STRUCT,  # Location
+    "tokens": _STRUCT,  # TokenUsage (agent_done, pipeline_item_done; an int in a result)
+    "total_tokens": _STRUCT,  # TokenUsage (run_done; an int in the checkpoint)
+    "delta": _STRUCT,  # ProgressDelta
+    "usage": _STRUCT,  # TokenUsage of a `tokens` ProgressDelta
+    "phases": _STRUCT,  # plan_preview's phases
+}
+
+
+class _Repeated(NamedTuple):
+    """The JSON objects of one document that named a key more than once (by ``id``; each
+    entry keeps its object alive so the id is not reused)."""
+
+    objects: dict[int, tuple[dict[str, Any], list[str]]]
+
+    def hook(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        """``object_pairs_hook``: the object as ``json.loads`` makes it (the last value of a
+        repeated key wins), remembering the keys it repeated."""
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            repeated: list[str] = []
+            for key, _ in pairs:
+                if key in seen and key not in repeated:
+                    repeated.append(key)
+                seen.add(key)
+            self.objects[id(obj)] = (obj, repeated)
+        return obj
+
+    def check(self, value: Any, path: str = "") -> None:
+        """:class:`ValidationError` naming the first field a struct of ``value`` (a struct
+        itself: a checkpoint or an event, or a list of them) repeats, as serde refuses it."""
+        if not self.objects:
+            return
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                self.check(item, f"{path}[{i}]")
+            return
+        if not isinstance(value, dict):
+            return
+        entry = self.objects.get(id(value))
+        if entry is not None and entry[0] is value:
+            key = entry[1][0]
+            raise ValidationError(
+                f"{path}.{key}" if path else key,
+                "field named twice (luft's serde refuses a duplicate field)",
+            )
+        for key, item in value.items():
+            shape = _STRUCT_FIELDS.get(key)
+            sub = f"{path}.{key}" if path else key
+            if shape == _STRUCT:
+                self.check(item, sub)
+            elif shape == _MAP_OF_STRUCTS and isinstance(item, dict):
+                for name, entry_value in item.items():
+                    self.check(entry_value, f"{sub}.{name}")
+
+
+def _loads_struct(text: str | bytes) -> Any:
+    """``text`` parsed as ``json.loads`` does, refusing (:class:`ValidationError` naming the
+    field) a repeated field in an object luft reads as a struct: the checkpoint, an event, a
+    finding and the other records of the contract (an object, or a list of them). A repeated
+    key inside a free JSON value (``output``, ``workflow_meta``, ...) or of the result and
+    session maps keeps its last value, as serde_json does. ``json.JSONDecodeError`` and
+    ``RecursionError`` pass through."""
+    repeated = _Repeated({})
+    value = json.loads(text, object_pairs_hook=repeated.hook)
+    repeated.check(value)
+    return value
+
+
 def _loads(text: str, path: Path, line: int | None) -> Any:
     try:
-        return json.loads(text)
+        return _loads_struct(text)
     except json.JSONDecodeError as exc:
         raise RunFileError(path, line if line is not None else exc.lineno,
                            f"not JSON: {exc.msg} (column {exc.colno})") from None  # fmt: skip
     except RecursionError:
         raise RunFileError(path, line, "JSON nested too deeply") from None
+    except ValidationError as exc:
+        raise RunFileError(path, line, exc.message, exc.field) from None
 
 
 def read_checkpoint_file(path: str | os.PathLike[str]) -> t.RunCheckpoint:
@@ -424,9 +517,18 @@ def export_run_dir(
 ) -> ExportResult:
     """Write run ``run_id`` as a luft run directory: ``checkpoint.json`` (pretty, as
     ``serde_json::to_string_pretty``, maps sorted by agent id, no trailing newline) and
-    ``events.jsonl`` (one compact event per line). The directory is created if missing; files
-    already there are an :class:`InteropError` unless ``overwrite``. Each file is written to a
-    ``.tmp`` sibling and renamed into place.
+    ``events.jsonl`` (one compact event per line). The directory is created if missing.
+
+    Every target is checked before anything is read or written: a file already there is an
+    :class:`InteropError` unless ``overwrite``, and so is (even with ``overwrite``) a target
+    that is a directory, or a directory path that is not one. Both files are then written
+    beside their targets under temporary names (``.<name>.<random>.tmp``, removed on any
+    error) and renamed in, ``events.jsonl`` first, then ``checkpoint.json``. Each rename is
+    atomic, the pair is not: a crash (or power loss) between the two renames leaves the new
+    ``events.jsonl`` beside the old ``checkpoint.json`` (none if there was none) and the
+    checkpoint's temporary file; the log is then ahead of the checkpoint, as after a luft
+    crash between appending an event and saving its checkpoint. Export again (``overwrite``)
+    to make the pair whole, and delete leftover ``.*.tmp`` files.
 
     A run whose log was trimmed (``max_events``) is refused with :class:`LogTrimmedError`
     before anything is written, unless ``allow_trimmed`` (then a warning is logged and
@@ -434,11 +536,8 @@ def export_run_dir(
     rid = check_uuid(run_id, "run_id")
     check_prefix(prefix)
     out = Path(directory)
-    targets = [out / CHECKPOINT_FILE, out / EVENTS_FILE]
-    if not overwrite:
-        for target in targets:
-            if target.exists():
-                raise InteropError(f"{target} exists (pass overwrite=True / --force to replace)")
+    targets = [out / EVENTS_FILE, out / CHECKPOINT_FILE]  # in the order they are renamed in
+    _check_export_targets(out, targets, overwrite)
     cp, last, keys, _ = _read_consistent(client, prefix, rid)
     trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
     try:
@@ -446,9 +545,9 @@ def export_run_dir(
     except OSError as exc:
         raise InteropError(f"cannot create {out}: {exc.strerror or exc}") from exc
     count = 0
-    tmp_events = out / (EVENTS_FILE + ".tmp")
-    tmp_cp = out / (CHECKPOINT_FILE + ".tmp")
+    temps: list[Path] = []
     try:
+        tmp_events = _create_temp(targets[0], temps)
         with tmp_events.open("w", encoding="utf-8", newline="\n") as handle:
             for event in _iter_redis_events(client, keys, rid, last):
                 handle.write(dumps_compact(event.to_json()) + "\n")
@@ -457,19 +556,69 @@ def export_run_dir(
                     progress(count, None)
         if not trimmed:  # trimmed while it was read: the file may lack the oldest events
             trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
+        tmp_cp = _create_temp(targets[1], temps)
         tmp_cp.write_text(dumps_pretty(checkpoint_json(cp)), encoding="utf-8", newline="\n")
-        os.replace(tmp_events, targets[1])
-        os.replace(tmp_cp, targets[0])
-    except (OSError, LogTrimmedError) as exc:
-        for tmp in (tmp_events, tmp_cp):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        if isinstance(exc, LogTrimmedError):
-            raise
-        raise InteropError(f"cannot write {out}: {exc.strerror or exc}") from exc
+        _check_export_targets(out, targets, overwrite)  # again: the export took a while
+    except BaseException as exc:
+        _remove(temps)
+        if isinstance(exc, OSError):
+            raise InteropError(f"cannot write {out}: {exc.strerror or exc}; nothing was "
+                               "replaced") from exc  # fmt: skip
+        raise
+    try:
+        os.replace(tmp_events, targets[0])
+    except OSError as exc:
+        _remove(temps)
+        raise InteropError(f"cannot replace {targets[0]}: {exc.strerror or exc}; nothing was "
+                           "replaced") from exc  # fmt: skip
+    try:
+        os.replace(tmp_cp, targets[1])
+    except OSError as exc:
+        _remove(temps)
+        raise InteropError(
+            f"cannot replace {targets[1]}: {exc.strerror or exc}; {targets[0]} already holds "
+            f"the new log: export again once {targets[1].name} can be written"
+        ) from exc
     if progress is not None:
         progress(count, count)
     return ExportResult(rid, count, str(out), trimmed)
+
+
+def _check_export_targets(out: Path, targets: list[Path], overwrite: bool) -> None:
+    """:class:`InteropError` unless every file of an export can be renamed into place: ``out``
+    is a directory (or missing), and each target is missing, or (with ``overwrite``) not a
+    directory (``os.replace`` cannot replace one; a symlink is replaced, not followed)."""
+    if out.exists() and not out.is_dir():
+        raise InteropError(f"{out} is not a directory")
+    present = []
+    for target in targets:
+        try:
+            mode = target.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise InteropError(f"cannot check {target}: {exc.strerror or exc}") from exc
+        if stat.S_ISDIR(mode):
+            raise InteropError(f"{target} is a directory; nothing was written (remove it, or "
+                               "export to another directory)")  # fmt: skip
+        present.append(target)
+    if present and not overwrite:
+        raise InteropError(f"{present[0]} exists (pass overwrite=True / --force to replace)")
+
+
+def _create_temp(target: Path, temps: list[Path]) -> Path:
+    """A new empty file beside ``target`` (``.<name>.<random>.tmp``, created exclusively, with
+    the mode ``open`` would give), appended to ``temps``."""
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    temps.append(tmp)
+    return tmp
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 # ------------------------------------------------------------------------- writing to Redis
@@ -717,12 +866,42 @@ SQLITE_COLUMNS: Final[dict[str, tuple[str, ...]]] = {
 _AGENT_EXTRAS: Final = ("model", "prompt_preview", "started_ts", "done_ts", "elapsed_ms")
 
 
+class _BadText(bytes):
+    """A TEXT value that is not UTF-8, as :func:`_text_factory` returns it (sqlite3's own
+    decoding raises ``OperationalError`` naming neither the table nor the row)."""
+
+
+def _text_factory(raw: bytes) -> str | bytes:
+    """The connection's ``text_factory``: TEXT as ``str``, or a :class:`_BadText` that
+    :func:`_check_text` and :func:`_json_col` refuse naming the table, column and row."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _BadText(raw)
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return f"not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+
+
+def _check_text(values: Iterable[Any], columns: Iterable[str], path: str, table: str,
+                row: str) -> None:  # fmt: skip
+    """:class:`SqliteDataError` naming the first of ``columns`` whose TEXT is not UTF-8."""
+    for value, column in zip(values, columns, strict=True):
+        if isinstance(value, _BadText):
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SqliteDataError(path, table, row, _not_utf8(exc), column) from None
+
+
 def _connect_sqlite(path: str | os.PathLike[str]) -> sqlite3.Connection:
     p = Path(path)
     if not p.is_file():
         raise InteropError(f"{p}: no such SQLite database")
     try:
         conn = sqlite3.connect(f"file:{p.resolve()}?mode=rw", uri=True, isolation_level=None)
+        conn.text_factory = _text_factory
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError as exc:
@@ -755,28 +934,40 @@ def sqlite_run_ids(path: str | os.PathLike[str]) -> list[uuid.UUID]:
     try:
         check_sqlite_schema(conn, str(path))
         ids = []
-        for (raw,) in conn.execute("SELECT run_id FROM checkpoints"):
-            ids.append(_blob_uuid(raw, str(path), "checkpoints", "run_id"))
+        for n, (raw,) in enumerate(conn.execute("SELECT run_id FROM checkpoints"), 1):
+            ids.append(_blob_uuid(raw, str(path), "checkpoints", "run_id", f"row {n}"))
         return sorted(ids)
     finally:
         conn.close()
 
 
-def _blob_uuid(raw: Any, path: str, table: str, column: str) -> uuid.UUID:
-    if isinstance(raw, bytes) and len(raw) == 16:
+def _blob_uuid(raw: Any, path: str, table: str, column: str, row: str) -> uuid.UUID:
+    if isinstance(raw, bytes) and not isinstance(raw, _BadText) and len(raw) == 16:
         return uuid.UUID(bytes=raw)
-    raise SqliteDataError(path, table, column, f"{raw!r:.60} is not a 16-byte UUID")
+    shown = bytes(raw) if isinstance(raw, bytes) else raw
+    raise SqliteDataError(path, table, row, f"{shown!r:.60} is not a 16-byte UUID", column)
 
 
-def _json_col(raw: Any, path: str, table: str, row: str, default: Any = None) -> Any:
+def _json_col(raw: Any, path: str, table: str, column: str, row: str, default: Any = None, *,
+              struct: bool = False) -> Any:  # fmt: skip
+    """The JSON value of a TEXT or BLOB column (``default`` for NULL). ``struct``: the value is
+    a record of the contract (or a list of them) that luft reads with serde, so a field named
+    twice is refused; elsewhere the last value of a repeated key wins, as in serde_json."""
     if raw is None:
         return default
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", "strict")
+    if isinstance(raw, bytes):  # a BLOB, or TEXT that is not UTF-8 (_BadText)
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SqliteDataError(path, table, row, _not_utf8(exc), column) from None
     try:
-        return json.loads(raw)
+        return _loads_struct(raw) if struct else json.loads(raw)
     except (json.JSONDecodeError, TypeError) as exc:
-        raise SqliteDataError(path, table, row, f"not JSON: {exc}") from None
+        raise SqliteDataError(path, table, row, f"not JSON: {exc}", column) from None
+    except RecursionError:
+        raise SqliteDataError(path, table, row, "JSON nested too deeply", column) from None
+    except ValidationError as exc:
+        raise SqliteDataError(path, table, row, f"{exc.field}: {exc.message}", column) from None
 
 
 def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
@@ -784,45 +975,54 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
     """Rebuild run ``run_id``'s checkpoint as luft's ``rebuild_checkpoint`` does, and its
     ``run_dir``. The run's finding list is its agents' findings, in the agents' row order."""
     rid = run_id.bytes
+    of_run = f"run {run_id}"
     run = conn.execute("SELECT task, run_dir FROM runs WHERE run_id = ?", (rid,)).fetchone()
     if run is None:
         raise RunNotFoundError(run_id)
-    ck = conn.execute(
-        "SELECT status, current_phase, total_tokens, created_at, updated_at, workflow_meta, "
-        "started_agent_ids FROM checkpoints WHERE run_id = ?", (rid,)).fetchone()  # fmt: skip
+    _check_text(run, ("task", "run_dir"), path, "runs", of_run)
+    ck_columns = ("status", "current_phase", "total_tokens", "created_at", "updated_at",
+                  "workflow_meta", "started_agent_ids")  # fmt: skip
+    ck = conn.execute(f"SELECT {', '.join(ck_columns)} FROM checkpoints WHERE run_id = ?",
+                      (rid,)).fetchone()  # fmt: skip
     if ck is None:
-        raise SqliteDataError(path, "checkpoints", f"run {run_id}", "no checkpoint row")
-    phases = [
-        {"phase_id": r[0], "label": r[1], "planned": r[2], "ok": r[3], "failed": r[4],
-         "description": r[5], "role": r[6]}
-        for r in conn.execute(
-            "SELECT phase_id, label, planned, ok, failed, description, role FROM phases "
-            "WHERE run_id = ? ORDER BY phase_id", (rid,))
-    ]  # fmt: skip
+        raise SqliteDataError(path, "checkpoints", of_run, "no checkpoint row")
+    _check_text(ck[:5], ck_columns[:5], path, "checkpoints", of_run)
+    phase_columns = ("phase_id", "label", "planned", "ok", "failed", "description", "role")
+    phases = []
+    for r in conn.execute(f"SELECT {', '.join(phase_columns)} FROM phases WHERE run_id = ? "
+                          "ORDER BY phase_id", (rid,)):  # fmt: skip
+        _check_text(r, phase_columns, path, "phases", f"{of_run}, phase {r[0]!r:.40}")
+        phases.append(dict(zip(phase_columns, r, strict=True)))
+    agent_columns = ("agent_id", "phase_id", "status", "output", "findings_json",
+                     "input_tokens", "output_tokens", "cache_key_hash", "description", "role",
+                     "completed_at")  # fmt: skip
     results: dict[str, Any] = {}
     findings: list[Any] = []
-    for r in conn.execute(
-        "SELECT agent_id, phase_id, status, output, findings_json, input_tokens, output_tokens,"
-        " cache_key_hash, description, role, completed_at FROM agents "
-        "WHERE run_id = ? AND status != 'running' ORDER BY rowid", (rid,)):  # fmt: skip
-        aid = str(_blob_uuid(r[0], path, "agents", "agent_id"))
-        row = f"agent {aid}"
-        agent_findings = _json_col(r[4], path, "agents", row, [])
+    for n, r in enumerate(conn.execute(
+        f"SELECT {', '.join(agent_columns)} FROM agents "
+        "WHERE run_id = ? AND status != 'running' ORDER BY rowid", (rid,)), 1):  # fmt: skip
+        aid = str(_blob_uuid(r[0], path, "agents", "agent_id", f"{of_run}, row {n}"))
+        row = f"{of_run}, agent {aid}"
+        _check_text(r, agent_columns, path, "agents", row)
+        agent_findings = _json_col(r[4], path, "agents", "findings_json", row, [], struct=True)
         if not isinstance(r[5], int) or not isinstance(r[6], int):
             raise SqliteDataError(path, "agents", row, "input_tokens/output_tokens not integers")
         results[aid] = {
             "agent_id": aid, "phase_id": r[1], "status": r[2],
-            "output": _json_col(r[3], path, "agents", row), "findings": agent_findings,
-            "tokens": r[5] + r[6], "completed_at": r[10], "cache_key_hash": r[7],
-            "description": r[8], "role": r[9],
+            "output": _json_col(r[3], path, "agents", "output", row),
+            "findings": agent_findings, "tokens": r[5] + r[6], "completed_at": r[10],
+            "cache_key_hash": r[7], "description": r[8], "role": r[9],
         }  # fmt: skip
         if isinstance(agent_findings, list):
             findings += agent_findings
+    session_columns = ("agent_id", "backend_id", "protocol_session_id", "session_id", "status",
+                       "updated_at", "resumable")  # fmt: skip
     sessions: dict[str, Any] = {}
-    for r in conn.execute(
-        "SELECT agent_id, backend_id, protocol_session_id, session_id, status, updated_at, "
-        "resumable FROM agent_sessions WHERE run_id = ? ORDER BY rowid", (rid,)):  # fmt: skip
-        aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id"))
+    for n, r in enumerate(conn.execute(
+        f"SELECT {', '.join(session_columns)} FROM agent_sessions WHERE run_id = ? "
+        "ORDER BY rowid", (rid,)), 1):  # fmt: skip
+        aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id", f"{of_run}, row {n}"))
+        _check_text(r, session_columns, path, "agent_sessions", f"{of_run}, agent {aid}")
         sessions[aid] = {
             "agent_id": aid, "backend_id": r[1], "protocol_session_id": r[2],
             "session_id": r[3], "status": r[4], "updated_at": r[5],
@@ -832,8 +1032,9 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
         "run_id": str(run_id), "task": run[0], "status": ck[0], "current_phase": ck[1],
         "completed_phases": phases, "agent_results": results, "agent_sessions": sessions,
         "findings": findings, "total_tokens": ck[2], "created_at": ck[3], "updated_at": ck[4],
-        "workflow_meta": _json_col(ck[5], path, "checkpoints", "workflow_meta"),
-        "started_agent_ids": _json_col(ck[6], path, "checkpoints", "started_agent_ids", []),
+        "workflow_meta": _json_col(ck[5], path, "checkpoints", "workflow_meta", of_run),
+        "started_agent_ids": _json_col(ck[6], path, "checkpoints", "started_agent_ids",
+                                       of_run, []),
     }  # fmt: skip
     try:
         cp = t.RunCheckpoint.from_json(obj)
@@ -848,7 +1049,7 @@ def _iter_sqlite_events(conn: sqlite3.Connection, run_id: uuid.UUID,
     cursor = conn.execute("SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq",
                           (run_id.bytes,))  # fmt: skip
     for seq, payload in cursor:
-        obj = _json_col(payload, path, "events", f"seq {seq}")
+        obj = _json_col(payload, path, "events", "payload", f"seq {seq}", struct=True)
         try:
             yield str(seq), t.AgentEvent.from_json(obj)
         except ValidationError as exc:

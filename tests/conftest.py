@@ -43,17 +43,20 @@ Front ends
 ----------
 ``frontend`` (params ``FRONTENDS = ("sync", "async")``) selects the front end a test drives:
 the sync ``RedisCheckpointBackend`` itself, or an ``AsyncRedisCheckpointBackend`` behind
-:class:`AsyncBackendAdapter`, which gives it the sync backend's interface (each coroutine runs
-on a private event loop in a daemon thread, :class:`EventLoopThread`). Only tests that ask for
-``frontend`` (or a fixture built on it) run twice; the others stay sync-only. The fixtures::
+:class:`AsyncBackendProxy`, a generic proxy that uses every member on the backend's own event
+loop (a private loop in a daemon thread, :class:`EventLoopThread`) and awaits what it returns.
+Only tests that ask for ``frontend`` (or a fixture built on it) run twice; the others stay
+sync-only. The fixtures::
 
     frontend               "sync" or "async"
     frontend_client        the client that front end uses on the current target: redis_client
                            itself (sync), or an asyncio client to the same server/cluster/
-                           FakeServer made on the adapter's loop (async)
+                           FakeServer made on the backend's loop (async)
     open_frontend_client   a factory of further such clients (closed after the test)
     make_frontend_backend  a factory of backends of that front end, make(client=None, **kwargs):
                            on ``client`` or on a new client; closed after the test
+    frontend_backend_type  that front end's backend class, cls(client, **kwargs)
+    async_loop             the EventLoopThread of the asyncio clients (asked for by the above)
 
 ``redis_client`` stays the sync client, for raw inspection on either front end.
 
@@ -76,10 +79,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import inspect
 import os
 import threading
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
@@ -91,11 +95,8 @@ import redis.asyncio.cluster
 from redis.cluster import RedisCluster
 
 import luft_redis
-from luft_redis import AsyncRedisCheckpointBackend, BackendStats, RedisCheckpointBackend
-from luft_redis import types as t
-from luft_redis.asyncio import AsyncChangeListener
-from luft_redis.backend import DEFAULT_PAGE_SIZE, CheckpointBackend, LogEntry
-from luft_redis.keys import RunKeys
+from luft_redis import AsyncRedisCheckpointBackend, RedisCheckpointBackend
+from luft_redis.asyncio import AsyncChangeListener, AsyncCheckpointBackend
 from luft_redis.tools.server import (
     LocalRedisCluster,
     LocalRedisServer,
@@ -117,8 +118,8 @@ _FIXTURE_MARKS: Final = {"redis_cluster_replicas": "cluster"}
 #: The front-end ids, in order (the ``frontend`` fixture).
 FRONTENDS: Final = ("sync", "async")
 
-#: Seconds one call through :class:`AsyncBackendAdapter` may take.
-ADAPTER_TIMEOUT: Final = 60.0
+#: Seconds one call through :class:`AsyncBackendProxy` may take.
+PROXY_TIMEOUT: Final = 60.0
 
 T = TypeVar("T")
 
@@ -314,9 +315,10 @@ def make_backend(
 class EventLoopThread:
     """A private asyncio event loop running in a daemon thread, driven from sync code.
 
-    :meth:`run` runs an awaitable on it and waits for the result. Clients made with
-    :meth:`open_client` are created on the loop and remembered, so that an
-    :class:`AsyncBackendAdapter` given such a client finds the loop by itself.
+    :meth:`run` runs an awaitable on it and waits for the result; :meth:`call` runs any callable
+    on it (awaiting what it returns, see there). Clients made with :meth:`open_client` are
+    created on the loop and remembered, so that an :class:`AsyncBackendProxy` given such a
+    client finds the loop by itself.
     """
 
     _owners: ClassVar[dict[int, EventLoopThread]] = {}
@@ -338,7 +340,7 @@ class EventLoopThread:
         except KeyError:
             raise ValueError(f"{client!r} was not made by an EventLoopThread") from None
 
-    def run(self, awaitable: Awaitable[T], timeout: float = ADAPTER_TIMEOUT) -> T:
+    def run(self, awaitable: Awaitable[T], timeout: float = PROXY_TIMEOUT) -> T:
         """Run ``awaitable`` on the loop and return its result (or raise its exception);
         TimeoutError (and the coroutine cancelled) after ``timeout`` seconds."""
         if threading.current_thread() is self._thread:
@@ -354,6 +356,38 @@ class EventLoopThread:
             future.cancel()
             raise
 
+    def call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``function(*args, **kwargs)`` called on the loop, as an asyncio caller would: an
+        awaitable result is awaited there; an async iterator comes back as a sync iterator
+        (each item fetched on the loop); a callable (a bound method, the function
+        ``subscribe`` returns) comes back as a function that is called the same way."""
+
+        async def main() -> Any:
+            got = function(*args, **kwargs)
+            return await got if inspect.isawaitable(got) else got
+
+        got = self.run(main())
+        if isinstance(got, AsyncIterator):
+            return self._iterate(got)
+        if callable(got) and not isinstance(got, type):
+            return functools.partial(self.call, got)
+        return got
+
+    def _iterate(self, items: AsyncIterator[Any]) -> Iterator[Any]:
+        async def step() -> tuple[Any] | None:
+            try:
+                return (await anext(items),)
+            except StopAsyncIteration:
+                return None
+
+        try:
+            while (got := self.run(step())) is not None:
+                yield got[0]
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None and not self.loop.is_closed():
+                self.run(aclose())
+
     def open_client(self, make: Callable[[], Any]) -> Any:
         """``make()`` called on the loop: an asyncio client bound to this loop."""
 
@@ -366,7 +400,11 @@ class EventLoopThread:
         return client
 
     def close_client(self, client: Any) -> None:
-        """Stop the client's change listener (if any) and close the client, on the loop."""
+        """Stop the client's change listener (if any) and close the client, on the loop (a
+        client already closed here is left alone)."""
+        if self._clients.pop(id(client), None) is not client:
+            return
+        self._owners.pop(id(client), None)
 
         async def close() -> None:
             listener = AsyncChangeListener.existing(client)
@@ -374,8 +412,6 @@ class EventLoopThread:
                 await listener.aclose()
             await client.aclose()
 
-        self._clients.pop(id(client), None)
-        self._owners.pop(id(client), None)
         self.run(close())
 
     def close(self) -> None:
@@ -413,182 +449,47 @@ def async_client_like(client: Client) -> Any:
     return redis.asyncio.Redis(host=kwargs["host"], port=kwargs["port"])
 
 
-class AsyncBackendAdapter:
-    """An :class:`AsyncRedisCheckpointBackend` behind the sync ``RedisCheckpointBackend``'s
-    interface, so that the sync conformance tests run on the asyncio front end too.
+class AsyncBackendProxy:
+    """An :class:`AsyncRedisCheckpointBackend` driven from sync code, so that sync-style tests
+    run on the asyncio front end too: nothing of the backend is re-implemented here.
 
     ``client`` is an asyncio client made by :meth:`EventLoopThread.open_client`; the keyword
-    arguments are the backend's. Every coroutine method runs on that loop
-    (``run_coroutine_threadsafe(...).result(timeout=60)``); async iterators are re-yielded one
-    item at a time; the plain methods (``get_checkpoint``, ``get_findings``, ``can_resume``,
-    ``subscribe``) and the properties are passed through; :meth:`close` is ``aclose()``.
-    Callbacks given to :meth:`subscribe` run on the loop's thread.
+    arguments are the backend's. Every member the proxy does not have itself is looked up
+    *and used on the backend's loop* (:meth:`EventLoopThread.call`): a coroutine method is
+    awaited there, an async iterator is re-yielded one item at a time, and a property or plain
+    method (``cache_is_fresh``, ``get_checkpoint()``, ...) is read there too. The asyncio
+    backend's state is guarded by no lock (``runtime.AsyncStateLock`` does nothing: one loop
+    needs none), so reading it from another thread while the loop changes it would not be
+    safe; on the loop, every read sees what an asyncio caller would. :meth:`close` is
+    ``aclose()``. Callbacks given to ``subscribe`` run on the loop's thread.
     """
 
     def __init__(self, client: Any, *, loop: EventLoopThread | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
-        self._loop = loop if loop is not None else EventLoopThread.owner_of(client)
-
-        async def make() -> AsyncRedisCheckpointBackend:
-            return AsyncRedisCheckpointBackend(client, **kwargs)
-
-        self.wrapped = self._loop.run(make())
+        self.event_loop_thread = loop if loop is not None else EventLoopThread.owner_of(client)
+        """The loop the backend lives on."""
+        self.wrapped: AsyncRedisCheckpointBackend = self.event_loop_thread.call(
+            AsyncRedisCheckpointBackend, client, **kwargs
+        )
         """The asyncio backend itself."""
+        assert isinstance(self.wrapped, AsyncCheckpointBackend)  # luft's trait, asyncio flavour
 
-    def _run(self, awaitable: Awaitable[T]) -> T:
-        return self._loop.run(awaitable)
-
-    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
-        async def step() -> tuple[T] | None:
-            try:
-                return (await anext(items),)
-            except StopAsyncIteration:
-                return None
-
-        try:
-            while (got := self._run(step())) is not None:
-                yield got[0]
-        finally:
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None and not self._loop.loop.is_closed():
-                self._run(aclose())
-
-    # -- properties and plain methods: passed through
-
-    @property
-    def client(self) -> Any:
-        return self.wrapped.client
-
-    @property
-    def prefix(self) -> str:
-        return self.wrapped.prefix
-
-    @property
-    def run_id(self) -> uuid.UUID | None:
-        return self.wrapped.run_id
-
-    @property
-    def keys(self) -> RunKeys | None:
-        return self.wrapped.keys
-
-    @property
-    def version(self) -> int:
-        return self.wrapped.version
-
-    @property
-    def max_staleness(self) -> float:
-        return self.wrapped.max_staleness
-
-    @property
-    def cache_is_fresh(self) -> bool:
-        return self.wrapped.cache_is_fresh
-
-    @property
-    def log_trimmed(self) -> bool:
-        return self.wrapped.log_trimmed
-
-    def get_checkpoint(self) -> t.RunCheckpoint | None:
-        return self.wrapped.get_checkpoint()
-
-    def stats(self) -> BackendStats:
-        return self.wrapped.stats()
-
-    def get_findings(self) -> tuple[t.Finding, ...]:
-        return self.wrapped.get_findings()
-
-    def can_resume(self) -> bool:
-        return self.wrapped.can_resume()
-
-    def subscribe(self, callback: Callable[[t.RunCheckpoint], object]) -> Callable[[], None]:
-        return self.wrapped.subscribe(callback)
-
-    # -- coroutines: run on the loop
-
-    def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
-        self._run(self.wrapped.init_run(run_id, task, run_dir))
-
-    def init_run_with_meta(
-        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
-    ) -> None:
-        self._run(self.wrapped.init_run_with_meta(run_id, task, run_dir, workflow_meta))
-
-    def open_run(self, run_id: uuid.UUID) -> t.RunCheckpoint | None:
-        return self._run(self.wrapped.open_run(run_id))
-
-    def delete_run(self, run_id: uuid.UUID | None = None) -> bool:
-        return self._run(self.wrapped.delete_run(run_id))
-
-    def list_runs(self) -> list[uuid.UUID]:
-        return self._run(self.wrapped.list_runs())
-
-    def append_event(self, event: t.AgentEvent) -> None:
-        self._run(self.wrapped.append_event(event))
-
-    def append_events(self, events: Sequence[t.AgentEvent]) -> None:
-        self._run(self.wrapped.append_events(events))
-
-    def upsert_agent_result(self, cache: t.AgentResultCache) -> None:
-        self._run(self.wrapped.upsert_agent_result(cache))
-
-    def upsert_agent_session(self, session: t.AgentSessionCheckpoint) -> None:
-        self._run(self.wrapped.upsert_agent_session(session))
-
-    def cancel(self) -> None:
-        self._run(self.wrapped.cancel())
-
-    def reset_status_to_running(self) -> None:
-        self._run(self.wrapped.reset_status_to_running())
-
-    def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
-        self._run(self.wrapped.save_checkpoint(checkpoint))
-
-    def get_event_log(self) -> list[t.AgentEvent]:
-        return self._run(self.wrapped.get_event_log())
-
-    def sync(self) -> t.RunCheckpoint | None:
-        return self._run(self.wrapped.sync())
-
-    def wait_for_change(
-        self, after_version: int | None = None, timeout: float | None = None
-    ) -> bool:
-        return self._run(self.wrapped.wait_for_change(after_version, timeout))
-
-    # -- async iterators: re-yielded
-
-    def iter_event_log(
-        self, *, start: str = "-", page_size: int = DEFAULT_PAGE_SIZE
-    ) -> Iterator[t.AgentEvent]:
-        return self._iterate(self.wrapped.iter_event_log(start=start, page_size=page_size))
-
-    def iter_events(
-        self,
-        from_id: str | None = None,
-        *,
-        follow: bool = True,
-        timeout: float | None = None,
-        block_ms: int = 1000,
-        count: int = 100,
-    ) -> Iterator[LogEntry]:
-        return self._iterate(self.wrapped.iter_events(
-            from_id, follow=follow, timeout=timeout, block_ms=block_ms, count=count))  # fmt: skip
-
-    # -- closing
+    def __getattr__(self, name: str) -> Any:
+        if name in ("wrapped", "event_loop_thread") or name.startswith("__"):
+            raise AttributeError(name)  # not set up (yet): never look it up on the backend
+        return self.event_loop_thread.call(getattr, self.wrapped, name)
 
     def close(self) -> None:
-        self._run(self.wrapped.aclose())
+        self.event_loop_thread.call(self.wrapped.aclose)
 
-    def __enter__(self) -> AsyncBackendAdapter:
+    def __enter__(self) -> AsyncBackendProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<AsyncBackendAdapter of {self.wrapped!r}>"
-
-
-def _adapter_is_a_checkpoint_backend(adapter: AsyncBackendAdapter) -> CheckpointBackend:
-    return adapter  # mypy checks the adapter against luft's trait (CheckpointBackend)
+        return f"<AsyncBackendProxy of {self.wrapped!r}>"
 
 
 @pytest.fixture(params=FRONTENDS)
@@ -643,23 +544,28 @@ def frontend_client(
 
 
 @pytest.fixture
+def frontend_backend_type(frontend: str) -> type[RedisCheckpointBackend | AsyncBackendProxy]:
+    """The backend class of the front end under test, ``cls(client, **kwargs)`` with a client of
+    that front end: ``RedisCheckpointBackend`` or :class:`AsyncBackendProxy` (for a backend the
+    test closes itself; :func:`make_frontend_backend`'s are closed after the test)."""
+    return RedisCheckpointBackend if frontend == "sync" else AsyncBackendProxy
+
+
+@pytest.fixture
 def make_frontend_backend(
-    frontend: str, open_frontend_client: Callable[[], Any]
+    frontend_backend_type: type[RedisCheckpointBackend | AsyncBackendProxy],
+    open_frontend_client: Callable[[], Any],
 ) -> Iterator[Callable[..., Any]]:
     """A factory ``make(client=None, **kwargs)`` of backends of the front end under test:
-    ``RedisCheckpointBackend`` or :class:`AsyncBackendAdapter`, on ``client`` (one of this
+    ``RedisCheckpointBackend`` or :class:`AsyncBackendProxy`, on ``client`` (one of this
     front end's) or on a new client; keyword arguments go to the backend. All are closed after
     the test."""
-    made: list[RedisCheckpointBackend | AsyncBackendAdapter] = []
+    made: list[RedisCheckpointBackend | AsyncBackendProxy] = []
 
-    def make(client: Any = None, **kwargs: Any) -> RedisCheckpointBackend | AsyncBackendAdapter:
-        if client is None:
-            client = open_frontend_client()
-        backend: RedisCheckpointBackend | AsyncBackendAdapter
-        if frontend == "sync":
-            backend = RedisCheckpointBackend(client, **kwargs)
-        else:
-            backend = AsyncBackendAdapter(client, **kwargs)
+    def make(client: Any = None, **kwargs: Any) -> RedisCheckpointBackend | AsyncBackendProxy:
+        backend = frontend_backend_type(
+            open_frontend_client() if client is None else client, **kwargs
+        )
         made.append(backend)
         return backend
 

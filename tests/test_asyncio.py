@@ -5,13 +5,13 @@
 * refusal of the wrong kind of client (both ways);
 * ``cache_is_fresh``, ``subscribe`` with plain and coroutine callbacks, ``wait_for_change``;
 * exactly-once writes through lost replies (a small asyncio TCP proxy);
-* fork detection, ``from_url``, durability, the live feed, listener recovery, and a
+* fork detection, ``from_url``, durability, the live feed in a task, listener recovery, and a
   ``CLUSTER FAILOVER`` of the run's slot (``redis_cluster_replicas``, marked ``slow``).
 
 The contract itself (every operation, the cache equal to a fresh load after every step, the
 random-operations property) is tests/test_backend.py's conformance suite, which runs on this
-front end too (``frontend="async"``, through conftest.py's ``AsyncBackendAdapter``); this file
-has what only asyncio code can show.
+front end too (``frontend="async"``, through conftest.py's ``AsyncBackendProxy``), and so do
+the hostile cases of tests/test_hostile.py; this file has what only asyncio code can show.
 
 Runs on fakeredis (``FakeAsyncRedis``), a private redis-server and a private 3-master cluster
 (the ``redis_target`` fixture of ``conftest.py``). pytest-asyncio is not used: each test runs
@@ -188,7 +188,11 @@ def done(run_id: uuid.UUID, agent: uuid.UUID | None = None, tokens: int = 10) ->
 # ------------------------------------------------------------------------------ 1. the live feed
 
 
-def test_events_of_a_batch_and_the_live_feed(target: Target) -> None:
+def test_the_live_feed_follows_in_a_task(target: Target) -> None:
+    """``iter_events`` following the log in a task while another coroutine writes (what the
+    log holds, read from a stream id, and ``"$"`` when nothing is new, is
+    tests/test_backend.py's ``test_event_log_from_a_stream_id``, on both front ends)."""
+
     async def main() -> None:
         backends = Backends(target)
         try:
@@ -196,11 +200,10 @@ def test_events_of_a_batch_and_the_live_feed(target: Target) -> None:
             run_id = uuid.uuid4()
             await b.init_run(run_id, "feed", "/tmp/feed")
             await reader.open_run(run_id)
-            batch = [Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}") for i in range(3)]
-            await b.append_events(batch)
-            await b.append_events([])  # nothing to do
+            first = Log(run_id=run_id, level=LogLevel.INFO, msg="m0")
+            await b.append_events([first])
             got = [entry async for entry in reader.iter_events(follow=False)]
-            assert [entry.event for entry in got] == batch
+            assert [entry.event for entry in got] == [first]
 
             async def follow() -> list[Any]:
                 seen = []
@@ -216,8 +219,6 @@ def test_events_of_a_batch_and_the_live_feed(target: Target) -> None:
             for event in later:
                 await b.append_event(event)
             assert await follower == later
-            idle = [entry async for entry in reader.iter_events("$", timeout=0.1, block_ms=20)]
-            assert idle == []
         finally:
             await backends.aclose()
 

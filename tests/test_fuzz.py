@@ -14,6 +14,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, TypeAlias
 
 import msgpack
@@ -267,10 +268,17 @@ PHASE = 1
 
 @dataclass
 class Stored:
+    """Every backend here is ``watch=False`` and closed at the end of the test: no listener
+    thread runs while Hypothesis draws. On Redis Cluster a listener refreshes the topology
+    through redis-py, which shuffles with the global ``random`` module; from another thread,
+    in the middle of a draw, that is Hypothesis's "Do not use the random module inside
+    strategies" (an error under the test config's filterwarnings)."""
+
     client: Any
     backend: RedisCheckpointBackend
     run_id: uuid.UUID
     other: uuid.UUID
+    opened: list[RedisCheckpointBackend] = dataclass_field(default_factory=list)
 
     @property
     def keys(self) -> Any:
@@ -279,7 +287,9 @@ class Stored:
         return keys
 
     def reopen(self) -> RedisCheckpointBackend:
-        return RedisCheckpointBackend(self.client)
+        backend = RedisCheckpointBackend(self.client, watch=False)
+        self.opened.append(backend)
+        return backend
 
 
 def _fill(backend: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
@@ -306,12 +316,15 @@ def _fill(backend: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
 @pytest.fixture
 def stored(redis_client: Client) -> Iterator[Stored]:
     """Two filled runs on the current target; the first one gets corrupted."""
-    backend = RedisCheckpointBackend(redis_client)
-    other_backend = RedisCheckpointBackend(redis_client)
+    backend = RedisCheckpointBackend(redis_client, watch=False)
+    other_backend = RedisCheckpointBackend(redis_client, watch=False)
     run_id, other = uuid.uuid4(), uuid.uuid4()
     _fill(other_backend, other)
     _fill(backend, run_id)
-    yield Stored(redis_client, backend, run_id, other)
+    stored = Stored(redis_client, backend, run_id, other, [backend, other_backend])
+    yield stored
+    for opened in stored.opened:
+        opened.close()
 
 
 def _other_run_still_works(s: Stored) -> None:

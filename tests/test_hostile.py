@@ -1,38 +1,51 @@
-"""Hostile cases for cache coherence (``../shared/design/coherence.md``, "What to test").
+"""Hostile cases for cache coherence (``../shared/design/coherence.md``, "What to test"), on
+both front ends.
 
 Every test here would fail on a cache that is wrong while it says it is fresh (or that never
-finds its way back to fresh):
+finds its way back to fresh). Each test of sections 2 to 6 runs on the sync
+``RedisCheckpointBackend`` and on the asyncio ``AsyncRedisCheckpointBackend`` (the ``frontend``
+fixture: ids ``sync-...`` and ``async-...``); the asyncio one is driven through conftest.py's
+``AsyncBackendProxy``, which runs every call on the backend's own event loop (a daemon thread),
+so the test reads the same on both. The faults hit the real mechanism of each front end (see
+:class:`FrontEnd`).
 
-1. Fork. ``test_forked_children_write_exactly_once``: a bound backend is inherited by 4
-   children forked after binding; each writes 30 events through it at once. Every acknowledged
-   write is stored once, every child has its own writer id, no child's cache reports fresh at
-   the fork, and each converges. ``test_a_forked_child_never_reports_fresh_before_reloading``:
-   another thread of the child reads ``cache_is_fresh`` throughout the fork handling.
+1. Fork, sync only: the asyncio backend refuses by design to work in a forked child, with
+   ``ForkedError`` (``test_a_backend_made_before_a_fork_refuses_to_work_in_the_child`` in
+   tests/test_asyncio.py). ``test_forked_children_write_exactly_once``: a bound backend is
+   inherited by 4 children forked after binding; each writes 30 events through it at once.
+   Every acknowledged write is stored once, every child has its own writer id, no child's cache
+   reports fresh at the fork, and each converges.
+   ``test_a_forked_child_never_reports_fresh_before_reloading``: another thread of the child
+   reads ``cache_is_fresh`` throughout the fork handling.
    ``test_forked_reader_sees_the_parents_cancel``: a child that only reads still learns of a
    change.
 2. ``test_noop_cancel_from_a_lagging_cache``: ``cancel()`` of a run another process completed
    meanwhile (a no-op), from a cache that lags (``watch=False``, notices delayed or dropped).
-3. ``test_stalled_subscriber``: the subscriber connection stops delivering without a FIN (a
-   TCP proxy that stalls): the cache stops reporting fresh within ``max_staleness``, never
-   reports fresh with the pre-cancel state, and converges once the link is back or replaced.
+3. ``test_stalled_subscriber``: the connections stop delivering without a FIN (a TCP proxy
+   that stalls): the cache stops reporting fresh within ``max_staleness``, never reports fresh
+   with the pre-cancel state, and converges once the link is back, or replaced by the library
+   itself, or reloaded at once by ``sync()`` through the stalled pool.
 4. ``test_recreated_run_is_followed``: the run is deleted and re-created, or the server loses
-   its data (FLUSHALL) and the run is re-created; every bound cache follows the new
-   incarnation, none reports fresh while showing the old one, and the old writer's next write
-   lands in the new incarnation and in its own cache. Also: a write told LUFT_NO_RUN stops
-   vouching; a late delete notice of the old incarnation does not strand a reloaded cache.
+   its data (FLUSHALL) and the run is re-created; every bound cache (two of them sharing one
+   client and listener) follows the new incarnation, none reports fresh while showing the old
+   one, the old writer's next write lands in the new incarnation and in its own cache, and a
+   writer that does not watch learns of the new incarnation from its own write. Also: a write
+   told LUFT_NO_RUN stops vouching; a late delete notice of the old incarnation does not strand
+   a reloaded cache.
 5. ``test_slow_wait_does_not_delay_notices``: a backend writing with a ``WAIT`` that takes 1 s
    does not hold up the notices of another backend on the same client.
 6. ``test_random_interleavings``: random operations (writes, no-ops, deletes and re-inits,
-   delayed notices, dropped subscriber connections) over three backends; after each step a
-   cache that reports fresh equals a fresh load and a cache at the stored version holds the
-   stored state; in the end ``sync()`` converges everywhere.
+   delayed notices, dropped subscriber connections, ``CLIENT KILL TYPE pubsub``) over three
+   backends; after each step a cache that reports fresh equals a fresh load and a cache at the
+   stored version holds the stored state; in the end ``sync()`` converges everywhere.
    ``test_random_interleavings_regain_freshness_unaided``: the same, without ``sync()``.
 
-"Delayed notices" are delayed on the wire's side of the listener (:class:`DelayedPubSub`):
-every message of the subscriber connection (notices, confirmations and PING replies alike)
-is handed over ``seconds`` late and in order, as a slow network would. Dropping notices while
-the PINGs still get through (monkeypatching ``ChangeListener._targets``) breaks the ordering
-the health check relies on, so it is only used where the test asserts nothing about freshness.
+"Delayed notices" are delayed on the wire's side of the listener (:class:`DelayedSubscriber`,
+:class:`AsyncDelayedSubscriber`): every message of the subscriber connection (notices,
+confirmations and PING replies alike) is handed over ``seconds`` late and in order, as a slow
+network would. Dropping notices while the PINGs still get through (replacing the listener's
+``_targets``) breaks the ordering the health check relies on, so it is only used where the test
+asserts nothing about freshness.
 
 Runs on fakeredis and a private redis-server (marked ``server``); the fork test uses
 fakeredis served over TCP (``TcpFakeServer``) so the children share the parent's server.
@@ -55,8 +68,10 @@ from typing import Any, TypeAlias
 import fakeredis
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -78,19 +93,21 @@ from luft_redis import (
     RunStatus,
     TokenUsage,
 )
+from luft_redis.asyncio import AsyncChangeListener
 from luft_redis.backend import Durability
 from luft_redis.listener import ChangeListener
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
-Factory: TypeAlias = Callable[..., RedisCheckpointBackend]
+Factory: TypeAlias = Callable[..., Any]
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 BOUND = 5.0
 """Seconds any convergence may take (far above the expected milliseconds)."""
 
 FAKE_AND_REDIS = ["fakeredis", pytest.param("redis", marks=pytest.mark.server)]
+REDIS_ONLY = [pytest.param("redis", marks=pytest.mark.server)]
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -106,7 +123,8 @@ def eventually(predicate: Callable[[], bool], bound: float = BOUND, step: float 
 
 
 def load(client: Any, run_id: uuid.UUID) -> RunCheckpoint | None:
-    """The run as stored now, read by a new backend (no cache of its own to trust)."""
+    """The run as stored now, read by a new (sync) backend on the sync ``client``: no cache of
+    its own to trust."""
     return RedisCheckpointBackend(client, watch=False).open_run(run_id)
 
 
@@ -126,19 +144,19 @@ def result(agent: uuid.UUID, n: int) -> AgentResultCache:
                             findings=(), tokens=n, completed_at=n)  # fmt: skip
 
 
-def describe(backend: RedisCheckpointBackend) -> str:
+def describe(backend: Any) -> str:
     cp = backend.get_checkpoint()
     shown = "unbound" if cp is None else f"task={cp.task!r} status={cp.status.value}"
     return f"fresh={backend.cache_is_fresh} v={backend.version} {shown}"
 
 
-def is_fresh_and_current(backend: RedisCheckpointBackend, client: Any) -> bool:
-    """Fresh, and (read after that) equal to what is stored."""
+def is_fresh_and_current(backend: Any, client: Any) -> bool:
+    """Fresh, and (read after that) equal to what is stored (``client``: a sync client)."""
     if not backend.cache_is_fresh:
         return False
     run_id = backend.run_id
     assert run_id is not None
-    return backend.get_checkpoint() == load(client, run_id)
+    return bool(backend.get_checkpoint() == load(client, run_id))
 
 
 class NoticeDelay:
@@ -148,12 +166,8 @@ class NoticeDelay:
         self.seconds = 0.0
 
 
-class DelayedPubSub:
-    """A pub/sub connection whose messages arrive ``gate.seconds`` late, in order.
-
-    Notices, subscription confirmations and PING replies are held alike, so the listener's
-    health check sees exactly the lag a slow network would give it.
-    """
+class _Held:
+    """The messages a delayed subscriber connection has read and not yet handed over."""
 
     def __init__(self, inner: Any, gate: NoticeDelay) -> None:
         self._inner = inner
@@ -163,47 +177,170 @@ class DelayedPubSub:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def _next(self, deadline: float) -> tuple[bool, Any, float]:
+        """``(True, message)`` when the oldest held message is due (or ``(True, None)`` at the
+        deadline), else ``(False, None, seconds to read for)``."""
+        now = time.monotonic()
+        delay = self._gate.seconds
+        if self._held and now - self._held[0][0] >= delay:
+            return True, self._held.popleft()[1], 0.0
+        if now >= deadline:
+            return True, None, 0.0
+        wait = deadline - now
+        if self._held:
+            wait = min(wait, self._held[0][0] + delay - now)
+        return False, None, max(wait, 0.001)
+
+
+class DelayedSubscriber(_Held):
+    """A sync subscriber connection whose messages arrive ``gate.seconds`` late, in order.
+
+    Notices, subscription confirmations and PING replies are held alike, so the listener's
+    health check sees exactly the lag a slow network would give it.
+    """
+
     def _pull(self, timeout: float) -> None:
         message = self._inner.get_message(timeout=timeout)
         while message is not None:
             self._held.append((time.monotonic(), message))
             message = self._inner.get_message(timeout=0)
 
-    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float = 0.0) -> Any:
+    def get_message(self, timeout: float = 0.0) -> Any:
         deadline = time.monotonic() + (timeout or 0.0)
         while True:
             self._pull(0)
-            now = time.monotonic()
-            delay = self._gate.seconds
-            if self._held and now - self._held[0][0] >= delay:
-                return self._held.popleft()[1]
-            if now >= deadline:
-                return None
-            wait = deadline - now
-            if self._held:
-                wait = min(wait, self._held[0][0] + delay - now)
-            self._pull(max(wait, 0.001))
+            done, message, wait = self._next(deadline)
+            if done:
+                return message
+            self._pull(wait)
 
 
-def delay_notices(client: Any) -> NoticeDelay:
-    """Route the subscriber connections of ``client``'s listener through a
-    :class:`DelayedPubSub` (call before the first backend on ``client`` binds a run)."""
-    listener = ChangeListener.for_client(client)
-    gate = NoticeDelay()
-    opener = listener._open_pubsub
+class AsyncDelayedSubscriber(_Held):
+    """:class:`DelayedSubscriber` for the asyncio listener (its ``AsyncSubscription``)."""
 
-    def open_delayed(link: Any) -> Any:
-        return DelayedPubSub(opener(link), gate)
+    async def _pull(self, timeout: float) -> None:
+        message = await self._inner.get_message(timeout=timeout)
+        while message is not None:
+            self._held.append((time.monotonic(), message))
+            message = await self._inner.get_message(timeout=0)
 
-    listener._open_pubsub = open_delayed  # type: ignore[method-assign]
-    return gate
+    async def get_message(self, timeout: float = 0.0) -> Any:
+        deadline = time.monotonic() + (timeout or 0.0)
+        while True:
+            await self._pull(0)
+            done, message, wait = self._next(deadline)
+            if done:
+                return message
+            await self._pull(wait)
+
+
+class FrontEnd:
+    """The front end under test, as the hostile helpers need it.
+
+    ``sync``: clients and backends are the sync ones, and everything runs in the calling
+    thread. ``async``: clients are asyncio clients made on ``loop`` (conftest.py's
+    ``EventLoopThread``), backends are ``AsyncBackendProxy``s on them, and whatever touches
+    the listener (one per client *and* event loop) runs on that loop (:meth:`here`).
+    """
+
+    def __init__(self, name: str, loop: Any, open_client: Callable[[], Any],
+                 make_backend: Factory, backend_type: Factory) -> None:  # fmt: skip
+        self.name = name
+        self.loop = loop
+        self.client = open_client
+        """A new client of this front end to the current target (closed after the test)."""
+        self.backend = make_backend
+        """``make(client=None, **kwargs)``: a backend (closed after the test)."""
+        self.backend_type = backend_type
+        """The backend class, ``cls(client, **kwargs)``: for backends the test closes."""
+        self._sync_made: list[Any] = []
+
+    def here(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` where the front end's own code runs: in this thread (sync), or
+        on the event loop (asyncio, awaiting what it returns)."""
+        return function(*args) if self.loop is None else self.loop.call(function, *args)
+
+    def client_to(self, port: int, **options: Any) -> Any:
+        """A client of this front end to 127.0.0.1:``port`` with redis-py's own retries off
+        (every retry is the backend's), closed after the test (or by :meth:`close_client`)."""
+        if self.loop is None:
+            sync_client = redis.Redis(host=LOOPBACK, port=port, retry=Retry(NoBackoff(), 0),
+                                      **options)  # fmt: skip
+            self._sync_made.append(sync_client)
+            return sync_client
+        return self.loop.open_client(lambda: redis.asyncio.Redis(
+            host=LOOPBACK, port=port, retry=AsyncRetry(NoBackoff(), 0), **options))  # fmt: skip
+
+    def close(self) -> None:
+        for client in self._sync_made:
+            client.close()
+
+    def close_client(self, client: Any) -> None:
+        """Close ``client`` now (with its listener, for asyncio)."""
+        if self.loop is None:
+            client.close()
+        else:
+            self.loop.close_client(client)
+
+    def inner(self, backend: Any) -> Any:
+        """The backend itself (not its proxy): use it through :meth:`here`."""
+        return getattr(backend, "wrapped", backend)
+
+    def listener(self, client: Any) -> Any:
+        """The change listener of ``client`` (for asyncio: on the loop); use it through
+        :meth:`here`."""
+        kind: Any = ChangeListener if self.loop is None else AsyncChangeListener
+        return self.here(kind.for_client, client)
+
+    def drop_connections(self, client: Any) -> None:
+        """The listener of ``client`` closes its subscriber connections (as CLIENT KILL would)."""
+        self.here(self.listener(client).drop_connections_for_tests)
+
+    def delay_notices(self, client: Any) -> NoticeDelay:
+        """Route the subscriber connections of ``client``'s listener through a delayed
+        subscriber (call before the first backend on ``client`` binds a run)."""
+        gate = NoticeDelay()
+        listener = self.listener(client)
+        opener = listener._open_pubsub  # the listener's own: sync, or a coroutine function
+        open_delayed: Callable[[Any], Any]
+        if self.loop is None:
+
+            def open_delayed(link: Any) -> Any:
+                return DelayedSubscriber(opener(link), gate)
+
+        else:
+
+            async def open_delayed(link: Any) -> Any:
+                return AsyncDelayedSubscriber(await opener(link), gate)
+
+        self.here(setattr, listener, "_open_pubsub", open_delayed)
+        return gate
+
+
+@pytest.fixture
+def fe(
+    frontend: str,
+    open_frontend_client: Callable[[], Any],
+    make_frontend_backend: Factory,
+    frontend_backend_type: Factory,
+    request: pytest.FixtureRequest,
+) -> Iterator[FrontEnd]:
+    """The front end under test (``sync`` or ``async``) on the current target."""
+    loop = request.getfixturevalue("async_loop") if frontend == "async" else None
+    made = FrontEnd(frontend, loop, open_frontend_client, make_frontend_backend,
+                    frontend_backend_type)  # fmt: skip
+    yield made
+    made.close()
 
 
 class FreshnessMonitor:
     """Polls backends every millisecond; once armed, records every observation of a backend
-    that reports ``cache_is_fresh`` while its checkpoint (read after that) is ``wrong``."""
+    that reports ``cache_is_fresh`` while its checkpoint (read after that) is ``wrong``.
 
-    def __init__(self, backends: Sequence[RedisCheckpointBackend],
+    It runs in a thread of its own; an asyncio backend (behind its proxy) is read on its loop,
+    each read as a coroutine of that loop would make it."""
+
+    def __init__(self, backends: Sequence[Any],
                  wrong: Callable[[RunCheckpoint | None], bool]) -> None:  # fmt: skip
         self.backends = list(backends)
         self.wrong = wrong
@@ -352,6 +489,31 @@ class StallProxy:
             pipe.close()
             with self._lock:
                 self._pipes.discard(pipe)
+
+
+# ------------------------------------------------------------------------------ the tools
+
+
+@pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
+def test_delayed_notices_are_late_on_this_front_end(redis_client: Client, fe: FrontEnd) -> None:
+    """The delay reaches the front end's real subscriber connection (else the cases below
+    could pass without any lag): with the gate at 0.6 s, the health-check PING replies come
+    later than ``max_staleness`` and the cache stops vouching; a change arrives late; once
+    the gate is lifted, it is fresh and current again."""
+    w_client = fe.client()
+    gate = fe.delay_notices(w_client)
+    watcher = fe.backend(w_client, max_staleness=0.2)
+    writer = fe.backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "delayed", "/d")
+    assert watcher.open_run(run_id) is not None
+    assert eventually(lambda: is_fresh_and_current(watcher, redis_client))
+    time.sleep(0.5)
+    assert watcher.cache_is_fresh  # no delay: the PINGs keep it fresh
+    gate.seconds = 0.6
+    assert eventually(lambda: not watcher.cache_is_fresh, 1.0, 0.005), "the delay had no effect"
+    gate.seconds = 0.0
+    assert eventually(lambda: is_fresh_and_current(watcher, redis_client)), describe(watcher)
 
 
 # ------------------------------------------------------------------------------ 1. fork
@@ -621,23 +783,21 @@ def test_forked_reader_sees_the_parents_cancel(shared_url: str) -> None:
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
 @pytest.mark.parametrize("lag", ["watch=False", "delayed 0.05s", "delayed 0.4s", "dropped"])
-def test_noop_cancel_from_a_lagging_cache(
-    redis_client: Client, open_client: Callable[[], Client], lag: str
-) -> None:
+def test_noop_cancel_from_a_lagging_cache(redis_client: Client, fe: FrontEnd, lag: str) -> None:
     """B completes the run; A, which has not seen it, cancels (a no-op: nothing changes, no
     version is bumped). A's cache must then show the completed run, not "running@v1"."""
-    a_client = open_client()
-    gate = delay_notices(a_client)
-    lagging = RedisCheckpointBackend(a_client, watch=lag != "watch=False")
-    other = RedisCheckpointBackend(open_client(), watch=False)
+    a_client = fe.client()
+    gate = fe.delay_notices(a_client)
+    lagging = fe.backend(a_client, watch=lag != "watch=False")
+    other = fe.backend(watch=False)
     run_id = uuid.uuid4()
     other.init_run(run_id, "no-op cancel", "/d")
     assert lagging.open_run(run_id) is not None
     if lag != "watch=False":
         assert eventually(lambda: lagging.cache_is_fresh)
-    listener = ChangeListener.for_client(a_client)
+    listener = fe.listener(a_client)
     if lag == "dropped":
-        listener._targets = lambda channel: []  # type: ignore[method-assign]
+        fe.here(setattr, listener, "_targets", lambda channel: [])
     elif lag.startswith("delayed"):
         gate.seconds = float(lag.split()[1].rstrip("s"))
     try:
@@ -647,6 +807,9 @@ def test_noop_cancel_from_a_lagging_cache(
         other.append_event(completed(run_id))
         truth = load(redis_client, run_id)
         assert truth is not None and truth.status is CheckpointStatus.COMPLETED
+        if lag == "watch=False":  # (delayed notices may have arrived on a loaded machine)
+            before = lagging.get_checkpoint()
+            assert before is not None and before.status is CheckpointStatus.RUNNING
 
         lagging.cancel()  # a no-op on the server
         assert load(redis_client, run_id) == truth  # really a no-op
@@ -659,32 +822,35 @@ def test_noop_cancel_from_a_lagging_cache(
     finally:
         gate.seconds = 0.0
         with contextlib.suppress(AttributeError):
-            del listener._targets
+            fe.here(delattr, listener, "_targets")
     if lag != "watch=False":  # the late (or missing) notices do not move it back
-        assert eventually(lambda: is_fresh_and_current(lagging, redis_client))
+        assert eventually(lambda: is_fresh_and_current(lagging, redis_client)), describe(lagging)
     else:
         assert not lagging.cache_is_fresh
     assert lagging.get_checkpoint() == truth
-    lagging.close()
-    other.close()
+    assert lagging.sync() == truth
 
 
 # ------------------------------------------------------------------------------ 3. stalled link
 
 
-@pytest.mark.server
-@pytest.mark.parametrize("recovery", ["unstall", "replace"])
-def test_stalled_subscriber(redis_server: LocalRedisServer, redis_url: str, recovery: str) -> None:
+@pytest.mark.parametrize("redis_target", REDIS_ONLY)
+@pytest.mark.parametrize("recovery", ["unstall", "replace", "sync"])
+def test_stalled_subscriber(
+    redis_server: LocalRedisServer, redis_client: Client, fe: FrontEnd, recovery: str
+) -> None:
     """``unstall``: every connection (new ones too) stalls for 3 s, then flows again.
     ``replace``: the stalled connections stay stalled for good; the library must replace its
-    subscriber (after ~1.5 s of unanswered PINGs) and command connections by itself."""
+    subscriber (after ~1.5 s of unanswered PINGs) and command connections by itself.
+    ``sync``: stalled for good too, and ``sync()`` at once must come back with the cancel (the
+    pooled command connections are stalled as well: it may need the retry policy to get past
+    them), then the cache converges."""
     max_staleness = 0.5
-    direct = redis.Redis.from_url(redis_url)
+    direct = redis_client
     with StallProxy(redis_server.port) as proxy:
-        proxied = redis.Redis(host=LOOPBACK, port=proxy.port, socket_timeout=1.0,
-                              socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))  # fmt: skip
-        stalled = RedisCheckpointBackend(proxied, max_staleness=max_staleness)
-        operator = RedisCheckpointBackend(direct, watch=False)
+        proxied = fe.client_to(proxy.port, socket_timeout=1.0, socket_connect_timeout=2.0)
+        stalled = fe.backend_type(proxied, max_staleness=max_staleness)
+        operator = fe.backend(watch=False)
         run_id = uuid.uuid4()
         operator.init_run(run_id, "stalled", "/d")
         operator.append_event(agent_done(run_id, tokens=3))
@@ -707,29 +873,35 @@ def test_stalled_subscriber(redis_server: LocalRedisServer, redis_url: str, reco
             )
             operator.cancel()
             monitor.arm()  # from now on, fresh means it has the cancel
+            truth = load(direct, run_id)
+            assert truth is not None and truth.status is CheckpointStatus.CANCELLED
             if recovery == "unstall":
                 time.sleep(3.0)
                 cp = stalled.get_checkpoint()
                 assert cp is not None and cp.status is CheckpointStatus.RUNNING  # it is stuck
                 assert not stalled.cache_is_fresh
                 proxy.unstall()
+            elif recovery == "sync":
+                assert stalled.sync() == truth
+                assert stalled.get_checkpoint() == truth
             bound = 5.0 if recovery == "unstall" else 10.0
             assert eventually(lambda: is_fresh_and_current(stalled, direct), bound, 0.01), (
                 f"did not converge: {describe(stalled)}"
             )
             cp = stalled.get_checkpoint()
             assert cp is not None and cp.status is CheckpointStatus.CANCELLED
+            assert stalled.sync() == truth
             assert eventually(lambda: monitor.observations > 0, 1.0)  # it did look
             lies = monitor.stop()
             assert lies == [], lies[:5]
-            if recovery == "replace":
+            if recovery != "unstall":
                 assert proxy.connections >= 3  # new subscriber and command connections
         finally:
             if monitor is not None:
                 monitor.stop()
+            proxy.unstall()
             stalled.close()
-            proxied.close()
-            direct.close()
+            fe.close_client(proxied)
 
 
 # ------------------------------------------------------------------------------ 4. re-created run
@@ -737,26 +909,28 @@ def test_stalled_subscriber(redis_server: LocalRedisServer, redis_url: str, reco
 OLD_TASK, NEW_TASK = "old incarnation", "new incarnation"
 
 
-
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
-@pytest.mark.parametrize(
-    "how",
-    ["delete", "flushall"],
-)
-def test_recreated_run_is_followed(redis_client: Client, make_backend: Factory, how: str) -> None:
-    reader, writer, admin = make_backend(), make_backend(), make_backend()
+@pytest.mark.parametrize("how", ["delete", "flushall"])
+def test_recreated_run_is_followed(redis_client: Client, fe: FrontEnd, how: str) -> None:
+    shared = fe.client()
+    reader, writer = fe.backend(), fe.backend(shared)
+    sibling = fe.backend(shared)  # the same client and listener as the writer
+    admin = fe.backend(watch=False)
+    blind = fe.backend(watch=False)  # sees only its own writes
     run_id = uuid.uuid4()
     writer.init_run(run_id, OLD_TASK, "/old")
     writer.append_event(agent_done(run_id, tokens=40))
     writer.upsert_agent_result(result(uuid.uuid4(), 2))
     assert reader.open_run(run_id) is not None
-    bound = (reader, writer)
+    assert sibling.open_run(run_id) is not None
+    assert blind.open_run(run_id) is not None
+    bound = (reader, writer, sibling)
     assert eventually(lambda: all(is_fresh_and_current(b, redis_client) for b in bound))
     monitor = FreshnessMonitor(bound, lambda cp: cp is None or cp.task != NEW_TASK)
     try:
         if how == "delete":
             assert admin.delete_run(run_id) is True
-            assert eventually(lambda: not reader.cache_is_fresh and not writer.cache_is_fresh)
+            assert eventually(lambda: not any(b.cache_is_fresh for b in bound))
         else:
             redis_client.flushall()  # the server lost its data: nobody is told
         with pytest.raises(RunNotFoundError):  # a late write never brings the run back
@@ -777,8 +951,20 @@ def test_recreated_run_is_followed(redis_client: Client, make_backend: Factory, 
         writer.append_event(agent_done(run_id, agent, tokens=7))
         mine = writer.get_checkpoint()
         assert mine is not None and mine.task == NEW_TASK and set(mine.agent_results) == {agent}
+        assert mine.total_tokens == 7
         assert mine == load(redis_client, run_id)
         assert eventually(lambda: all(is_fresh_and_current(b, redis_client) for b in bound))
+
+        # a writer that does not watch learns of the new incarnation from its own write
+        other = uuid.uuid4()
+        blind.append_event(agent_done(run_id, other, tokens=5))
+        theirs = blind.get_checkpoint()
+        assert theirs is not None and theirs.task == NEW_TASK
+        assert set(theirs.agent_results) == {agent, other} and theirs.total_tokens == 12
+        assert theirs == load(redis_client, run_id)
+        assert not blind.cache_is_fresh  # watch=False never vouches
+        assert eventually(lambda: all(is_fresh_and_current(b, redis_client) for b in bound))
+        assert monitor.observations > 0  # it did look
         lies = monitor.stop()
         assert lies == [], lies[:5]
     finally:
@@ -786,12 +972,10 @@ def test_recreated_run_is_followed(redis_client: Client, make_backend: Factory, 
 
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
-def test_a_write_told_the_run_is_gone_stops_vouching(
-    redis_client: Client, make_backend: Factory
-) -> None:
+def test_a_write_told_the_run_is_gone_stops_vouching(redis_client: Client, fe: FrontEnd) -> None:
     """After FLUSHALL nobody is told, but a write that got LUFT_NO_RUN was: its cache must not
     go on reporting fresh (and ``sync()`` must say the run no longer exists)."""
-    writer = make_backend()
+    writer = fe.backend()
     run_id = uuid.uuid4()
     writer.init_run(run_id, OLD_TASK, "/old")
     assert eventually(lambda: writer.cache_is_fresh)
@@ -805,15 +989,15 @@ def test_a_write_told_the_run_is_gone_stops_vouching(
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
 def test_a_late_delete_notice_does_not_strand_a_reloaded_cache(
-    redis_client: Client, open_client: Callable[[], Client]
+    redis_client: Client, fe: FrontEnd
 ) -> None:
     """The reader's notices lag (0.3 s, more than its max_staleness): it reloads the
     re-created run with sync(); the old incarnation's delete notice arrives afterwards. The
     cache must end fresh on the new incarnation."""
-    r_client = open_client()
-    gate = delay_notices(r_client)
-    reader = RedisCheckpointBackend(r_client, max_staleness=0.2)
-    admin = RedisCheckpointBackend(open_client(), watch=False)
+    r_client = fe.client()
+    gate = fe.delay_notices(r_client)
+    reader = fe.backend(r_client, max_staleness=0.2)
+    admin = fe.backend(watch=False)
     run_id = uuid.uuid4()
     admin.init_run(run_id, OLD_TASK, "/old")
     assert reader.open_run(run_id) is not None
@@ -833,72 +1017,68 @@ def test_a_late_delete_notice_does_not_strand_a_reloaded_cache(
         lies = monitor.stop()
         assert lies == [], lies[:5]
     finally:
+        gate.seconds = 0.0
         monitor.stop()
-        reader.close()
 
 
 # ------------------------------------------------------------------------------ 5. slow WAIT
 
 
-@pytest.mark.server
-def test_slow_wait_does_not_delay_notices(redis_url: str) -> None:
-    shared = redis.Redis.from_url(redis_url)
-    direct = redis.Redis.from_url(redis_url)
-    slow = RedisCheckpointBackend(shared, durability=Durability(replicas=1, timeout_ms=1000))
-    watcher = RedisCheckpointBackend(shared)
-    feeder = RedisCheckpointBackend(direct, watch=False)
+@pytest.mark.parametrize("redis_target", REDIS_ONLY)
+def test_slow_wait_does_not_delay_notices(redis_client: Client, fe: FrontEnd) -> None:
+    """``slow`` writes three times with a WAIT for a replica that does not exist (each write
+    returns NotDurableError after 1 s); ``watcher`` shares its client. Every notice written
+    meanwhile reaches the watcher within 0.3 s."""
+    shared, direct = fe.client(), fe.client()
+    slow = fe.backend(shared, durability=Durability(replicas=1, timeout_ms=1000))
+    watcher = fe.backend(shared)
+    feeder = fe.backend(direct, watch=False)
     slow_run, fed_run = uuid.uuid4(), uuid.uuid4()
-    try:
-        with pytest.raises(NotDurableError):  # no replica: applied, but not durable
-            slow.init_run(slow_run, "slow writes", "/d")
-        feeder.init_run(fed_run, "fed", "/d")
-        assert watcher.open_run(fed_run) is not None
-        assert eventually(lambda: is_fresh_and_current(watcher, direct))
-        waits: list[float] = []
-        unexpected: list[BaseException] = []
-        started = threading.Event()
+    with pytest.raises(NotDurableError):  # no replica: applied, but not durable
+        slow.init_run(slow_run, "slow writes", "/d")
+    feeder.init_run(fed_run, "fed", "/d")
+    assert watcher.open_run(fed_run) is not None
+    assert eventually(lambda: is_fresh_and_current(watcher, redis_client))
+    waits: list[float] = []
+    unexpected: list[BaseException] = []
+    started = threading.Event()
 
-        def write_slowly() -> None:
-            started.set()
-            for _ in range(3):
-                begin = time.monotonic()
-                try:
-                    slow.append_event(agent_done(slow_run))
-                except NotDurableError:
-                    waits.append(time.monotonic() - begin)
-                except BaseException as exc:
-                    unexpected.append(exc)
+    def write_slowly() -> None:
+        started.set()
+        for _ in range(3):
+            begin = time.monotonic()
+            try:
+                slow.append_event(agent_done(slow_run))
+            except NotDurableError:
+                waits.append(time.monotonic() - begin)
+            except BaseException as exc:
+                unexpected.append(exc)
 
-        thread = threading.Thread(target=write_slowly, daemon=True)
-        thread.start()
-        assert started.wait(BOUND)
-        latencies: list[float] = []
-        n = 0
-        while thread.is_alive():
-            n += 1
-            feeder.append_event(Log(run_id=fed_run, level=LogLevel.INFO, msg=f"tick {n}"))
-            written, target = time.monotonic(), feeder.version
-            while watcher.version < target and time.monotonic() - written < 2.0:
-                time.sleep(0.001)
-            latencies.append(time.monotonic() - written)
-            time.sleep(max(0.0, 0.05 - (time.monotonic() - written)))
-        thread.join(timeout=10)
-        assert unexpected == []
-        assert len(waits) == 3 and min(waits) >= 0.9, waits  # each WAIT really took ~1 s
-        assert max(latencies) < 0.3, (
-            f"notices held up behind a slow WAIT: max {max(latencies):.3f}s, "
-            f"sorted tail {sorted(latencies)[-5:]}"
-        )
-        assert len(latencies) >= 20  # sampled all along the three WAITs
-        assert eventually(lambda: is_fresh_and_current(watcher, direct))
-        assert slow.get_checkpoint() == load(direct, slow_run)  # the writes were applied
-        cp = slow.get_checkpoint()
-        assert cp is not None and cp.total_tokens == 3
-    finally:
-        for backend in (slow, watcher, feeder):
-            backend.close()
-        shared.close()
-        direct.close()
+    thread = threading.Thread(target=write_slowly, daemon=True)
+    thread.start()
+    assert started.wait(BOUND)
+    latencies: list[float] = []
+    n = 0
+    while thread.is_alive():
+        n += 1
+        feeder.append_event(Log(run_id=fed_run, level=LogLevel.INFO, msg=f"tick {n}"))
+        written, target = time.monotonic(), feeder.version
+        while watcher.version < target and time.monotonic() - written < 2.0:
+            time.sleep(0.001)
+        latencies.append(time.monotonic() - written)
+        time.sleep(max(0.0, 0.05 - (time.monotonic() - written)))
+    thread.join(timeout=10)
+    assert unexpected == []
+    assert len(waits) == 3 and min(waits) >= 0.9, waits  # each WAIT really took ~1 s
+    assert max(latencies) < 0.3, (
+        f"notices held up behind a slow WAIT: max {max(latencies):.3f}s, "
+        f"sorted tail {sorted(latencies)[-5:]}"
+    )
+    assert len(latencies) >= 20  # sampled all along the three WAITs
+    assert eventually(lambda: is_fresh_and_current(watcher, redis_client))
+    assert slow.get_checkpoint() == load(redis_client, slow_run)  # the writes were applied
+    cp = slow.get_checkpoint()
+    assert cp is not None and cp.total_tokens == 3
 
 
 # ------------------------------------------------------------------------------ 6. property
@@ -907,7 +1087,8 @@ MAX_STALENESS = 0.2
 DELAYS = (0.0, 0.1, 0.35)
 """Notice delays for the "delay" step: none, less than max_staleness, more."""
 
-OPS = ("append", "complete", "cancel", "reset", "upsert", "save", "recreate", "delay", "drop")
+OPS = ("append", "complete", "cancel", "reset", "upsert", "save", "recreate", "delay", "drop",
+       "kill")  # fmt: skip
 
 steps_strategy = st.lists(
     st.tuples(st.sampled_from(OPS), st.integers(0, 2), st.integers(0, 2)), min_size=1,
@@ -916,22 +1097,29 @@ steps_strategy = st.lists(
 
 
 class _World:
-    """Three backends on one run: two watching (own clients, delayable notices), one not."""
+    """Three backends on one run: two watching (own clients, delayable notices), one not;
+    ``truth_client`` (sync) reads what is stored."""
 
-    def __init__(self, open_client: Callable[[], Client]) -> None:
-        self.clients = [open_client() for _ in range(4)]
-        self.truth_client = self.clients[3]
-        self.gates = [delay_notices(self.clients[0]), delay_notices(self.clients[1])]
+    def __init__(self, fe: FrontEnd, truth_client: Client, redis_target: str) -> None:
+        self.fe = fe
+        self.real_server = redis_target != "fakeredis"
+        self.clients = [fe.client() for _ in range(3)]
+        self.truth_client = truth_client
+        self.gates = [fe.delay_notices(self.clients[0]), fe.delay_notices(self.clients[1])]
         self.backends = [
-            RedisCheckpointBackend(self.clients[0], max_staleness=MAX_STALENESS),
-            RedisCheckpointBackend(self.clients[1], max_staleness=MAX_STALENESS),
-            RedisCheckpointBackend(self.clients[2], watch=False),
+            fe.backend_type(self.clients[0], max_staleness=MAX_STALENESS),
+            fe.backend_type(self.clients[1], max_staleness=MAX_STALENESS),
+            fe.backend_type(self.clients[2], watch=False),
         ]
         self.run_id = uuid.uuid4()
+        self.counter = 0
+        self.kills = 0
+        self.killed = 0
+
+    def start(self) -> None:
         self.backends[0].init_run(self.run_id, "task 0", "/d")
         for backend in self.backends[1:]:
             assert backend.open_run(self.run_id) is not None
-        self.counter = 0
 
     def close(self) -> None:
         for gate in self.gates:
@@ -939,10 +1127,20 @@ class _World:
         for backend in self.backends:
             backend.close()
         for client in self.clients:
-            client.close()
+            self.fe.close_client(client)
 
     def truth(self) -> RunCheckpoint | None:
         return load(self.truth_client, self.run_id)
+
+    def kill_subscribers(self, who: int) -> None:
+        """The server closes every pub/sub connection (CLIENT KILL TYPE pubsub); fakeredis has
+        no CLIENT KILL, so there the listener drops its connections."""
+        self.kills += 1
+        if self.real_server:
+            admin: Any = self.truth_client
+            self.killed += int(admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+        else:
+            self.fe.drop_connections(self.clients[who])
 
     def step(self, op: str, who: int, arg: int) -> None:
         self.counter += 1
@@ -969,7 +1167,9 @@ class _World:
         elif op == "delay" and who < len(self.gates):
             self.gates[who].seconds = DELAYS[arg]
         elif op == "drop" and who < len(self.gates):
-            ChangeListener.for_client(actor.client).drop_connections_for_tests()
+            self.fe.drop_connections(self.clients[who])
+        elif op == "kill" and who < len(self.gates):
+            self.kill_subscribers(who)
 
     def server_tip(self) -> tuple[str, int]:
         """The stored run's ``(incarnation, version)``."""
@@ -985,11 +1185,7 @@ class _World:
         stored one holds exactly the stored state, whether it reports fresh or not."""
         truth, tip = self.truth(), self.server_tip()
         for index, backend in enumerate(self.backends):
-            fresh = backend.cache_is_fresh
-            binding = backend._binding
-            assert binding is not None
-            claimed = binding.cache.tip
-            seen = backend.get_checkpoint()
+            fresh, claimed, seen = self.fe.here(_observe, self.fe.inner(backend))
             if fresh:
                 assert seen == truth, (
                     f"{label}: backend {index} reports fresh but differs from a fresh load: "
@@ -1004,9 +1200,19 @@ class _World:
         assert not self.backends[2].cache_is_fresh  # watch=False never vouches
 
 
+def _observe(backend: Any) -> tuple[bool, Any, RunCheckpoint | None]:
+    """``(cache_is_fresh, the cache's (incarnation, version), get_checkpoint())``, read in this
+    order (by :meth:`FrontEnd.here`: for asyncio, in one go on the loop)."""
+    fresh = backend.cache_is_fresh
+    binding = backend._binding
+    assert binding is not None
+    return fresh, binding.cache.tip, backend.get_checkpoint()
+
+
 def _play(world: _World, steps: list[tuple[str, int, int]]) -> None:
     """Run ``steps``, checking the invariants after each, then lift every delay and wait
     until every notice of the last step has arrived."""
+    world.start()
     assert eventually(lambda: all(b.cache_is_fresh for b in world.backends[:2]))
     for k, (op, who, arg) in enumerate(steps):
         world.step(op, who, arg)
@@ -1015,6 +1221,8 @@ def _play(world: _World, steps: list[tuple[str, int, int]]) -> None:
     for gate in world.gates:
         gate.seconds = 0.0
     time.sleep(max(DELAYS) + MAX_STALENESS)
+    if world.kills and world.real_server:
+        assert world.killed >= 1, "CLIENT KILL TYPE pubsub found no subscriber connection"
 
 
 PROPERTY = settings(
@@ -1029,12 +1237,14 @@ PROPERTY = settings(
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
 @PROPERTY
 @given(steps=steps_strategy)
+@example(steps=[("delay", 0, 2), ("kill", 0, 0), ("append", 1, 0), ("recreate", 2, 0)])
 def test_random_interleavings(
-    open_client: Callable[[], Client], steps: list[tuple[str, int, int]]
-) -> None:
+    fe: FrontEnd, open_client: Callable[[], Client], redis_target: str,
+    steps: list[tuple[str, int, int]],
+) -> None:  # fmt: skip
     """After every step: fresh means equal to a fresh load, and a cache at the stored
     version holds the stored state. In the end every backend converges on ``sync()``."""
-    world = _World(open_client)
+    world = _World(fe, open_client(), redis_target)
     try:
         _play(world, steps)
         truth = world.truth()
@@ -1051,13 +1261,15 @@ def test_random_interleavings(
 @settings(PROPERTY, max_examples=5)
 @given(steps=steps_strategy)
 @example(steps=[("recreate", 1, 0)])  # b0 watches while b1 deletes and re-creates the run
+@example(steps=[("delay", 1, 2), ("kill", 1, 0), ("cancel", 0, 0)])
 def test_random_interleavings_regain_freshness_unaided(
-    open_client: Callable[[], Client], steps: list[tuple[str, int, int]]
-) -> None:
+    fe: FrontEnd, open_client: Callable[[], Client], redis_target: str,
+    steps: list[tuple[str, int, int]],
+) -> None:  # fmt: skip
     """The same, but nobody calls ``sync()``: once the notices flow again, every watching
     backend becomes fresh and current by itself ("every path into STALE also schedules the
     work that leads back out")."""
-    world = _World(open_client)
+    world = _World(fe, open_client(), redis_target)
     try:
         _play(world, steps)
         for index, backend in enumerate(world.backends[:2]):
