@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import types as t
 from .cache import Offer, RunCache, RunState
+from .cluster import sync_raise_lost_redirect
 from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
 from .connect import Durability, check_sync_client, make_sync_client
 from .delta import Delta, UnknownFormat, parse_delta
@@ -904,6 +905,20 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- reads (get_checkpoint, get_findings, can_resume: FrontEnd, from the cache) --------
 
+    def _read(self, run_id: uuid.UUID, key: str, method: Callable[..., Any], *args: Any,
+                    **kwargs: Any) -> Any:  # fmt: skip
+        """``method(*args, **kwargs)``: one read of the run's log, redis-py's errors typed; a
+        Cluster redirect to a node the client does not know yet (a live reshard) refreshes the
+        topology first."""
+        try:
+            try:
+                return method(*args, **kwargs)
+            except AttributeError as exc:
+                sync_raise_lost_redirect(self._client, exc)
+                raise
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
+
     @traced("get_event_log")
     def get_event_log(self) -> list[t.AgentEvent]:
         """Every event of the run, in append order."""
@@ -922,10 +937,8 @@ class RedisCheckpointBackend(FrontEnd):
         run_id, key = binding.run_id, binding.keys.events
         lower = start
         while True:
-            try:
-                page = self._client.xrange(key, min=lower, max="+", count=page_size)
-            except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
+            page = self._read(run_id, key, self._client.xrange, key, min=lower, max="+",
+                                    count=page_size)  # fmt: skip
             for raw_id, fields in page:
                 yield decode_entry(run_id, key, entry_id(raw_id), fields)
             if len(page) < page_size:
@@ -951,12 +964,9 @@ class RedisCheckpointBackend(FrontEnd):
         binding = self._need_run("iter_events")
         run_id, key = binding.run_id, binding.keys.events
         last = "0-0" if from_id is None else from_id
-        try:
-            if last == "$":
-                newest = self._client.xrevrange(key, count=1)
-                last = entry_id(newest[0][0]) if newest else "0-0"
-        except REDIS_ERRORS as exc:
-            raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
+        if last == "$":
+            newest = self._read(run_id, key, self._client.xrevrange, key, count=1)
+            last = entry_id(newest[0][0]) if newest else "0-0"
         idle_since = time.monotonic()
         while True:
             block = block_ms if follow else None
@@ -965,10 +975,8 @@ class RedisCheckpointBackend(FrontEnd):
                 if left <= 0:
                     return
                 block = max(1, min(block_ms, int(left * 1000)))
-            try:
-                reply = self._client.xread({key: last}, count=count, block=block)
-            except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc
+            reply = self._read(run_id, key, self._client.xread, {key: last}, count=count,
+                                     block=block)  # fmt: skip
             entries = xread_entries(reply)
             for raw_id, fields in entries:
                 last = entry_id(raw_id)
