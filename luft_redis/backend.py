@@ -21,7 +21,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import types as t
 from .cache import Offer, RunCache, RunState
-from .cluster import sync_raise_lost_redirect
 from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
 from .connect import Durability, check_sync_client, make_sync_client
 from .delta import Delta, UnknownFormat, parse_delta
@@ -36,7 +35,7 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
-from .fcall import call_function, index_add, index_remove
+from .fcall import call_function, index_add, index_remove, raise_lost_redirect
 from .frontend import (
     _UNBOUND,
     DEFAULT_PAGE_SIZE,
@@ -914,7 +913,7 @@ class RedisCheckpointBackend(FrontEnd):
             try:
                 return method(*args, **kwargs)
             except AttributeError as exc:
-                sync_raise_lost_redirect(self._client, exc)
+                raise_lost_redirect(self._client, exc)
                 raise
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc

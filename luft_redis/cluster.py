@@ -16,20 +16,21 @@ This module turns that failure into what it is, a transient change of topology:
 * :func:`is_lost_redirect` recognises it: an ``AttributeError`` on ``None`` raised inside
   ``redis.cluster`` or ``redis.asyncio.cluster``, where the only ``None`` redis-py
   dereferences is a node it looked up and did not find;
-* :func:`sync_refresh_topology` (:func:`async_refresh_topology` for the asyncio client)
-  re-reads the slot
-  map (redis-py's ``nodes_manager.initialize()``), then adds to the client's node table every
-  primary that ``CLUSTER NODES`` lists and the table lacks (the slotless importing node), and
-  loads the Functions library on each node it added: a node that joined empty has none, and the
-  ``ASK`` sends the call to it;
-* :func:`sync_raise_lost_redirect` (:func:`async_raise_lost_redirect`), the hook the front
-  ends call in
-  their ``except AttributeError`` around a Cluster call: refresh, then raise
-  :class:`TopologyChanged` from the original error, which :func:`luft_redis.retry.is_transient`
-  treats as transient. The retry policy then calls again: redis-py now knows the node, sends
-  ``ASKING`` and the call there, or meets ``TRYAGAIN`` (some keys moved, some not), which the
-  policy retries too, until the slot settles or the policy's deadline passes (then the typed
-  error). Nothing ran when the lookup failed: redis-py had not sent the call yet.
+* ``refresh_topology`` (in :mod:`luft_redis.asyncio.fcall`, and the sync
+  :mod:`luft_redis.fcall` generated from it) re-reads the slot map (redis-py's
+  ``nodes_manager.initialize()``), then adds to the client's node table every primary that
+  ``CLUSTER NODES`` lists and the table lacks (the slotless importing node: the
+  ``async_``/``sync_`` helpers here, since redis-py's two clients build nodes differently),
+  and loads the Functions library on each node it added: a node that joined empty has none,
+  and the ``ASK`` sends the call to it;
+* ``raise_lost_redirect`` (same module), the hook around a Cluster call's
+  ``except AttributeError``: refresh, then raise :class:`TopologyChanged`
+  (:func:`topology_changed`) from the original error, which
+  :func:`luft_redis.retry.is_transient` treats as transient. The retry policy then calls
+  again: redis-py now knows the node, sends ``ASKING`` and the call there, or meets
+  ``TRYAGAIN`` (some keys moved, some not), which the policy retries too, until the slot
+  settles or the policy's deadline passes (then the typed error). Nothing ran when the lookup
+  failed: redis-py had not sent the call yet.
 
 A later ``nodes_manager.initialize()`` (redis-py refreshes on every few ``MOVED`` and on
 connection errors) drops the slotless node again until it owns a slot; the next lost redirect
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio.cluster
@@ -52,11 +52,14 @@ import redis.exceptions
 
 __all__ = [
     "TopologyChanged",
-    "async_raise_lost_redirect",
-    "async_refresh_topology",
+    "async_add_node",
+    "async_cluster_nodes",
     "is_lost_redirect",
-    "sync_raise_lost_redirect",
-    "sync_refresh_topology",
+    "loaded_nodes",
+    "missing_primaries",
+    "sync_add_node",
+    "sync_cluster_nodes",
+    "topology_changed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -112,89 +115,47 @@ def _primaries(reply: Any) -> list[tuple[str, int]]:
     return found
 
 
-def _missing(nodes_cache: dict[str, Any],
-             listed: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:  # fmt: skip
+async def async_cluster_nodes(client: Any, node: Any) -> Any:
+    """``CLUSTER NODES`` asked of ``node`` (an asyncio cluster node runs commands itself)."""
+    return await node.execute_command("CLUSTER", "NODES")
+
+
+def sync_cluster_nodes(client: Any, node: Any) -> Any:
+    """``CLUSTER NODES`` asked of ``node`` (a sync cluster node has a client of its own)."""
+    return client.get_redis_connection(node).execute_command("CLUSTER", "NODES")
+
+
+def async_add_node(manager: Any, host: str, port: int) -> str:
+    """Add the primary ``host:port`` to an asyncio ``RedisCluster``'s node table."""
+    node = redis.asyncio.cluster.ClusterNode(host, port, redis.cluster.PRIMARY,
+                                             **manager.connection_kwargs)  # fmt: skip
+    manager.set_nodes(manager.nodes_cache, {node.name: node})
+    return str(node.name)
+
+
+def sync_add_node(manager: Any, host: str, port: int) -> str:
+    """Add the primary ``host:port`` to a sync ``RedisCluster``'s node table."""
+    node = redis.cluster.ClusterNode(host, port, redis.cluster.PRIMARY)  # type: ignore[no-untyped-call]
+    with manager._lock:
+        node = manager.nodes_cache.setdefault(node.name, node)
+    manager.create_redis_connections([node])
+    return str(node.name)
+
+
+def missing_primaries(nodes_cache: dict[str, Any], reply: Any) -> list[tuple[str, int]]:
+    """The primaries a ``CLUSTER NODES`` reply lists and the node table lacks."""
+    listed = _primaries(reply)
     return [(h, p) for h, p in listed if redis.cluster.get_node_name(h, p) not in nodes_cache]
 
 
-def sync_refresh_topology(client: Any, load_command: Sequence[Any] | None = None) -> list[str]:
-    """Re-read the slot map of ``client`` (a sync ``RedisCluster``), add every primary that
-    ``CLUSTER NODES`` lists and its node table lacks, and run ``load_command`` (``FUNCTION
-    LOAD REPLACE ...``) on each node added; the names of the nodes added. Failures are logged:
-    a refresh is best effort, the caller retries."""
-    manager = client.nodes_manager
-    try:
-        manager.initialize()
-        listed: list[tuple[str, int]] = []
-        for node in list(manager.nodes_cache.values()):
-            try:
-                reply = client.get_redis_connection(node).execute_command("CLUSTER", "NODES")
-            except _REDIS_ERRORS:
-                continue
-            listed = _primaries(reply)
-            break
-    except _REDIS_ERRORS as exc:
-        logger.info("Redis Cluster topology refresh failed (%s)", exc)
-        return []
-    added: list[str] = []
-    for host, port in _missing(manager.nodes_cache, listed):
-        node = redis.cluster.ClusterNode(host, port, redis.cluster.PRIMARY)  # type: ignore[no-untyped-call]
-        with manager._lock:
-            node = manager.nodes_cache.setdefault(node.name, node)
-        manager.create_redis_connections([node])
-        added.append(node.name)
-    loaded = _LOADED.setdefault(client, set())
-    for name in added:
-        if load_command is None or name in loaded:
-            continue
-        try:
-            client.execute_command(*load_command, target_nodes=manager.nodes_cache[name])
-            loaded.add(name)
-        except (*_REDIS_ERRORS, KeyError) as exc:  # KeyError: dropped again meanwhile
-            logger.info("loading the Functions library on new node %s failed (%s)", name, exc)
-    if added:
-        logger.info("Redis Cluster: added slotless primaries %s to the node table", added)
-    return added
+def loaded_nodes(client: Any) -> set[str]:
+    """The nodes (``host:port``) a refresh of ``client`` loaded the library on: a node dropped
+    from the table by redis-py and added again is not loaded twice."""
+    return _LOADED.setdefault(client, set())
 
 
-async def async_refresh_topology(client: Any,
-                                 load_command: Sequence[Any] | None = None) -> list[str]:
-    """:func:`sync_refresh_topology` for an asyncio ``RedisCluster``."""
-    manager = client.nodes_manager
-    try:
-        await manager.initialize()
-        listed: list[tuple[str, int]] = []
-        for node in list(manager.nodes_cache.values()):
-            try:
-                reply = await node.execute_command("CLUSTER", "NODES")
-            except _REDIS_ERRORS:
-                continue
-            listed = _primaries(reply)
-            break
-    except _REDIS_ERRORS as exc:
-        logger.info("Redis Cluster topology refresh failed (%s)", exc)
-        return []
-    added: list[str] = []
-    for host, port in _missing(manager.nodes_cache, listed):
-        node = redis.asyncio.cluster.ClusterNode(host, port, redis.cluster.PRIMARY,
-                                                 **manager.connection_kwargs)  # fmt: skip
-        manager.set_nodes(manager.nodes_cache, {node.name: node})
-        added.append(node.name)
-    loaded = _LOADED.setdefault(client, set())
-    for name in added:
-        if load_command is None or name in loaded:
-            continue
-        try:
-            await client.execute_command(*load_command, target_nodes=manager.nodes_cache[name])
-            loaded.add(name)
-        except (*_REDIS_ERRORS, KeyError) as exc:
-            logger.info("loading the Functions library on new node %s failed (%s)", name, exc)
-    if added:
-        logger.info("Redis Cluster: added slotless primaries %s to the node table", added)
-    return added
-
-
-def _changed(exc: AttributeError, added: list[str]) -> TopologyChanged:
+def topology_changed(exc: AttributeError, added: list[str]) -> TopologyChanged:
+    """The transient error that replaces a lost redirect, naming what the refresh found."""
     what = f"added {', '.join(added)}" if added else "no new node found yet"
     changed = TopologyChanged(
         "Redis Cluster redirected a call to a node missing from the client's node table (a "
@@ -202,19 +163,3 @@ def _changed(exc: AttributeError, added: list[str]) -> TopologyChanged:
     )
     changed.__cause__ = exc
     return changed
-
-
-def sync_raise_lost_redirect(client: Any, exc: AttributeError,
-                        load_command: Sequence[Any] | None = None) -> None:  # fmt: skip
-    """The hook for ``except AttributeError`` around a call on a sync ``RedisCluster``: when
-    ``exc`` is a lost redirect (:func:`is_lost_redirect`), refresh the topology and raise
-    :class:`TopologyChanged` from it; otherwise return (the caller re-raises ``exc``)."""
-    if is_lost_redirect(exc):
-        raise _changed(exc, sync_refresh_topology(client, load_command))
-
-
-async def async_raise_lost_redirect(client: Any, exc: AttributeError,
-                               load_command: Sequence[Any] | None = None) -> None:  # fmt: skip
-    """:func:`sync_raise_lost_redirect` for an asyncio ``RedisCluster``."""
-    if is_lost_redirect(exc):
-        raise _changed(exc, await async_refresh_topology(client, load_command))

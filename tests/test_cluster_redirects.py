@@ -12,7 +12,8 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 
-from luft_redis import cluster
+from luft_redis import cluster, fcall
+from luft_redis.asyncio import fcall as async_fcall
 from luft_redis.errors import BackendError
 from luft_redis.retry import RetryPolicy, is_transient
 from luft_redis.scripts import translate_error
@@ -95,13 +96,13 @@ def test_topology_changed_is_transient_then_a_typed_error() -> None:
 
 
 def test_the_hook_passes_other_attribute_errors_through() -> None:
-    """sync_raise_lost_redirect returns (the caller re-raises) for an AttributeError that is not
-    redis-py's, without touching the client."""
+    """raise_lost_redirect (both front ends) returns (the caller re-raises) for an
+    AttributeError that is not redis-py's, without touching the client."""
     none: Any = None
     exc = _raised(lambda: none.redis_connection)
     assert isinstance(exc, AttributeError)
-    cluster.sync_raise_lost_redirect(object(), exc)
-    asyncio.run(cluster.async_raise_lost_redirect(object(), exc))
+    fcall.raise_lost_redirect(object(), exc)
+    asyncio.run(async_fcall.raise_lost_redirect(object(), exc))
 
 
 def test_a_slot_that_stays_unsettled_is_named_in_the_final_error() -> None:

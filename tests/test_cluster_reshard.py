@@ -47,6 +47,7 @@ from luft_redis import (
     AgentSessionCheckpoint,
     AgentStarted,
     AgentStatus,
+    AgentTask,
     AsyncRedisCheckpointBackend,
     Finding,
     PhaseStarted,
@@ -55,6 +56,8 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis import cluster as luft_cluster
+from luft_redis import fcall as luft_fcall
+from luft_redis.asyncio import fcall as luft_async_fcall
 from luft_redis.errors import LuftRedisError
 from luft_redis.keys import run_keys
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy
@@ -323,7 +326,9 @@ def test_live_reshard_onto_a_new_primary_costs_a_pause_not_an_error(
             lost.append(type(exc).__name__ + ": " + str(exc))
         return found
 
-    monkeypatch.setattr(luft_cluster, "is_lost_redirect", counted)
+    # where the hooks look it up: the FCALL helper of each front end
+    monkeypatch.setattr(luft_fcall, "is_lost_redirect", counted)
+    monkeypatch.setattr(luft_async_fcall, "is_lost_redirect", counted)
 
     clients: list[RedisCluster] = []
     backends: list[RedisCheckpointBackend] = []
@@ -340,7 +345,7 @@ def test_live_reshard_onto_a_new_primary_costs_a_pause_not_an_error(
         full = uuid.uuid4()
         slot = key_slot(f"{{{full}}}".encode())
         sparse = _same_slot_run(slot)
-        # the full run: every one of its 9 keys exists (a script whose keys are all on one side
+        # the full run: every one of its 11 keys exists (a script whose keys are all on one side
         # of a migrating slot runs there, or is redirected with ASK; a split is TRYAGAIN)
         setup.init_run(full, "reshard", "/tmp/reshard")
         helper = uuid.uuid4()
@@ -353,8 +358,9 @@ def test_live_reshard_onto_a_new_primary_costs_a_pause_not_an_error(
         ])  # fmt: skip
         setup.upsert_agent_session(AgentSessionCheckpoint(
             agent_id=helper, session_id="s", status="running", updated_at=1))  # fmt: skip
+        setup.submit_agents([AgentTask(uuid.uuid4(), 0, {"n": 1})])  # the tasks and queue keys
         keys = run_keys("luft", full)
-        assert clients[0].exists(*keys) == len(keys) == 9
+        assert clients[0].exists(*keys) == len(keys) == 11
         base_tokens, base_events = 1, 3
         # the sparse run: only its run hash and writers (TRYAGAIN while its slot moves)
         setup.init_run(sparse, "sparse", "/tmp/sparse")

@@ -21,7 +21,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from .. import types as t
 from ..cache import Offer, RunCache, RunState
-from ..cluster import async_raise_lost_redirect
 from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
 from ..connect import Durability, check_async_client, make_async_client
 from ..delta import Delta, UnknownFormat, parse_delta
@@ -86,7 +85,7 @@ from ..wire import (
     page_after,
     xread_entries,
 )
-from .fcall import call_function, index_add, index_remove
+from .fcall import call_function, index_add, index_remove, raise_lost_redirect
 from .lease import AsyncAgentLease
 from .listener import AsyncChangeListener, AsyncRefresher, weak_work
 
@@ -913,7 +912,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             try:
                 return await method(*args, **kwargs)
             except AttributeError as exc:
-                await async_raise_lost_redirect(self._client, exc)
+                await raise_lost_redirect(self._client, exc)
                 raise
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run_id, prefix=self._prefix, key=key) from exc

@@ -26,7 +26,14 @@ from typing import Any
 
 import redis.exceptions
 
-from ..cluster import async_raise_lost_redirect
+from ..cluster import (
+    async_add_node,
+    async_cluster_nodes,
+    is_lost_redirect,
+    loaded_nodes,
+    missing_primaries,
+    topology_changed,
+)
 from ..connect import is_cluster
 from ..index import warn_index_failure
 from ..keys import run_index_key
@@ -34,7 +41,14 @@ from ..retry import REDIS_ERRORS, RetryPolicy, is_function_missing
 from ..runtime import async_cluster_ready
 from ..scripts import Function, cluster_route, library
 
-__all__ = ["call_function", "index_add", "index_remove", "prime_cluster"]
+__all__ = [
+    "call_function",
+    "index_add",
+    "index_remove",
+    "prime_cluster",
+    "raise_lost_redirect",
+    "refresh_topology",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +93,7 @@ async def call_function(client: Any, fn: Function, keys: Sequence[Any], args: Se
         if not route or not is_function_missing(exc):  # no node known to load it on
             raise
     except AttributeError as exc:  # redirected to a node redis-py does not know: a reshard
-        await async_raise_lost_redirect(client, exc, lib.load_command)  # TopologyChanged
+        await raise_lost_redirect(client, exc, lib.load_command)  # TopologyChanged
         raise
     logger.info("loading the Redis Functions library %s on %s", lib.name,
                 route["target_nodes"].name)  # fmt: skip
@@ -104,3 +118,48 @@ async def index_remove(client: Any, retry: RetryPolicy, prefix: str, run_id: uui
         await retry.acall(lambda: client.zrem(key, str(run_id)))
     except Exception as exc:
         warn_index_failure("removal", prefix, run_id, exc)
+
+
+async def refresh_topology(client: Any, load_command: Sequence[Any] | None = None) -> list[str]:
+    """Re-read the slot map of ``client`` (a ``RedisCluster``), add every primary that
+    ``CLUSTER NODES`` lists and its node table lacks, and run ``load_command`` (``FUNCTION LOAD
+    REPLACE ...``) on each node added; the names of the nodes added (see
+    :mod:`luft_redis.cluster`). Failures are logged: a refresh is best effort, the caller
+    retries."""
+    manager = client.nodes_manager
+    missing: list[tuple[str, int]] = []
+    try:
+        await manager.initialize()
+        for node in list(manager.nodes_cache.values()):
+            try:
+                reply = await async_cluster_nodes(client, node)
+            except REDIS_ERRORS:
+                continue
+            missing = missing_primaries(manager.nodes_cache, reply)
+            break
+    except REDIS_ERRORS as exc:
+        logger.info("Redis Cluster topology refresh failed (%s)", exc)
+        return []
+    added = [async_add_node(manager, host, port) for host, port in missing]
+    loaded = loaded_nodes(client)
+    for name in added:
+        if load_command is None or name in loaded:
+            continue
+        try:
+            await client.execute_command(*load_command, target_nodes=manager.nodes_cache[name])
+            loaded.add(name)
+        except (*REDIS_ERRORS, KeyError) as exc:  # KeyError: dropped again meanwhile
+            logger.info("loading the Functions library on new node %s failed (%s)", name, exc)
+    if added:
+        logger.info("Redis Cluster: added slotless primaries %s to the node table", added)
+    return added
+
+
+async def raise_lost_redirect(client: Any, exc: AttributeError,
+                              load_command: Sequence[Any] | None = None) -> None:  # fmt: skip
+    """The hook for ``except AttributeError`` around a call on a ``RedisCluster``: when
+    ``exc`` is a lost redirect (:func:`luft_redis.cluster.is_lost_redirect`), refresh the
+    topology and raise :class:`~luft_redis.cluster.TopologyChanged` from it; otherwise return
+    (the caller re-raises ``exc``)."""
+    if is_lost_redirect(exc):
+        raise topology_changed(exc, await refresh_topology(client, load_command))
