@@ -9,9 +9,11 @@
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS (= ARGV[4..]):
   ARGS[1] number of events, then per event:
-    type (plain text, the entry's "type" field), stored event (opaque msgpack, the entry's
-    "data" field), then the rule arguments, a fixed number by type; "<a> <b>" is one argument
-    of space-separated words (ids, lower-case names and decimals never hold a space):
+    the stream entry: its length n (even, >= 2), then n arguments, the entry's field-value
+    pairs as XADD takes them ("type" <etype> first, the rest opaque: plain-text fields and
+    the "data" blob, built by luft_redis.codec.encode_entry), then the rule arguments, a fixed
+    number by type; "<a> <b>" is one argument of space-separated words (ids, lower-case names
+    and decimals never hold a space):
       agent_started  "<agent_id> <phase_id>"
       agent_done     "<agent_id> <status> <tokens total>", output (opt), findings (opt)
       phase_started  "<phase_id> <planned>", label, description (opt), role (opt)
@@ -112,11 +114,15 @@ local function main()
   local pos = 2
   local entries = {}
   for _ = 1, count do
-    local etype, blob = ARGS[pos], ARGS[pos + 1]
-    if etype == nil or blob == nil then fail('BAD_ARG', 'argument list is short') end
-    local a1, a2, a3, a4 = ARGS[pos + 2], ARGS[pos + 3], ARGS[pos + 4], ARGS[pos + 5]
-    pos = pos + 2
-    entries[#entries + 1] = {etype, blob}
+    -- the entry: its length n, then n/2 field-value pairs, "type" <etype> first
+    local n = tonumber(arg_uint(ARGS[pos], 'entry length'))
+    local etype = ARGS[pos + 2]
+    if n < 2 or n % 2 == 1 or ARGS[pos + 1] ~= 'type' or etype == nil or ARGS[pos + n] == nil then
+      fail('BAD_ARG', 'a stream entry is malformed or the argument list is short')
+    end
+    entries[#entries + 1] = {pos + 1, pos + n}
+    pos = pos + n + 1
+    local a1, a2, a3, a4 = ARGS[pos], ARGS[pos + 1], ARGS[pos + 2], ARGS[pos + 3]
 
     if etype == 'agent_started' then
       local aid, pid = words(a1, '^(%S+) (%d+)$', etype)
@@ -248,7 +254,7 @@ local function main()
 
   -- 2. writes
   for i = 1, #entries do
-    redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
+    redis.call('XADD', K_EVENTS, '*', unpack(ARGS, entries[i][1], entries[i][2]))
   end
   -- one HSET per hash and one RPUSH for the whole batch (a later value of a field in the same
   -- HSET wins, as it would in separate calls)

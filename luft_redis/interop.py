@@ -606,7 +606,8 @@ def _stage_events(
             args = encoder.event(event, "event", rid)
         except LuftRedisError as exc:
             raise where(position, exc) from None
-        pipe.xadd(key, {"type": args[0], "data": args[1]})
+        entry = args[1 : 1 + int(args[0])]  # the stream entry's field-value pairs
+        pipe.xadd(key, dict(zip(entry[::2], entry[1::2], strict=True)))
         if isinstance(event, t.AgentStarted):
             started_phase[event.agent_id] = event.phase_id
         count += 1

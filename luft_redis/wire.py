@@ -30,6 +30,7 @@ __all__ = [
     "check_type",
     "check_uuid",
     "decode_entry",
+    "entry_fields",
     "entry_id",
     "xread_entries",
 ]
@@ -121,8 +122,11 @@ class Encoder:
             )
         if event.run_id is None and not isinstance(event, t.SignalReceived):
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
-        blob = self.limit(codec.encode_event(event), field)
-        etype = event.TYPE
+        entry = codec.encode_entry(event)
+        size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
+        if size > self.max_payload_size:
+            raise PayloadTooLargeError(field, size, self.max_payload_size)
+        stored = [str(len(entry)), *entry]  # the entry, as append_events-9.lua reads it
         # the rule arguments, packed as append_events-9.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
         if isinstance(event, t.AgentDone):
@@ -130,23 +134,23 @@ class Encoder:
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
             return [
-                etype, blob, f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
+                *stored, f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
                 opt(None if event.output is None else codec.encode_json(event.output)),
                 opt(codec.encode_findings(event.findings) if event.findings else None),
             ]  # fmt: skip
         if isinstance(event, t.AgentStarted):
-            return [etype, blob, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
+            return [*stored, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
         if isinstance(event, t.PhaseStarted):
-            return [etype, blob, f"{event.phase_id} {event.planned}", event.label,
+            return [*stored, f"{event.phase_id} {event.planned}", event.label,
                     opt(event.description), opt(event.role)]  # fmt: skip
         if isinstance(event, t.PhaseDone):
-            return [etype, blob, f"{event.phase_id} {event.ok} {event.failed}"]
+            return [*stored, f"{event.phase_id} {event.ok} {event.failed}"]
         if isinstance(event, t.RunDone):
             total = event.total_tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
-            return [etype, blob, f"{event.status.value} {total}"]
-        return [etype, blob]
+            return [*stored, f"{event.status.value} {total}"]
+        return stored
 
     def result(self, cache: Any) -> list[Any]:
         """Arguments of upsert_agent_result-9.lua."""
@@ -213,14 +217,25 @@ def entry_id(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def entry_fields(event: t.AgentEvent) -> list[str | bytes]:
+    """The stream entry of ``event`` as XADD takes it: ``[field, value, ...]``."""
+    return codec.encode_entry(event)
+
+
 def decode_entry(run_id: uuid.UUID, key: str, eid: str, fields: Any) -> t.AgentEvent:
-    """The event of one stream entry (CorruptDataError naming key and entry)."""
+    """The event of one stream entry of any format (CorruptDataError naming key and entry).
+
+    An entry's format is its ``data`` blob's: 1 or 2, the whole event in that blob; 3, plain
+    text fields and the nested ones in ``data``, or no ``data`` when nothing is nested
+    (``docs/redis-layout.md``). A log upgraded in flight holds both, so each entry is decoded
+    by its own."""
     type_raw, blob = fields.get(b"type"), fields.get(b"data")
-    if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
-        raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
-    return codec.decode_event(
-        type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
-    )
+    if not isinstance(type_raw, bytes) or not isinstance(blob, bytes | None):
+        raise CorruptDataError(key, f"entry {eid}", "lacks its type field")
+    type_name = type_raw.decode("utf-8", "replace")
+    if blob is None or codec.entry_format(blob) >= 3:
+        return codec.decode_entry(type_name, fields, run_id, key=key, entry_id=eid)
+    return codec.decode_event(type_name, blob, run_id, key=key, entry_id=eid)
 
 
 def xread_entries(reply: Any) -> list[Any]:

@@ -50,14 +50,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .. import codec, index
+from .. import index
 from .. import types as t
 from ..backend import RedisCheckpointBackend
-from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
+from ..errors import AccessError, ConnectionError, LuftRedisError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
+from ..wire import decode_entry
 from . import cli_interop, cli_retention, live
 from .cli_common import (
     DEFAULT_URL,
@@ -323,13 +324,7 @@ def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int)
     out: list[Any] = []
     for entry_id, fields in reversed(page):
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        type_raw, blob = fields.get(b"type"), fields.get(b"data")
-        if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
-            raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
-        event = codec.decode_event(
-            type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
-        )
-        out.append((eid, event))
+        out.append((eid, decode_entry(run_id, key, eid, fields)))
     return out
 
 
