@@ -215,7 +215,8 @@ def test_event_decoder_on_mutated_events(sample: tuple[str, Any], data: st.DataO
 
 
 _ENTRIES = [
-    (e.TYPE, [(k.encode(), v if isinstance(v, bytes) else v.encode())
+    (e.TYPE, [(k if isinstance(k, bytes) else k.encode(),
+               v if isinstance(v, bytes) else v.encode())
               for k, v in zip(flat[::2], flat[1::2], strict=True)])
     for e in _sample_events(RUN_ID)
     for flat in [codec.encode_entry(e)]
@@ -229,7 +230,7 @@ def test_entry_decoder_on_mutated_entries(
 ) -> None:
     """A format-3 stream entry with a field dropped, added, or its value replaced by bytes,
     text or a mutated data blob: an event of its type or a CorruptDataError naming it."""
-    name, pairs = sample
+    _, pairs = sample
     fields = dict(pairs)
     names = [*fields, b"type", b"data", b"run", b"ms", b"zz"]
     key = data.draw(st.sampled_from(names))
@@ -251,7 +252,7 @@ def test_entry_decoder_on_mutated_entries(
         assert exc.key == "k:events"
         assert exc.field.startswith("entry 1-0")
     else:
-        assert event.TYPE == fields[b"type"].decode()
+        assert fields[b"type"].decode() == event.TYPE
 
 
 @FUZZ
