@@ -22,7 +22,7 @@
       other types    none
 
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
-          run fields, S of started agents, E res/ph of the results and phases written, F/X of
+          run fields (agents: +1 per agent that neither started nor had a result before), S of started agents, E res/ph of the results and phases written, F/X of
           finding segments.
   Errors: LUFT_NO_RUN, LUFT_CORRUPT (a stored field is unreadable), LUFT_OVERFLOW
           (total_tokens would pass 2^64-1), LUFT_BAD_ARG, LUFT_STALE; nothing is written on
@@ -110,6 +110,7 @@ local function main()
     end
   end
 
+  local new_agents = 0 -- distinct agents this batch adds (run field agents)
   local count = tonumber(arg_uint(ARGS[1], 'event count'))
   local pos = 2
   local entries = {}
@@ -129,6 +130,8 @@ local function main()
       pos = pos + 1
       local entry = started_entry(aid)
       if not entry then
+        -- a new agent unless it already has a result (stored, or from this batch)
+        if not result_entry(aid).exists then new_agents = new_agents + 1 end
         if started_len == nil then started_len = redis.call('HLEN', K_STARTED) end
         started_len = started_len + 1
         entry = {seq = tostring(started_len)}
@@ -153,6 +156,7 @@ local function main()
       attrs.status, attrs.tokens = rstatus, tokens
       if not entry.exists then
         local seen = started_entry(aid)
+        if not seen then new_agents = new_agents + 1 end -- neither started nor a result
         local phase = seen and seen.phase or '0'
         fields[#fields + 1] = p .. 'phase_id'
         fields[#fields + 1] = phase
@@ -251,6 +255,8 @@ local function main()
     end
   end
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
+  local agents = nil
+  if new_agents > 0 then agents = tostring(stored_agents() + new_agents) end
 
   -- 2. writes
   for i = 1, #entries do
@@ -293,6 +299,7 @@ local function main()
     fields[#fields + 1] = 'total_tokens'; fields[#fields + 1] = total
   end
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
+  if agents then fields[#fields + 1] = 'agents'; fields[#fields + 1] = agents end
   if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
   return retained(commit(run, now, 'append', fields), status)
 end

@@ -545,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs = _add_command(
         sub, "runs", "list the runs, most recently updated first",
         "List the runs under the prefix from the run index (a sorted set per prefix), most\n"
-        "recently updated first: status, tokens, agents started, last update and task.\n"
+        "recently updated first: status, tokens, agents (started or with a result), last\n"
+        "update and task.\n"
         "--since and the order use the run's last create, finish or resume (the index\n"
         "score; events in between do not move it); the updated column is the real last\n"
         "update. Entries whose run is gone (expired, deleted) are skipped and removed.\n"
