@@ -168,14 +168,15 @@ end
 local function stored_agents()
   local n = redis.call('HGET', K_RUN, 'agents')
   if n then return tonumber(stored_uint(K_RUN, 'agents', n)) end
+  -- (HGETALL, not HKEYS: the commands of docs/security.md's ACL; once per older run)
   local seen, count = {}, 0
-  local started = redis.call('HKEYS', K_STARTED)
-  for i = 1, #started do
+  local started = redis.call('HGETALL', K_STARTED)
+  for i = 1, #started, 2 do
     seen[started[i]] = true
     count = count + 1
   end
-  local fields = redis.call('HKEYS', K_RESULTS)
-  for i = 1, #fields do
+  local fields = redis.call('HGETALL', K_RESULTS)
+  for i = 1, #fields, 2 do
     local aid = string.match(fields[i], '^(.+):status$')
     if aid and not seen[aid] then
       seen[aid] = true
