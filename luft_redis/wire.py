@@ -233,8 +233,9 @@ def decode_entry(run_id: uuid.UUID, key: str, eid: str, fields: Any) -> t.AgentE
     if not isinstance(type_raw, bytes) or not isinstance(blob, bytes | None):
         raise CorruptDataError(key, f"entry {eid}", "lacks its type field")
     type_name = type_raw.decode("utf-8", "replace")
-    if blob is None or codec.entry_format(blob) >= 3:
+    if blob is None or codec.entry_format(blob) == 3:
         return codec.decode_entry(type_name, fields, run_id, key=key, entry_id=eid)
+    # formats 1 and 2; a newer or unknown format is refused there, naming it
     return codec.decode_event(type_name, blob, run_id, key=key, entry_id=eid)
 
 
