@@ -822,6 +822,8 @@ class _EntryPlan:
             self.unpack[short.encode()] = (name, text[1])
         names = [*ENTRY_RESERVED, *(s for _, s, _, _ in self.scalars if s)]
         if self.tokens:
+            if set(TOKEN_NAMES) != set(FIELDS["TokenUsage"]):
+                raise RuntimeError("codec.TOKEN_NAMES does not name every TokenUsage field")
             if len(self.tokens) > 1:
                 raise RuntimeError(f"{self.type}: more than one TokenUsage field")
             names += TOKEN_NAMES.values()
@@ -893,7 +895,7 @@ class _EntryPlan:
             if attr not in values:
                 raise _Bad(short, "is missing")
         for name in self.tokens:
-            values[name] = t.TokenUsage._trusted(**{sub: usage.get(sub, 0) for sub in TOKEN_NAMES})
+            values[name] = t.TokenUsage._trusted(**{s: usage.get(s, 0) for s in TOKEN_NAMES})
         fmt, body = _open(blob) if blob is not None else (FORMAT, [])
         if fmt < 3 or type(body) is not list or not (
                 self.first_optional <= len(body) <= len(self.nested)):  # fmt: skip
