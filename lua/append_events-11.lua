@@ -9,9 +9,11 @@
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS (= ARGV[4..]):
   ARGS[1] number of events, then per event:
-    type (plain text, the entry's "type" field), stored event (opaque msgpack, the entry's
-    "data" field), then the rule arguments, a fixed number by type; "<a> <b>" is one argument
-    of space-separated words (ids, lower-case names and decimals never hold a space):
+    the stream entry: its length n (even, >= 2), then n arguments, the entry's field-value
+    pairs as XADD takes them ("type" <etype> first, the rest opaque: plain-text fields and
+    the "data" blob, built by luft_redis.codec.encode_entry), then the rule arguments, a fixed
+    number by type; "<a> <b>" is one argument of space-separated words (ids, lower-case names
+    and decimals never hold a space):
       agent_started  "<agent_id> <phase_id>"
       agent_done     "<agent_id> <status> <tokens total>", output (opt), findings (opt)
       phase_started  "<phase_id> <planned>", label, description (opt), role (opt)
@@ -20,7 +22,7 @@
       other types    none
 
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
-          run fields, S of started agents, E res/ph of the results and phases written, F/X of
+          run fields (agents: +1 per agent that neither started nor had a result before), S of started agents, E res/ph of the results and phases written, F/X of
           finding segments.
   A fenced batch (ARGS[#ARGS] = "@fence ...", see includes/common.lua) is applied only while
   the lease is current; its agent_done of the leased agent ends the lease: an ok status makes
@@ -116,21 +118,28 @@ local function main()
     end
   end
 
+  local new_agents = 0 -- distinct agents this batch adds (run field agents)
   local count = tonumber(arg_uint(ARGS[1], 'event count'))
   local pos = 2
   local entries = {}
   for _ = 1, count do
-    local etype, blob = ARGS[pos], ARGS[pos + 1]
-    if etype == nil or blob == nil then fail('BAD_ARG', 'argument list is short') end
-    local a1, a2, a3, a4 = ARGS[pos + 2], ARGS[pos + 3], ARGS[pos + 4], ARGS[pos + 5]
-    pos = pos + 2
-    entries[#entries + 1] = {etype, blob}
+    -- the entry: its length n, then n/2 field-value pairs, "type" <etype> first
+    local n = tonumber(arg_uint(ARGS[pos], 'entry length'))
+    local etype = ARGS[pos + 2]
+    if n < 2 or n % 2 == 1 or ARGS[pos + 1] ~= 'type' or etype == nil or ARGS[pos + n] == nil then
+      fail('BAD_ARG', 'a stream entry is malformed or the argument list is short')
+    end
+    entries[#entries + 1] = {pos + 1, pos + n}
+    pos = pos + n + 1
+    local a1, a2, a3, a4 = ARGS[pos], ARGS[pos + 1], ARGS[pos + 2], ARGS[pos + 3]
 
     if etype == 'agent_started' then
       local aid, pid = words(a1, '^(%S+) (%d+)$', etype)
       pos = pos + 1
       local entry = started_entry(aid)
       if not entry then
+        -- a new agent unless it already has a result (stored, or from this batch)
+        if not result_entry(aid).exists then new_agents = new_agents + 1 end
         if started_len == nil then started_len = redis.call('HLEN', K_STARTED) end
         started_len = started_len + 1
         entry = {seq = tostring(started_len)}
@@ -155,6 +164,7 @@ local function main()
       attrs.status, attrs.tokens = rstatus, tokens
       if not entry.exists then
         local seen = started_entry(aid)
+        if not seen then new_agents = new_agents + 1 end -- neither started nor a result
         local phase = seen and seen.phase or '0'
         fields[#fields + 1] = p .. 'phase_id'
         fields[#fields + 1] = phase
@@ -264,11 +274,13 @@ local function main()
     end
   end
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
+  local agents = nil
+  if new_agents > 0 then agents = tostring(stored_agents() + new_agents) end
 
   -- 2. writes
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
   for i = 1, #entries do
-    redis.call('XADD', K_EVENTS, '*', 'type', entries[i][1], 'data', entries[i][2])
+    redis.call('XADD', K_EVENTS, '*', unpack(ARGS, entries[i][1], entries[i][2]))
   end
   -- one HSET per hash and one RPUSH for the whole batch (a later value of a field in the same
   -- HSET wins, as it would in separate calls)
@@ -307,6 +319,7 @@ local function main()
     fields[#fields + 1] = 'total_tokens'; fields[#fields + 1] = total
   end
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
+  if agents then fields[#fields + 1] = 'agents'; fields[#fields + 1] = agents end
   if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
   return retained(commit(run, now, 'append', fields), status)
 end

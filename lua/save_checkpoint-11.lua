@@ -17,6 +17,9 @@
     started   width 1: agent_id (in order)
     findings  width 2: segment id, msgpack list of findings (in order)
 
+  The run field agents is set to the number of distinct agent ids among the results and
+  the started agents (the state is replaced wholesale: counted, not added to).
+
   Reply and notice: the delta, op "save": a Z record with the whole new state
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE; nothing is written on error.
 ]]
@@ -65,9 +68,14 @@ local function main()
   run_fields[#run_fields + 1] = tostring(count)
 
   local results = {}
+  local agents, agent_count = {}, 0 -- distinct agents with a result or started
   first, count = group(10)
   for i = 0, count - 1 do
     local a = first + i * 10
+    if not agents[ARGS[a]] then
+      agents[ARGS[a]] = true
+      agent_count = agent_count + 1
+    end
     local p = ARGS[a] .. ':'
     local f = {p .. 'phase_id', arg_uint(ARGS[a + 1], 'phase_id'), p .. 'status', ARGS[a + 2],
       p .. 'tokens', arg_uint(ARGS[a + 3], 'tokens'),
@@ -101,6 +109,10 @@ local function main()
   first, count = group(1)
   for i = 0, count - 1 do
     local aid = ARGS[first + i]
+    if not agents[aid] then
+      agents[aid] = true
+      agent_count = agent_count + 1
+    end
     started[#started + 1] = aid
     started[#started + 1] = tostring(i + 1) .. ' ' .. (old_phase[aid] or '0')
   end
@@ -114,6 +126,8 @@ local function main()
     order[#order + 1] = ARGS[a]
   end
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list is too long') end
+  run_fields[#run_fields + 1] = 'agents'
+  run_fields[#run_fields + 1] = tostring(agent_count)
   local now = now_seconds()
 
   redis.call('DEL', K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER)

@@ -11,7 +11,8 @@
   ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
   ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)
 
-  Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments
+  Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments,
+          R agents when the agent is new (neither started nor had a result)
   A fenced write ("@fence ...", see includes/common.lua) is applied only while the lease is
   current, else LUFT_LEASE_LOST and nothing is written.
   Errors: LUFT_LEASE_LOST, LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
@@ -37,6 +38,11 @@ local function main()
   optional_fields(fields, drop, p, OPTIONAL, 6)
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
   local now = now_seconds()
+  local run_fields = nil
+  if redis.call('HEXISTS', K_RESULTS, p .. 'status') == 0
+      and redis.call('HEXISTS', K_STARTED, aid) == 0 then
+    run_fields = {'agents', tostring(stored_agents() + 1)} -- a new agent
+  end
 
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end
   redis.call('HSET', K_RESULTS, unpack(fields))
@@ -49,7 +55,7 @@ local function main()
     out[#out + 1] = fields[i + 1]
   end
   rec_attrs('res', aid, out)
-  return retained(commit(run, now, 'result'), run[1])
+  return retained(commit(run, now, 'result', run_fields), run[1])
 end
 
 --- @include "includes/main"

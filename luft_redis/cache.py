@@ -121,7 +121,7 @@ class RunState:
 
     @classmethod
     def from_load(cls, run_id: uuid.UUID, keys: RunKeys, reply: Sequence[Any]) -> RunState:
-        """Decode the reply of load-9.lua (or a Z record), checking every field
+        """Decode the reply of load-11.lua (or a Z record), checking every field
         (:class:`CorruptDataError` naming key and field)."""
         return _Loader(run_id, keys).load(reply)
 
@@ -266,7 +266,7 @@ phases, are not checkpoint fields)."""
 
 
 def _whole_parts(delta: Delta, keys: RunKeys) -> list[Any]:
-    """The 7 counted parts of a Z record, shaped as load-9.lua's reply."""
+    """The 7 counted parts of a Z record, shaped as load-11.lua's reply."""
     parts = delta.records()
     if not parts or parts[0] != b"Z":
         raise CorruptDataError(keys.run, "", f"{delta.op!r} delta lacks the whole state")
@@ -539,7 +539,7 @@ def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:
 
 
 class _Loader:
-    """Decodes load-9.lua's reply; every problem is a CorruptDataError naming key and field."""
+    """Decodes load-11.lua's reply; every problem is a CorruptDataError naming key and field."""
 
     def __init__(self, run_id: uuid.UUID, keys: RunKeys) -> None:
         self.run_id = run_id

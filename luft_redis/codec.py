@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import operator
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -40,14 +41,18 @@ from .errors import CorruptDataError, ValidationError
 __all__ = [
     "DELTA_KIND_CODES",
     "EMPTY_LIST",
+    "ENTRY_NAMES",
     "ENUM_CODES",
     "FIELDS",
     "FORMAT",
     "FORMATS",
     "MAX_BLOB_SIZE",
+    "TOKEN_NAMES",
+    "decode_entry",
     "decode_event",
     "decode_findings",
     "decode_json",
+    "encode_entry",
     "encode_event",
     "encode_findings",
     "encode_json",
@@ -62,16 +67,20 @@ EMPTY_LIST = msgpack.packb([])
 """msgpack of an empty array: what the Lua scripts take for "no findings" (an argument they
 receive, never a stored blob: luft-redis sends no encoded empty finding list)."""
 
-FORMAT = 2
-"""The stored format this version writes: the byte after :data:`MARKER` in every blob."""
+FORMAT = 3
+"""The stored format this version writes: the byte after :data:`MARKER` in every blob, and
+the layout of a stream entry (format 3: readable fields, see :func:`encode_entry`)."""
 
-FORMATS = (1, 2)
-"""Every stored format this version reads: 1 (0.1.0, no header) and 2."""
+FORMATS = (1, 2, 3)
+"""Every stored format this version reads: 1 (0.1.0, no header), 2 and 3. Formats 2 and 3
+write the same blob bodies; they differ in the stream entry (``type`` and one ``data`` blob of
+the whole event in format 1 and 2, plain-text fields in format 3)."""
 
 MARKER = 0xC1
 """First byte of a blob with a format header (msgpack never uses it)."""
 
 _HEADER = bytes((MARKER, FORMAT))
+_HEADER_2 = bytes((MARKER, 2))
 _US = _dt.timedelta(microseconds=1)
 
 Packer = Callable[[Any], Any]
@@ -316,6 +325,7 @@ def _unpack_ts_ns(x: Any, path: str) -> t.Timestamp:
 _TS_CODECS: dict[int, tuple[Packer, Unpacker]] = {
     1: (_pack_ts_us, _unpack_ts_us),
     2: (_pack_ts_ns, _unpack_ts_ns),
+    3: (_pack_ts_ns, _unpack_ts_ns),  # no blob of format 3 holds one: ts is an entry field
 }
 
 
@@ -561,11 +571,13 @@ def recent_id(text: str) -> uuid.UUID | None:
 
 
 def encode_event(event: t.AgentEvent) -> bytes:
-    """The compact stored form of ``event`` (its run id left out), in format :data:`FORMAT`."""
-    body = _record_codec(type(event))[0](event)
+    """The whole event as one format-2 blob (its run id left out): the ``data`` field of the
+    entries formats 1 and 2 wrote. Format 3 writes readable fields instead
+    (:func:`encode_entry`); this stays for tools and tests that build an older entry."""
+    body = _record_codec(type(event), 2)[0](event)
     if type(event) is t.SignalReceived:
         body.insert(0, event.run_id is not None)
-    return _HEADER + msgpack.packb(body)  # type: ignore[no-any-return]
+    return _HEADER_2 + msgpack.packb(body)  # type: ignore[no-any-return]
 
 
 def decode_event(
@@ -579,6 +591,9 @@ def decode_event(
         raise CorruptDataError(key, f"{where} type", f"unknown event type {type_name!r}")
     try:
         fmt, body = _open(blob)
+        if fmt >= 3:
+            raise _Bad("", f"the data of a format-{fmt} entry holds only the nested fields: "
+                           "decode the whole entry (codec.decode_entry)")
         if type(body) is not list:
             raise _Bad("", "expected an array")
         event_run: uuid.UUID | None = run_id
@@ -641,3 +656,299 @@ def decode_findings(blob: bytes, *, key: str, field: str) -> tuple[t.Finding, ..
         raise CorruptDataError(key, field, str(exc)) from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise CorruptDataError(key, field, f"not msgpack: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Stream entries (format 3): the event's scalar fields as plain text, the nested ones in a blob
+# --------------------------------------------------------------------------------------------
+
+ENTRY_NAMES: dict[str, str] = {
+    # the fields of the frequent events (agent_*, phase_*): one or two letters
+    "agent_id": "a", "phase_id": "ph", "status": "st", "elapsed_ms": "ms", "name": "n",
+    "agent_seq": "seq", "ts": "ts", "prompt": "p", "retry_count": "rc", "description": "d",
+    "role": "r", "prompt_preview": "pv", "model": "m", "level": "lv",
+    # the others: their name, or a short form of it
+    "task": "task", "label": "label", "planned": "planned", "kind": "kind",
+    "method": "method", "ok": "ok", "failed": "failed", "msg": "msg",
+    "time_limit_ms": "limit_ms", "max_rounds": "max_rounds", "span_id": "span",
+    "count": "count", "path": "path", "error": "error", "items": "items", "rounds": "rounds",
+    "converged": "converged", "surviving": "surviving", "total_stages": "stages",
+    "stage_index": "stage", "agents_in_stage": "agents", "item_index": "item",
+    "stages_completed": "stages", "total_ok": "ok", "total_failed": "failed",
+    "attempt": "attempt", "max": "max", "reasoning": "reasoning", "signal": "signal",
+}  # fmt: skip
+"""The stream field of every scalar event field in a format-3 entry, by the contract's field
+name: the same name for the same field in every event type, and short, because a stream
+stores the field names of every entry whose fields differ from the first entry of its node,
+which in a mixed log is most entries. Fixed once written, like :data:`FIELDS`."""
+
+TOKEN_NAMES: dict[str, str] = {
+    "input": "in", "output": "out", "cache_read": "cr", "cache_write": "cw",
+}  # fmt: skip
+"""The stream fields of an event's token usage (``tokens``, ``total_tokens``): one per
+``TokenUsage`` field, each left out when 0."""
+
+ENTRY_RESERVED = ("type", "run", "data")
+"""The stream fields of a format-3 entry that are no event field: ``type`` first (the event
+type, as in formats 1 and 2), ``run`` (``null``: a ``signal_received`` without a run id) and
+``data`` last: the format header then the msgpack array of the nested fields (JSON values,
+lists, records, progress deltas) in the order of :data:`FIELDS`, trailing defaults left out;
+no ``data`` field when that array would be empty. A reader of formats 1 and 2 decodes
+``data`` as the whole event: it refuses an entry with one as written by a newer luft-redis
+(``stored format 3``), and one without as lacking its data field; it never misreads one."""
+
+_DECIMAL = re.compile(rb"0|[1-9][0-9]{0,19}")
+
+
+def _unpack_decimal(hi: int, name: str) -> Unpacker:
+    def unpack_int(raw: bytes, path: str) -> int:
+        value = int(raw) if _DECIMAL.fullmatch(raw) else -1
+        if not 0 <= value <= hi:
+            raise _Bad(path, f"expected a decimal {name}, got {raw[:40]!r}")
+        return value
+
+    return unpack_int
+
+
+_U64_TEXT = _unpack_decimal(t.U64_MAX, "u64")
+_NANOS = re.compile(rb"-?(?:0|[1-9][0-9]{0,20})")
+
+
+def _ts_text(value: t.Timestamp) -> str:
+    """A timestamp as decimal nanoseconds since the Unix epoch (negative before it): an
+    integer Redis stores in 8 bytes up to the year 2262 (an RFC 3339 text takes 30)."""
+    return str(value.unix_nanos())
+
+
+def _unpack_ts_text(raw: bytes, path: str) -> t.Timestamp:
+    if _NANOS.fullmatch(raw) and raw != b"-0":
+        try:
+            return t.Timestamp.from_unix_nanos(int(raw))
+        except OverflowError:
+            pass
+    raise _Bad(path, f"expected decimal nanoseconds since the epoch, got {raw[:40]!r}")
+
+
+def _text(raw: bytes, path: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Bad(path, "is not UTF-8 text") from None
+
+
+def _scalar_text(kind: t._Kind) -> tuple[Callable[[Any], str], Unpacker] | None:
+    """(to text, from bytes) of a scalar kind (optional ones: of the inner kind; ``None`` is
+    the field left out), or ``None`` for a nested kind (it goes into ``data``)."""
+    if isinstance(kind, t._OptionalKind):
+        return _scalar_text(kind.inner)
+    if isinstance(kind, t._IntKind):
+        return str, _unpack_decimal(kind.hi, kind.name)
+    if isinstance(kind, t._StrKind):
+        return _ident, _text
+    if isinstance(kind, t._BoolKind):
+        def unpack_bool(raw: bytes, path: str) -> bool:
+            if raw not in (b"true", b"false"):
+                raise _Bad(path, f"expected true or false, got {raw[:40]!r}")
+            return raw == b"true"
+
+        return (lambda v: "true" if v else "false"), unpack_bool
+    if isinstance(kind, t._UuidKind):
+        def unpack_uuid(raw: bytes, path: str) -> uuid.UUID:
+            try:
+                if len(raw) == 36:
+                    return uuid.UUID(raw.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                pass
+            raise _Bad(path, f"expected a UUID, got {raw[:40]!r}")
+
+        return id_text, unpack_uuid
+    if isinstance(kind, t._TsKind):
+        return _ts_text, _unpack_ts_text
+    if isinstance(kind, t._EnumKind):
+        enum_cls = kind.enum
+        members = {m.value.encode(): m for m in enum_cls}
+
+        def unpack_enum(raw: bytes, path: str) -> Any:
+            member = members.get(raw)
+            if member is None:
+                raise _Bad(path, f"{raw[:40]!r} is not a {enum_cls.__name__}")
+            return member
+
+        return (lambda v: v.value), unpack_enum
+    return None
+
+
+class _EntryPlan:
+    """How one event type is stored as a format-3 entry (built once per type)."""
+
+    def __init__(self, cls: type[t.AgentEvent]) -> None:
+        self.cls = cls
+        self.type = cls.TYPE
+        by_name = {s.name: s for s in cls._field_specs()}
+        # scalars: (attribute, stream name, to text, default or _NO_DEFAULT)
+        self.scalars: list[tuple[str, str, Callable[[Any], str], Any]] = []
+        self.tokens: list[str] = []  # attributes holding a TokenUsage (flattened)
+        self.nested: list[str] = []
+        self.unpack: dict[bytes, tuple[str, Unpacker]] = {}
+        self.required: list[tuple[str, str]] = []  # (attribute, stream name)
+        self.missing: dict[str, Any] = {}  # attribute: value when its field is left out
+        for name in FIELDS[self.type]:
+            spec = by_name[name]
+            kind = spec.kind
+            if isinstance(kind, t._RecordKind) and kind.cls is t.TokenUsage:
+                self.tokens.append(name)
+                self.scalars.append((name, "", _ident, _NO_DEFAULT))  # "": the token fields
+                for sub, short in TOKEN_NAMES.items():
+                    self.unpack[short.encode()] = (f"{name}.{sub}", _U64_TEXT)
+                continue
+            text = _scalar_text(kind)
+            if text is None:
+                self.nested.append(name)
+                continue
+            short = ENTRY_NAMES[name]
+            if spec.has_default:
+                default = spec.default
+                if kind.nullable and default is not None:
+                    raise RuntimeError(f"{self.type}.{name}: a nullable field with a default "
+                                       "other than null has no entry form")  # fmt: skip
+            elif kind.nullable:
+                default = None
+            else:
+                default = _NO_DEFAULT
+                self.required.append((name, short))
+            if default is not _NO_DEFAULT:
+                self.missing[name] = default
+            self.scalars.append((name, short, text[0], default))
+            self.unpack[short.encode()] = (name, text[1])
+        names = [*ENTRY_RESERVED, *(s for _, s, _, _ in self.scalars if s)]
+        if self.tokens:
+            if set(TOKEN_NAMES) != set(FIELDS["TokenUsage"]):
+                raise RuntimeError("codec.TOKEN_NAMES does not name every TokenUsage field")
+            if len(self.tokens) > 1:
+                raise RuntimeError(f"{self.type}: more than one TokenUsage field")
+            names += TOKEN_NAMES.values()
+        if len(set(names)) != len(names):
+            raise RuntimeError(f"{self.type}: two fields share a stream field name")
+        self.nested_codec = [_kind_codec(by_name[n].kind, 3) for n in self.nested]
+        # the value of a nested field left out, and its packed form
+        self.nested_values = [by_name[n].default if by_name[n].has_default
+                              else (None if by_name[n].kind.nullable else _NO_DEFAULT)
+                              for n in self.nested]  # fmt: skip
+        self.nested_defaults = [v if v is _NO_DEFAULT else c[0](v)
+                                for v, c in zip(self.nested_values, self.nested_codec,
+                                                strict=True)]  # fmt: skip
+        self.first_optional = max(
+            (i + 1 for i, d in enumerate(self.nested_defaults) if d is _NO_DEFAULT), default=0
+        )
+
+    def encode(self, event: t.AgentEvent) -> list[str | bytes]:
+        out: list[str | bytes] = ["type", self.type]
+        if event.run_id is None:
+            out += ("run", "null")
+        for name, short, text, default in self.scalars:
+            value = getattr(event, name)
+            if not short:  # a TokenUsage: its four fields, zeros left out
+                for sub, token_name in TOKEN_NAMES.items():
+                    n = getattr(value, sub)
+                    if n:
+                        out += (token_name, str(n))
+                continue
+            if value is None or value == default:
+                continue
+            out += (short, text(value))
+        body = [pack(getattr(event, n)) for n, (pack, _) in
+                zip(self.nested, self.nested_codec, strict=True)]  # fmt: skip
+        i = len(body)
+        while i > self.first_optional and body[i - 1] == self.nested_defaults[i - 1]:
+            i -= 1
+        if i:  # nothing nested to store: no data field
+            del body[i:]
+            out += ("data", _HEADER + msgpack.packb(body))
+        return out
+
+    def decode(self, fields: Any, run_id: uuid.UUID) -> t.AgentEvent:
+        values: dict[str, Any] = dict(self.missing)
+        usage: dict[str, int] = {}
+        event_run: uuid.UUID | None = run_id
+        blob: bytes | None = None
+        for raw_name, raw in fields.items():
+            if raw_name == b"type":
+                continue
+            if raw_name == b"data":
+                blob = raw
+                continue
+            if raw_name == b"run" and self.cls is t.SignalReceived:
+                if raw != b"null":
+                    raise _Bad("run", f"expected null, got {raw[:40]!r}")
+                event_run = None
+                continue
+            step = self.unpack.get(raw_name)
+            if step is None:
+                raise _Bad(raw_name.decode("utf-8", "replace"), f"is no field of {self.type}")
+            attr, unpack = step
+            value = unpack(raw, raw_name.decode())
+            if "." in attr:
+                usage[attr.split(".", 1)[1]] = value
+            else:
+                values[attr] = value
+        for attr, short in self.required:
+            if attr not in values:
+                raise _Bad(short, "is missing")
+        for name in self.tokens:
+            values[name] = t.TokenUsage._trusted(**{s: usage.get(s, 0) for s in TOKEN_NAMES})
+        fmt, body = _open(blob) if blob is not None else (FORMAT, [])
+        if fmt < 3 or type(body) is not list or not (
+                self.first_optional <= len(body) <= len(self.nested)):  # fmt: skip
+            raise _Bad("data", f"expected the format-3 array of the nested fields of {self.type}")
+        for i, name in enumerate(self.nested):
+            if i < len(body):
+                try:
+                    values[name] = self.nested_codec[i][1](body[i], "")
+                except _Bad as exc:
+                    raise exc.inside("data", name) from None
+            else:
+                values[name] = self.nested_values[i]
+        values["run_id"] = event_run
+        return self.cls._trusted(**values)
+
+
+_ENTRY_PLANS = {name: _EntryPlan(cls) for name, cls in t.EVENT_TYPES.items()}
+
+
+def encode_entry(event: t.AgentEvent) -> list[str | bytes]:
+    """The stream entry of ``event`` in format :data:`FORMAT`, as the flat list
+    ``[field, value, ...]`` that XADD takes: ``type``, the scalar fields as plain text in the
+    order of :data:`FIELDS` (names from :data:`ENTRY_NAMES`, :data:`TOKEN_NAMES`; a field equal
+    to its default or null left out), ``data`` last (see :data:`ENTRY_RESERVED`)."""
+    return _ENTRY_PLANS[event.TYPE].encode(event)
+
+
+def entry_format(blob: bytes | None) -> int:
+    """The format of the entry whose ``data`` field is ``blob`` (``None``: it has none, which
+    only format 3 writes; formats 1 and 2 hold the whole event in ``data``)."""
+    if blob is None:
+        return FORMAT
+    if blob[:1] == b"\xc1" and len(blob) >= 2:
+        return blob[1]
+    return 1
+
+
+def decode_entry(
+    type_name: str, fields: Any, run_id: uuid.UUID, *, key: str, entry_id: str
+) -> t.AgentEvent:
+    """The event of a format-3 stream entry of ``key`` (``fields``: its field -> value map,
+    bytes to bytes). Entries of formats 1 and 2 go through :func:`decode_event`."""
+    where = f"entry {entry_id}"
+    plan = _ENTRY_PLANS.get(type_name)
+    if plan is None:
+        raise CorruptDataError(key, f"{where} type", f"unknown event type {type_name!r}")
+    try:
+        return plan.decode(fields, run_id)
+    except _Bad as exc:  # named by its stream field
+        field = re.split(r"[.\[]", exc.path, maxsplit=1)[0]
+        raise CorruptDataError(key, f"{where} {field}" if field else where,
+                               f"{type_name}: {exc}") from None  # fmt: skip
+    except _Newer as exc:
+        raise CorruptDataError(key, f"{where} data", f"{type_name}: {exc}") from None
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise CorruptDataError(key, f"{where} data", f"not msgpack: {exc}") from None

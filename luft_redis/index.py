@@ -49,7 +49,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ROW_FIELDS = ("status", "total_tokens", "updated_at", "created_at", "task", "current_phase")
+ROW_FIELDS = ("status", "total_tokens", "updated_at", "created_at", "task", "current_phase",
+              "agents")
 """The run-hash fields :func:`read_page` reads for each row (one HMGET)."""
 
 _PAGE = 1000
@@ -92,7 +93,9 @@ class IndexRow:
     task: str
     current_phase: int
     agents: int
-    """Agents started (``started_agent_ids``)."""
+    """Distinct agents that started or have a result: the run field ``agents`` the scripts
+    keep; for a run written before it (luft-redis 0.1.0 and until this field), the agents
+    started (``started_agent_ids``) until the run's next write that adds an agent."""
 
 
 def _text(raw: Any) -> str:
@@ -107,8 +110,9 @@ def _int(key: str, name: str, raw: Any) -> int:
 
 
 def _rows(client: Any, prefix: str, members: Sequence[Any]) -> list[IndexRow | None]:
-    """One pipelined round trip: HMGET of the run hash and HLEN of ``started`` per member;
-    None for a member whose run is gone (or that is not a run id)."""
+    """One pipelined round trip: HMGET of the run hash and HLEN of ``started`` per member (the
+    agents of a run that lacks the field ``agents``); None for a member whose run is gone (or
+    that is not a run id)."""
     ids: list[uuid.UUID | None] = []
     pipe = client.pipeline(transaction=False)
     for raw in members:
@@ -128,9 +132,9 @@ def _rows(client: Any, prefix: str, members: Sequence[Any]) -> list[IndexRow | N
         if run_id is None:
             out.append(None)
             continue
-        values, agents = replies[pos], replies[pos + 1]
+        values, started = replies[pos], replies[pos + 1]
         pos += 2
-        status, tokens, updated, created, task, phase = values
+        status, tokens, updated, created, task, phase, agents = values
         if status is None:  # the run is gone (deleted, expired) since it was indexed
             out.append(None)
             continue
@@ -141,7 +145,7 @@ def _rows(client: Any, prefix: str, members: Sequence[Any]) -> list[IndexRow | N
             updated_at=_int(key, "updated_at", updated or b"0"),
             created_at=_int(key, "created_at", created or b"0"),
             task=_text(task or b""), current_phase=_int(key, "current_phase", phase or b"0"),
-            agents=int(agents),
+            agents=int(started) if agents is None else _int(key, "agents", agents),
         ))  # fmt: skip
     return out
 

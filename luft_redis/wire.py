@@ -30,6 +30,7 @@ __all__ = [
     "check_type",
     "check_uuid",
     "decode_entry",
+    "entry_fields",
     "entry_id",
     "xread_entries",
 ]
@@ -95,7 +96,7 @@ class Encoder:
 
     def init_run(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *,
                  with_meta: bool) -> tuple[uuid.UUID, list[Any]]:  # fmt: skip
-        """(run id, arguments) of init_run-9.lua; a new incarnation each call."""
+        """(run id, arguments) of init_run-11.lua; a new incarnation each call."""
         rid = check_uuid(run_id, "run_id")
         task = check_str(task, "task")
         run_dir = check_str(run_dir, "run_dir")
@@ -104,7 +105,7 @@ class Encoder:
         return rid, [str(rid), task, run_dir, opt(blob), SCHEMA_VERSION, uuid.uuid4().hex]
 
     def events(self, events: Any, run_id: uuid.UUID) -> list[Any]:
-        """Arguments of append_events-9.lua for a batch (ValidationError naming the event)."""
+        """Arguments of append_events-11.lua for a batch (ValidationError naming the event)."""
         if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
             raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
         batch = list(events)
@@ -121,35 +122,38 @@ class Encoder:
             )
         if event.run_id is None and not isinstance(event, t.SignalReceived):
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
-        blob = self.limit(codec.encode_event(event), field)
-        etype = event.TYPE
-        # the rule arguments, packed as append_events-9.lua reads them ("<a> <b>": one string
+        entry = codec.encode_entry(event)
+        size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
+        if size > self.max_payload_size:
+            raise PayloadTooLargeError(field, size, self.max_payload_size)
+        stored = [str(len(entry)), *entry]  # the entry, as append_events-11.lua reads it
+        # the rule arguments, packed as append_events-11.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
         if isinstance(event, t.AgentDone):
             total = event.tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
             return [
-                etype, blob, f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
+                *stored, f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
                 opt(None if event.output is None else codec.encode_json(event.output)),
                 opt(codec.encode_findings(event.findings) if event.findings else None),
             ]  # fmt: skip
         if isinstance(event, t.AgentStarted):
-            return [etype, blob, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
+            return [*stored, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
         if isinstance(event, t.PhaseStarted):
-            return [etype, blob, f"{event.phase_id} {event.planned}", event.label,
+            return [*stored, f"{event.phase_id} {event.planned}", event.label,
                     opt(event.description), opt(event.role)]  # fmt: skip
         if isinstance(event, t.PhaseDone):
-            return [etype, blob, f"{event.phase_id} {event.ok} {event.failed}"]
+            return [*stored, f"{event.phase_id} {event.ok} {event.failed}"]
         if isinstance(event, t.RunDone):
             total = event.total_tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.total_tokens", "input + output exceeds 2^64-1")
-            return [etype, blob, f"{event.status.value} {total}"]
-        return [etype, blob]
+            return [*stored, f"{event.status.value} {total}"]
+        return stored
 
     def result(self, cache: Any) -> list[Any]:
-        """Arguments of upsert_agent_result-9.lua."""
+        """Arguments of upsert_agent_result-11.lua."""
         r = check_type(cache, t.AgentResultCache, "cache")
         return self._result_fields(r, "cache")
 
@@ -166,7 +170,7 @@ class Encoder:
 
     @staticmethod
     def session(session: Any) -> list[Any]:
-        """Arguments of upsert_agent_session-9.lua."""
+        """Arguments of upsert_agent_session-11.lua."""
         s = check_type(session, t.AgentSessionCheckpoint, "session")
         return [
             codec.id_text(s.agent_id), opt(s.backend_id), opt(s.protocol_session_id),
@@ -174,7 +178,7 @@ class Encoder:
         ]  # fmt: skip
 
     def save(self, checkpoint: Any, run_id: uuid.UUID | None) -> list[Any]:
-        """Arguments of save_checkpoint-9.lua for ``checkpoint`` of the bound run."""
+        """Arguments of save_checkpoint-11.lua for ``checkpoint`` of the bound run."""
         cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
         if cp.run_id != run_id:
             raise RunMismatchError(
@@ -213,14 +217,26 @@ def entry_id(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+def entry_fields(event: t.AgentEvent) -> list[str | bytes]:
+    """The stream entry of ``event`` as XADD takes it: ``[field, value, ...]``."""
+    return codec.encode_entry(event)
+
+
 def decode_entry(run_id: uuid.UUID, key: str, eid: str, fields: Any) -> t.AgentEvent:
-    """The event of one stream entry (CorruptDataError naming key and entry)."""
+    """The event of one stream entry of any format (CorruptDataError naming key and entry).
+
+    An entry's format is its ``data`` blob's: 1 or 2, the whole event in that blob; 3, plain
+    text fields and the nested ones in ``data``, or no ``data`` when nothing is nested
+    (``docs/redis-layout.md``). A log upgraded in flight holds both, so each entry is decoded
+    by its own."""
     type_raw, blob = fields.get(b"type"), fields.get(b"data")
-    if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
-        raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
-    return codec.decode_event(
-        type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
-    )
+    if not isinstance(type_raw, bytes) or not isinstance(blob, bytes | None):
+        raise CorruptDataError(key, f"entry {eid}", "lacks its type field")
+    type_name = type_raw.decode("utf-8", "replace")
+    if blob is None or codec.entry_format(blob) == 3:
+        return codec.decode_entry(type_name, fields, run_id, key=key, entry_id=eid)
+    # formats 1 and 2; a newer or unknown format is refused there, naming it
+    return codec.decode_event(type_name, blob, run_id, key=key, entry_id=eid)
 
 
 def xread_entries(reply: Any) -> list[Any]:

@@ -42,6 +42,7 @@ from luft_redis import (
     SignalReceived,
     TokenUsage,
     codec,
+    wire,
 )
 from luft_redis import types as t
 from luft_redis.errors import LuftRedisError
@@ -92,16 +93,18 @@ def _pack(value: Any) -> bytes:
     return packed
 
 
-HEADER = bytes((codec.MARKER, codec.FORMAT))
+HEADER = bytes((codec.MARKER, 2))
+"""Format 2: the last format that stored an event as one blob (format 3 stores a stream
+entry of plain-text fields, fuzzed below in ``test_entry_decoder_on_mutated_entries``)."""
 
 
 def _pack2(value: Any) -> bytes:
-    """msgpack behind the header of the current stored format."""
+    """msgpack behind the header of stored format 2."""
     return HEADER + _pack(value)
 
 
-def _body(blob: bytes) -> Any:
-    assert blob[:2] == HEADER
+def _body(blob: bytes, header: bytes = HEADER) -> Any:
+    assert blob[:2] == header
     return msgpack.unpackb(blob[2:])
 
 
@@ -210,6 +213,47 @@ def test_event_decoder_on_mutated_events(sample: tuple[str, Any], data: st.DataO
     # A mutated AgentDone also feeds the findings decoder with almost-findings.
     if name == "agent_done" and type(body) is list and len(body) > 8:
         _decode_all(_pack2(_mutate(body[8], data)))
+
+
+_ENTRIES = [
+    (e.TYPE, [(k if isinstance(k, bytes) else k.encode(),
+               v if isinstance(v, bytes) else v.encode())
+              for k, v in zip(flat[::2], flat[1::2], strict=True)])
+    for e in _sample_events(RUN_ID)
+    for flat in [codec.encode_entry(e)]
+]  # fmt: skip
+
+
+@FUZZ
+@given(st.sampled_from(_ENTRIES), st.data())
+def test_entry_decoder_on_mutated_entries(
+    sample: tuple[str, list[tuple[bytes, bytes]]], data: st.DataObject
+) -> None:
+    """A format-3 stream entry with a field dropped, added, or its value replaced by bytes,
+    text or a mutated data blob: an event of its type or a CorruptDataError naming it."""
+    _, pairs = sample
+    fields = dict(pairs)
+    names = [*fields, b"type", b"data", b"run", b"ms", b"zz"]
+    key = data.draw(st.sampled_from(names))
+    action = data.draw(st.sampled_from(["drop", "bytes", "text", "number", "blob"]))
+    if action == "drop":
+        fields.pop(key, None)
+    elif action == "bytes":
+        fields[key] = data.draw(st.binary(max_size=40))
+    elif action == "text":
+        fields[key] = data.draw(st.text(max_size=40)).encode("utf-8", "surrogatepass")
+    elif action == "number":
+        fields[key] = str(data.draw(st.integers(-(2**70), 2**70))).encode()
+    else:
+        body = _body(fields[b"data"], bytes((codec.MARKER, 3))) if b"data" in fields else []
+        fields[b"data"] = bytes((codec.MARKER, 3)) + _pack(_mutate(body, data))
+    try:
+        event = wire.decode_entry(RUN_ID, "k:events", "1-0", fields)
+    except CorruptDataError as exc:
+        assert exc.key == "k:events"
+        assert exc.field.startswith("entry 1-0")
+    else:
+        assert fields[b"type"].decode() == event.TYPE
 
 
 @FUZZ
@@ -496,13 +540,19 @@ def test_garbage_in_a_stream_entry(stored: Stored) -> None:
     events = stored.reopen()
     assert events.open_run(stored.run_id) is not None
     first_id, first = stored.client.xrange(keys.events, count=1)[0]
+    # the whole-event blob of formats 1 and 2 (the log of an upgraded run holds such entries)
+    first = {b"type": first[b"type"], b"data": codec.encode_event(events.get_event_log()[0])}
 
     def check_log(field_suffix: str, entry: Any, *, may_succeed: bool = False) -> None:
         eid = entry.decode() if isinstance(entry, bytes) else str(entry)
         try:
             log = events.get_event_log()
         except CorruptDataError as exc:
-            assert (exc.key, exc.field) == (keys.events, f"entry {eid}{field_suffix}"), exc
+            assert exc.key == keys.events, exc
+            if field_suffix == " *":  # a format-3 entry: the error names its stream field
+                assert exc.field.startswith(f"entry {eid}"), exc
+            else:
+                assert exc.field == f"entry {eid}{field_suffix}", exc
         else:
             assert may_succeed, f"garbage entry {eid} decoded as {log[-1]!r}"
         finally:
@@ -515,7 +565,7 @@ def test_garbage_in_a_stream_entry(stored: Stored) -> None:
     )
     def check_data(type_name: str, raw: bytes) -> None:
         entry = stored.client.xadd(keys.events, {"type": type_name, "data": raw})
-        check_log(" data", entry, may_succeed=True)
+        check_log(" data" if raw[:2] != b"\xc1\x03" else " *", entry, may_succeed=True)
 
     @STORE_FUZZ
     @given(garbage)
@@ -526,8 +576,9 @@ def test_garbage_in_a_stream_entry(stored: Stored) -> None:
 
     check_data()
     check_type()
-    entry = stored.client.xadd(keys.events, {"type": b"log"})  # no data field
-    check_log("", entry)
+    # no data field: a format-3 entry (nothing nested), here lacking the fields of a log
+    entry = stored.client.xadd(keys.events, {"type": b"log"})
+    check_log(" lv", entry)
     entry = stored.client.xadd(keys.events, {"data": first[b"data"]})  # no type field
     check_log("", entry)
     # The undamaged log still reads back whole.

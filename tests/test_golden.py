@@ -21,7 +21,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from luft_redis import CorruptDataError, RedisCheckpointBackend, codec
+from luft_redis import CorruptDataError, RedisCheckpointBackend, codec, wire
 from luft_redis import types as t
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
@@ -67,14 +67,25 @@ def run_cases() -> list[Any]:
 def test_golden_sets_exist() -> None:
     assert "format1" in SETS  # written by 0.1.0 (unversioned blobs)
     assert "format2" in SETS  # nanosecond timestamps, a format header on every blob
+    assert "format3" in SETS  # readable stream entries
     assert blob_cases() and run_cases()
     assert current_set() == f"format{codec.FORMAT}"
 
 
+def entry_map(entry: dict[str, Any]) -> dict[bytes, bytes]:
+    """The field -> value map of a stream entry of a fixture (as XRANGE gives it)."""
+    return {name.encode(): raw_value(value) for name, value in entry["fields"]}
+
+
 @pytest.mark.parametrize("entry", blob_cases())
 def test_golden_blob_decodes_to_its_json(entry: dict[str, Any]) -> None:
-    blob = raw_value(entry["blob"])
     kind = entry["kind"]
+    if kind == "entry":  # format 3 on: a whole stream entry
+        event = wire.decode_entry(uuid.UUID(entry["run_id"]), "k", "1-0", entry_map(entry))
+        assert event.to_json() == entry["json"]
+        assert canon(event.to_json()) == canon(entry["json"])
+        return
+    blob = raw_value(entry["blob"])
     if kind == "event":
         event = codec.decode_event(
             entry["type"], blob, uuid.UUID(entry["run_id"]), key="k", entry_id="1-0"
@@ -101,6 +112,12 @@ def current_set() -> str:
 )
 def test_the_current_format_writes_its_golden_blobs_byte_for_byte(entry: dict[str, Any]) -> None:
     """A change of the stored form fails here: it needs a new format number and a new set."""
+    if entry["kind"] == "entry":
+        flat = codec.encode_entry(t.AgentEvent.from_json(entry["json"]))
+        written = [[k, v if isinstance(v, bytes) else v.encode()]
+                   for k, v in zip(flat[::2], flat[1::2], strict=True)]  # fmt: skip
+        assert written == [[k, raw_value(v)] for k, v in entry["fields"]]
+        return
     blob = raw_value(entry["blob"])
     if entry["kind"] == "event":
         assert codec.encode_event(t.AgentEvent.from_json(entry["json"])) == blob
@@ -177,15 +194,33 @@ DECODERS: list[Any] = [
 
 def test_every_blob_says_which_format_wrote_it() -> None:
     finding = t.Finding(kind="k", severity=t.Severity.LOW, title="t", detail="d")
-    for blob in (codec.encode_event(SAMPLE_EVENT), codec.encode_json({"a": 1}),
-                 codec.encode_findings((finding,))):  # fmt: skip
+    done = t.AgentDone(run_id=SAMPLE_EVENT.run_id, agent_id=uuid.uuid4(),
+                       status=t.AgentStatus.OK, tokens=t.TokenUsage(), elapsed_ms=1,
+                       output={"a": 1})  # fmt: skip
+    entry = codec.encode_entry(done)
+    assert entry[-2] == "data"
+    for blob in (entry[-1], codec.encode_json({"a": 1}), codec.encode_findings((finding,))):
+        assert isinstance(blob, bytes)
         assert blob[:2] == bytes((0xC1, codec.FORMAT))
-    assert codec.FORMAT == codec.FORMATS[-1] == 2
+    assert codec.FORMAT == codec.FORMATS[-1] == 3
+    # the whole-event blob of formats 1 and 2 is still read (and written for tests)
+    assert codec.encode_event(SAMPLE_EVENT)[:2] == bytes((0xC1, 2))
     assert DECODERS[0](codec.encode_event(SAMPLE_EVENT)) == SAMPLE_EVENT
 
 
-@pytest.mark.parametrize("version", [3, 4, 255])
-@pytest.mark.parametrize("decode", DECODERS)
+def test_a_format_3_data_blob_alone_is_no_event() -> None:
+    """The data of a format-3 entry holds only its nested fields: decode_event (the reader
+    of formats 1 and 2) refuses it rather than read it as a whole event."""
+    with pytest.raises(CorruptDataError, match="decode the whole entry"):
+        DECODERS[0](bytes((0xC1, 3)) + b"\x90")
+
+
+@pytest.mark.parametrize("version", [4, 255])
+@pytest.mark.parametrize("decode", [
+    *DECODERS,
+    lambda blob: wire.decode_entry(SAMPLE_EVENT.run_id, "k", "1-0", {
+        b"type": b"agent_progress", b"a": str(uuid.uuid4()).encode(), b"data": blob}),
+])
 def test_a_newer_format_is_refused_naming_it(decode: Any, version: int) -> None:
     with pytest.raises(CorruptDataError) as info:
         decode(bytes((0xC1, version)) + b"\x90")
@@ -222,6 +257,9 @@ def test_tables_only_ever_grow(name: str) -> None:
     for record, fields in frozen["FIELDS"].items():
         now = list(codec.FIELDS[record])
         assert now[: len(fields)] == fields, f"{record}: append new fields, never reorder"
+    for table in ("ENTRY_NAMES", "TOKEN_NAMES"):  # stream field names, from format 3 on
+        names = frozen.get(table, {})
+        assert {k: getattr(codec, table)[k] for k in names} == names, table
     for enum, codes in frozen["ENUM_CODES"].items():
         assert {k: codec.ENUM_CODES[enum][k] for k in codes} == codes, enum
     assert {k: codec.DELTA_KIND_CODES[k] for k in frozen["DELTA_KIND_CODES"]} == frozen[

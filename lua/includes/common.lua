@@ -175,6 +175,32 @@ local function read_run(...)
   return values
 end
 
+-- The run field `agents`: the number of distinct agents that started (K_STARTED) or have a
+-- result (K_RESULTS), what `luft-redis runs` shows. Every script that adds a started agent or
+-- a result keeps it (read before its first write, plus what it adds); a run written before
+-- the field existed has none, and gets it counted here from the two hashes at its first such
+-- write.
+local function stored_agents()
+  local n = redis.call('HGET', K_RUN, 'agents')
+  if n then return tonumber(stored_uint(K_RUN, 'agents', n)) end
+  -- (HGETALL, not HKEYS: the commands of docs/security.md's ACL; once per older run)
+  local seen, count = {}, 0
+  local started = redis.call('HGETALL', K_STARTED)
+  for i = 1, #started, 2 do
+    seen[started[i]] = true
+    count = count + 1
+  end
+  local fields = redis.call('HGETALL', K_RESULTS)
+  for i = 1, #fields, 2 do
+    local aid = string.match(fields[i], '^(.+):status$')
+    if aid and not seen[aid] then
+      seen[aid] = true
+      count = count + 1
+    end
+  end
+  return count
+end
+
 -- Server time in unix seconds, as a decimal string.
 local function now_seconds()
   return redis.call('TIME')[1]

@@ -50,14 +50,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .. import codec, index
+from .. import index
 from .. import types as t
 from ..backend import RedisCheckpointBackend
-from ..errors import AccessError, ConnectionError, CorruptDataError, LuftRedisError
+from ..errors import AccessError, ConnectionError, LuftRedisError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
+from ..wire import decode_entry
 from . import cli_interop, cli_retention, live
 from .cli_common import (
     DEFAULT_URL,
@@ -323,13 +324,7 @@ def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int)
     out: list[Any] = []
     for entry_id, fields in reversed(page):
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        type_raw, blob = fields.get(b"type"), fields.get(b"data")
-        if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
-            raise CorruptDataError(key, f"entry {eid}", "lacks its type or data field")
-        event = codec.decode_event(
-            type_raw.decode("utf-8", "replace"), blob, run_id, key=key, entry_id=eid
-        )
-        out.append((eid, event))
+        out.append((eid, decode_entry(run_id, key, eid, fields)))
     return out
 
 
@@ -550,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs = _add_command(
         sub, "runs", "list the runs, most recently updated first",
         "List the runs under the prefix from the run index (a sorted set per prefix), most\n"
-        "recently updated first: status, tokens, agents started, last update and task.\n"
+        "recently updated first: status, tokens, agents (started or with a result), last\n"
+        "update and task.\n"
         "--since and the order use the run's last create, finish or resume (the index\n"
         "score; events in between do not move it); the updated column is the real last\n"
         "update. Entries whose run is gone (expired, deleted) are skipped and removed.\n"

@@ -7,7 +7,8 @@ never edited, a format change adds a new set). A set holds
 
 * ``tables.json``: the field positions and enum codes of ``luft_redis.codec``;
 * ``blobs.json``: single blobs (every event type, free JSON values, finding lists), each with
-  the luft JSON it was made from;
+  the luft JSON it was made from; from format 3 on, an event is a whole stream entry (kind
+  ``entry``: its field-value pairs in order), formats 1 and 2 stored it as one blob;
 * ``runs/<run>.json``: every key of a few runs, dumped from a Redis server (fakeredis), with
   the run's checkpoint and event log as luft JSON, as luft-redis returned them when the set
   was captured.
@@ -196,6 +197,13 @@ def blobs() -> list[dict[str, Any]]:
             event = t.AgentEvent.from_json(obj)
         except ValidationError:
             continue  # a value this version no longer accepts
+        if hasattr(codec, "encode_entry"):  # format 3: the whole stream entry
+            flat = codec.encode_entry(event)
+            fields = [[name, value_json(v if isinstance(v, bytes) else v.encode())]
+                      for name, v in zip(flat[::2], flat[1::2], strict=True)]  # fmt: skip
+            out.append({"kind": "entry", "type": event.TYPE, "run_id": str(RUN),
+                        "fields": fields, "json": event.to_json()})  # fmt: skip
+            continue
         out.append({
             "kind": "event", "type": event.TYPE, "run_id": str(RUN),
             "blob": value_json(codec.encode_event(event)), "json": event.to_json(),
@@ -349,11 +357,14 @@ def main(name: str) -> None:
         "format": getattr(codec, "FORMAT", 1),
     }
     (target / "README.json").write_text(json.dumps(meta, indent=1) + "\n")
-    tables = {
+    tables: dict[str, Any] = {
         "FIELDS": {k: list(v) for k, v in codec.FIELDS.items()},
         "ENUM_CODES": codec.ENUM_CODES,
         "DELTA_KIND_CODES": codec.DELTA_KIND_CODES,
     }
+    if hasattr(codec, "ENTRY_NAMES"):  # format 3: the stream field names of an entry
+        tables["ENTRY_NAMES"] = codec.ENTRY_NAMES
+        tables["TOKEN_NAMES"] = codec.TOKEN_NAMES
     (target / "tables.json").write_text(json.dumps(tables, indent=1) + "\n")
     text = json.dumps(blobs(), indent=1, ensure_ascii=False)
     (target / "blobs.json").write_text(text + "\n", encoding="utf-8")
