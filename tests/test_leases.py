@@ -581,7 +581,9 @@ def test_a_fleet_with_killed_workers_finishes_every_agent_exactly_once(fleet_ser
         boss.init_run(run_id, "fleet", "/d")
         agents = [uuid.uuid4() for _ in range(200)]
         boss.submit_agents([AgentTask(a, 0, {"i": i}) for i, a in enumerate(agents)])
-        procs = [ctx.Process(target=_worker, args=(fleet_server, run_id, f"w{i}", 0.03))
+        # the two victims take 30 s per agent, so they are always killed mid-agent
+        procs = [ctx.Process(target=_worker,
+                             args=(fleet_server, run_id, f"w{i}", 30.0 if i < 2 else 0.03))
                  for i in range(8)]  # fmt: skip
         for proc in procs:
             proc.start()
