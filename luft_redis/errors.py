@@ -82,19 +82,25 @@ class ForkedError(LuftRedisError, RuntimeError):
 
 
 class RunExistsError(LuftRedisError):
-    """``init_run`` on a run id that is already stored; nothing was changed."""
+    """``init_run`` (or an import) on a run id that is already stored; nothing was changed.
+    ``hint`` says how to replace it where an operation can (an import's ``--replace``)."""
 
-    def __init__(self, run_id: object) -> None:
+    def __init__(self, run_id: object, where: str | None = None, hint: str | None = None) -> None:
         self.run_id = run_id
-        super().__init__(f"run {run_id} already exists")
+        place = f" {where}" if where else ""
+        super().__init__(f"run {run_id} already exists{place}" + (f" ({hint})" if hint else ""))
 
 
 class RunNotFoundError(LuftRedisError):
-    """The bound run is no longer stored in Redis (deleted behind the backend's back)."""
+    """The run is not stored in Redis (never was, expired, or deleted behind the backend's
+    back). The message is the one wording every command uses: "run <id> not found under prefix
+    '<prefix>'" (without the prefix where it is not known)."""
 
-    def __init__(self, run_id: object) -> None:
+    def __init__(self, run_id: object, prefix: str | None = None) -> None:
         self.run_id = run_id
-        super().__init__(f"run {run_id} does not exist")
+        self.prefix = prefix
+        where = f" under prefix {prefix!r}" if prefix is not None else ""
+        super().__init__(f"run {run_id} not found{where}")
 
 
 class RunNotBoundError(LuftRedisError):

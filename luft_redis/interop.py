@@ -479,7 +479,7 @@ def _read_consistent(
                 raise translate_error(exc, run_id=run_id) from exc
             cp = backend.open_run(run_id)
             if cp is None:
-                raise RunNotFoundError(run_id)
+                raise RunNotFoundError(run_id, prefix)
             if before[0] is not None and int(before[0]) == backend.version:
                 last = entry_id(newest[0][0]) if newest else None
                 run_dir = before[1].decode("utf-8") if before[1] is not None else ""
@@ -668,7 +668,8 @@ def _import(
     except Exception as exc:
         raise translate_error(exc, run_id=rid) from exc
     if existed and not replace:
-        raise RunExistsError(rid)
+        raise RunExistsError(rid, f"under prefix {prefix!r}",
+                             "pass replace=True / --replace to replace it")  # fmt: skip
     encoder = Encoder(max_payload_size)
     token = uuid.uuid4().hex
     staging = _Staging(client, rid, target, staging_keys(prefix, rid, token), uuid.uuid4().hex,
@@ -1171,7 +1172,8 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
     ).fetchone()
     if exists is not None:
         if not replace:
-            raise RunExistsError(cp.run_id)
+            raise RunExistsError(cp.run_id, "in this SQLite database",
+                                 "pass replace=True / --replace to replace it")  # fmt: skip
         for table in ("events", "findings", "agent_sessions", "agents", "phases", "checkpoints",
                       "runs"):  # fmt: skip
             conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))

@@ -365,7 +365,7 @@ def translate_error(
         text = str(exc)
         if text.startswith("LUFT_"):
             code, _, message = text[5:].partition(" ")
-            return _domain_error(code, message, run_id)
+            return _domain_error(code, message, run_id, prefix)
         if (no_lua := scripting_missing(text)) is not None:  # fakeredis without Lua
             return no_lua
         if text.startswith("WRONGTYPE") and key is not None:
@@ -406,11 +406,12 @@ def _access_error(exc: BaseException, prefix: str | None,
     return errors.AuthenticationError(f"Redis refused the credentials: {text}")
 
 
-def _domain_error(code: str, message: str, run_id: object) -> errors.LuftRedisError:
+def _domain_error(code: str, message: str, run_id: object,
+                  prefix: str | None = None) -> errors.LuftRedisError:  # fmt: skip
     if code == "EXISTS":
         return errors.RunExistsError(run_id)
     if code == "NO_RUN":
-        return errors.RunNotFoundError(run_id)
+        return errors.RunNotFoundError(run_id, prefix)
     if code == "NOT_RESUMABLE":
         return errors.NotResumableError(run_id, message.strip())
     if code == "CORRUPT":

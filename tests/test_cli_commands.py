@@ -387,3 +387,29 @@ def test_runs_on_a_cluster(redis_cluster: LocalRedisCluster,
     assert [row["run_id"] for row in rows] == [str(r) for r in reversed(runs)]
     assert cli.main(["runs", "--cluster", "--redis", redis_cluster.url, "--rebuild-index"]) == 0
     assert "5 run(s) indexed" in capsys.readouterr().out
+
+
+def test_an_empty_server_names_no_version_for_the_index(redis_url: str) -> None:
+    """On an empty server `runs` says how to list runs stored before the run index, without
+    naming a version (0.1 is not what is installed)."""
+    empty = luft("runs", "--redis", redis_url)
+    assert empty.returncode == 0, empty.stderr
+    assert "--rebuild-index" in empty.stderr and "0.1" not in empty.stderr
+
+
+def test_a_password_the_server_does_not_need_is_warned_about_once(
+    redis_url: str, password_server: LocalRedisServer
+) -> None:
+    """`redis-cli -a` warns when it is given a password the server does not need; so does
+    every command, once, on stderr (with the password masked), and then does its work."""
+    with_password = redis_url.replace("redis://", "redis://:s3cret@", 1)
+    result = luft("runs", "--redis", with_password)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "without a password" in warnings[0]
+    assert "s3cret" not in result.stderr and ":***@" in warnings[0]
+    plain = luft("runs", "--redis", redis_url)
+    needed = luft("runs", "--redis", f"redis://:s3cret@127.0.0.1:{password_server.port}/0")
+    for quiet in (plain, needed):  # no password, or one the server needs: no warning
+        assert quiet.returncode == 0, quiet.stderr
+        assert not [line for line in quiet.stderr.splitlines() if line.startswith("warning:")]

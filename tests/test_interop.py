@@ -654,7 +654,8 @@ def test_cli_export_import_round_trip(served_run: str, tmp_path: Path) -> None:
     assert again.returncode == 1 and "exists" in again.stderr
     refused = _cli("import", str(tmp_path / "a"), "--redis", url)
     assert refused.returncode == 1
-    assert f"run {RUN} already exists" in refused.stderr
+    assert f"run {RUN} already exists under prefix 'luft'" in refused.stderr
+    assert "--replace" in refused.stderr  # the message says how to replace it
     done = _cli("import", str(tmp_path / "a"), "--replace", "--redis", url)
     assert done.returncode == 0, done.stderr
     assert f"run {RUN}: replaced from" in done.stdout
@@ -666,8 +667,13 @@ def test_cli_export_import_round_trip(served_run: str, tmp_path: Path) -> None:
     bad = _cli("import", str(tmp_path / "a"), "--replace", "--redis", url)
     assert bad.returncode == 1
     assert f"{tmp_path / 'a' / 'events.jsonl'} line {len(LUFT_EVENTS) + 1}: not JSON" in bad.stderr
-    missing = _cli("export", str(uuid.uuid4()), "-o", str(tmp_path / "c"), "--redis", url)
-    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    gone = uuid.uuid4()
+    missing = _cli("export", str(gone), "-o", str(tmp_path / "c"), "--redis", url)
+    shown = _cli("show", str(gone), "--redis", url)
+    # one wording for a missing run, whichever command meets it
+    for result in (missing, shown):
+        assert result.returncode == 1
+        assert f"run {gone} not found under prefix 'luft'" in result.stderr, result.stderr
 
 
 @pytest.mark.server
@@ -680,6 +686,7 @@ def test_cli_sqlite(served_run: str, tmp_path: Path) -> None:
     assert len(_rows(target)["events"]) == len(LUFT_EVENTS)
     refused = _cli("import-sqlite", str(target), "--redis", url)
     assert refused.returncode == 1 and "already exists" in refused.stderr
+    assert "--replace" in refused.stderr
     done = _cli("import-sqlite", str(target), "--run", str(RUN), "--replace", "--redis", url)
     assert done.returncode == 0, done.stderr
     assert f"run {RUN}: replaced from {target} ({len(LUFT_EVENTS)} events)" in done.stdout

@@ -53,7 +53,7 @@ from rich.text import Text
 from .. import index
 from .. import types as t
 from ..backend import RedisCheckpointBackend
-from ..errors import AccessError, ConnectionError, LuftRedisError
+from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
@@ -300,8 +300,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(f"{page.gone} index entr{'y' if page.gone == 1 else 'ies'} without a run (expired "
               "or deleted) skipped and removed from the index", file=sys.stderr)  # fmt: skip
     if page.indexed == 0:
-        print("the run index is empty; runs stored before it existed (luft-redis 0.1) are "
-              "listed after `luft-redis runs --rebuild-index`", file=sys.stderr)  # fmt: skip
+        print("the run index is empty; runs stored before it existed (by a luft-redis older "
+              "than the run index) are listed after `luft-redis runs --rebuild-index`",
+              file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
 
@@ -333,7 +334,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         cp = backend.open_run(run_id)
         if cp is None:
-            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
         summary = _summary(cp)
         try:
             summary["events"] = backend.client.xlen(run_keys(args.prefix, run_id).events)
@@ -383,7 +384,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         if backend.open_run(run_id) is None:
-            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
         if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
             print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
         try:
@@ -410,7 +411,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         # watch=True: the change listener keeps the cache current from the run's notices
         with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
             if backend.open_run(run_id) is None:
-                raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+                raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
             try:
                 final = live.watch_run(backend, _console())
             except KeyboardInterrupt:
@@ -430,7 +431,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     with _backend(args) as backend:
         cp = backend.open_run(run_id)
         if cp is None:
-            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
         before = cp.status
         backend.cancel()
         after = backend.get_checkpoint()
@@ -470,13 +471,13 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
                 raise translate_error(exc, run_id=run_id) from exc
             if status is None:
-                raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+                raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
             what = (f"{status.decode('utf-8', 'replace')}, {count} event(s), task "
                     f"{_one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
             if not _confirm(f"Delete run {run_id} ({what}) and its event log? [y/N] "):
                 raise CommandFailed(f"run {run_id}: not deleted")
         if not backend.delete_run(run_id):
-            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
         print(f"run {run_id}: deleted, with its event log")
     return EXIT_OK
 

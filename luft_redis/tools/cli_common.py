@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import uuid
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -95,7 +96,9 @@ def connect(args: argparse.Namespace) -> Any:
     try:
         if args.cluster:
             return redis.cluster.RedisCluster.from_url(url, **_client_kwargs(args))
-        return redis.Redis.from_url(url, **_client_kwargs(args))
+        client = redis.Redis.from_url(url, **_client_kwargs(args))
+        warn_needless_password(url, args)
+        return client
     except (
         redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,
@@ -106,6 +109,30 @@ def connect(args: argparse.Namespace) -> Any:
         ) from exc
     except ValueError as exc:
         raise CommandFailed(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
+
+
+_WARNED: set[str] = set()
+
+
+def warn_needless_password(url: str, args: argparse.Namespace | None = None) -> bool:
+    """Warn once on stderr when ``url`` carries a password that the server does not need (it
+    answers without one, and then ignores the one given, as ``redis-cli -a`` warns). One PING
+    on a connection without credentials, only when a password is given. True when it warned."""
+    parts = urlsplit(url)
+    if parts.password is None or url in _WARNED:
+        return False
+    _WARNED.add(url)
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    kwargs = _client_kwargs(args) if args is not None else {}
+    kwargs.update(socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        with redis.Redis.from_url(bare, **kwargs) as probe:
+            probe.ping()
+    except (redis.exceptions.RedisError, OSError, ValueError):
+        return False  # a password is needed (NOAUTH), or the server cannot be asked: no warning
+    print(f"warning: the server at {redact_url(url)} accepts connections without a password; "
+          "the password given is not needed", file=sys.stderr)  # fmt: skip
+    return True
 
 
 def parse_run_id(text: str) -> uuid.UUID:
