@@ -119,20 +119,26 @@ def lease_left(task: TaskInfo, now: float) -> str:
     return f"{left:.1f}s left"
 
 
-def task_table(tasks: Sequence[TaskInfo], now: float, *, limit: int | None = None) -> Table:
+def task_table(tasks: Sequence[TaskInfo], now: float, *, limit: int | None = None,
+               compact: bool = False) -> Table:  # fmt: skip
     """The agent tasks as a table: agent, phase, state (``lapsed`` marked), holder, attempt,
     failures, token, lease (time left), payload (cut short). With ``limit``, the leased and
-    dead tasks first, then the others, at most ``limit`` rows."""
+    dead tasks first, then the others, at most ``limit`` rows. ``compact`` (the live view):
+    the agent id's first 8 digits, and no failures or payload column."""
     table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
-    table.add_column("agent id", no_wrap=True, min_width=36)
-    table.add_column("phase", justify="right", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("holder", no_wrap=True, overflow="ellipsis", max_width=24)
-    table.add_column("attempt", justify="right", no_wrap=True)
-    table.add_column("failures", justify="right", no_wrap=True)
-    table.add_column("token", justify="right", no_wrap=True)
-    table.add_column("lease", no_wrap=True)
-    table.add_column("payload", no_wrap=True, overflow="ellipsis", ratio=1)
+    table.add_column("agent id" if not compact else "agent", no_wrap=True,
+                     min_width=8 if compact else 36)  # fmt: skip
+    table.add_column("phase", justify="right", no_wrap=True, min_width=5)
+    table.add_column("state", no_wrap=True, min_width=15)
+    table.add_column("holder", no_wrap=True, overflow="ellipsis", ratio=1,
+                     max_width=16 if compact else None)  # fmt: skip
+    table.add_column("try" if compact else "attempt", justify="right", no_wrap=True)
+    if not compact:
+        table.add_column("failures", justify="right", no_wrap=True, min_width=8)
+    table.add_column("token", justify="right", no_wrap=True, min_width=5)
+    table.add_column("lease", no_wrap=True, min_width=16)
+    if not compact:
+        table.add_column("payload", no_wrap=True, overflow="ellipsis", ratio=1)
     shown = list(tasks)
     if limit is not None and len(shown) > limit:
         order = {TaskState.LEASED: 0, TaskState.DEAD: 1, TaskState.READY: 2, TaskState.DONE: 3}
@@ -140,14 +146,19 @@ def task_table(tasks: Sequence[TaskInfo], now: float, *, limit: int | None = Non
     for task in shown:
         state = task.state.value + (" (lapsed)" if task.lapsed else "")
         style = "bold yellow" if task.lapsed else _STATE_STYLE.get(task.state.value, "")
-        payload = "" if task.payload is None else _short(t.thaw_json(task.payload))
-        if len(payload) > _PAYLOAD_WIDTH:
-            payload = payload[: _PAYLOAD_WIDTH - 1] + "\u2026"
-        table.add_row(
-            str(task.agent_id), str(task.phase_id), Text(state, style=style),
-            Text(task.holder or "-"), str(task.attempt), str(task.failures),
-            str(task.token) if task.token else "-", Text(lease_left(task, now)), Text(payload),
-        )  # fmt: skip
+        cells: list[Any] = [
+            str(task.agent_id)[:8] if compact else str(task.agent_id), str(task.phase_id),
+            Text(state, style=style), Text(task.holder or "-"), str(task.attempt),
+        ]  # fmt: skip
+        if not compact:
+            cells.append(str(task.failures))
+        cells += [str(task.token) if task.token else "-", Text(lease_left(task, now))]
+        if not compact:
+            payload = "" if task.payload is None else _short(t.thaw_json(task.payload))
+            if len(payload) > _PAYLOAD_WIDTH:
+                payload = payload[: _PAYLOAD_WIDTH - 1] + "\u2026"
+            cells.append(Text(payload))
+        table.add_row(*cells)
     return table
 
 
@@ -213,7 +224,7 @@ def render_run(cp: t.RunCheckpoint, *, note: str = "", tasks: Sequence[TaskInfo]
     held = [task for task in tasks if task.state in (TaskState.LEASED, TaskState.DEAD)]
     if held:
         clock = time.time() if now is None else now
-        table = task_table(held, clock, limit=_TASKS_SHOWN)
+        table = task_table(held, clock, limit=_TASKS_SHOWN, compact=True)
         table.title = f"who holds what ({len(held)} leased or dead; lapsed leases marked)"
         table.title_justify = "left"
         parts.append(table)
