@@ -24,6 +24,7 @@ from luft_redis import (
     AgentDone,
     AgentStarted,
     AgentStatus,
+    AgentTask,
     Finding,
     Log,
     LogLevel,
@@ -200,6 +201,52 @@ def test_watch_follows_the_run_until_run_done(
                                        elapsed_ms=5))  # fmt: skip
         term.read_until(lambda out: "1 done, 1 failed" in out)
         assert term.proc.poll() is None  # still watching
+        backend.append_event(RunDone(run_id=run, status=RunStatus.COMPLETED,
+                                     total_tokens=TokenUsage()))  # fmt: skip
+        assert term.wait() == 0
+        assert "the run is completed" in plain(term.raw)
+
+
+def _fcalls(url: str) -> int:
+    """FCALL and FCALL_RO calls the server has run so far (every script of luft-redis)."""
+    import redis
+
+    with redis.Redis.from_url(url) as client:
+        stats = client.info("commandstats")
+    return sum(int(stats.get(name, {}).get("calls", 0))
+               for name in ("cmdstat_fcall", "cmdstat_fcall_ro"))  # fmt: skip
+
+
+def test_watch_shows_who_holds_what_and_what_lapsed(
+    redis_url: str, terminals: Callable[..., Pty]
+) -> None:
+    backend, run = _new_run(redis_url)
+    worker = RedisCheckpointBackend.from_url(redis_url, watch=False)
+    with backend, worker:
+        agents = [uuid.uuid4(), uuid.uuid4()]
+        backend.submit_agents([AgentTask(a, 0, {"prompt": f"p{i}"}) for i, a in enumerate(agents)])
+        worker.open_run(run)
+        term = terminals(["--redis", redis_url, "watch", str(run)], cols=80)
+        term.read_until(lambda out: "2: 2 ready, 0 leased, 0 done, 0 dead" in out)
+        held = worker.claim_agent("host-a:pid-1", lease_for=30)
+        assert held is not None
+        out = term.read_until(lambda out: "host-a:pid-1" in out)
+        assert "1 ready, 1 leased" in out and str(agents[0])[:8] in out
+        lapsing = worker.claim_agent("host-b:pid-2", lease_for=0.5)
+        assert lapsing is not None
+        term.read_until(lambda out: "host-b:pid-2" in out)
+        # a lapse writes nothing and sends no notice: watch reads the tasks again when the
+        # lease is due, once
+        out = term.read_until(lambda out: "(lapsed)" in out, timeout=10)
+        assert "2 leased (1 lapsed)" in out
+        time.sleep(0.3)  # the redraw after the lapse is done
+        before = _fcalls(redis_url)
+        time.sleep(2.5)  # nothing changes: no agent_tasks call (nor any other script)
+        assert _fcalls(redis_url) == before
+        worker.append_event(AgentDone(run_id=run, agent_id=agents[0], status=AgentStatus.OK,
+                                      tokens=TokenUsage(input=7), elapsed_ms=1),
+                            lease=held)  # fmt: skip
+        term.read_until(lambda out: "1 done" in out)
         backend.append_event(RunDone(run_id=run, status=RunStatus.COMPLETED,
                                      total_tokens=TokenUsage()))  # fmt: skip
         assert term.wait() == 0

@@ -9,6 +9,7 @@ Subcommands::
     luft-redis events RUN_ID [--follow] [--since ID] [--type T ...] [--json]
                                             a run's event log; --follow tails it
     luft-redis watch  RUN_ID                a live view of one run until it ends
+    luft-redis agents RUN_ID [--json]       a run's agent tasks: state, holder, lease
     luft-redis cancel RUN_ID                cancel a running run
     luft-redis delete RUN_ID [--yes]        delete a run and its event log (asks on a terminal)
     luft-redis gc --older-than 7d [--dry-run]  delete old finished runs (cli_retention)
@@ -58,6 +59,7 @@ from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, is_access_error
 from ..scripts import translate_error
+from ..tasks import TaskState
 from ..wire import decode_entry
 from . import cli_interop, cli_retention, live
 from .cli_common import (
@@ -423,6 +425,40 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------- agents
+
+
+def _server_time(backend: RedisCheckpointBackend) -> float:
+    """The Redis server's clock (leases run on it), else ours."""
+    try:
+        seconds, micros = backend.client.time()
+        return float(seconds) + float(micros) / 1e6
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, TypeError,
+            ValueError):  # fmt: skip
+        return time.time()
+
+
+def _cmd_agents(args: argparse.Namespace) -> int:
+    run_id: uuid.UUID = args.run_id
+    with _backend(args) as backend:
+        if backend.open_run(run_id) is None:
+            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+        tasks = backend.agent_tasks()
+        now = _server_time(backend)
+    if args.json:
+        print(_dumps([task.to_json() for task in tasks]))
+        return EXIT_OK
+    if tasks:
+        _print(live.task_table(tasks, now))
+    counts = {state: sum(1 for task in tasks if task.state is state) for state in TaskState}
+    lapsed = sum(1 for task in tasks if task.lapsed)
+    print(f"{len(tasks)} agent task(s) of run {run_id}: "
+          + ", ".join(f"{counts[state]} {state.value}" for state in TaskState)
+          + (f" ({lapsed} leased lapsed: the next claim takes them over)" if lapsed else ""),
+          file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- cancel
 
 
@@ -600,10 +636,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_command(
         sub, "watch", "a live view of one run until it ends",
         "Show one run live: status, phase, tokens, agents done and failed, the latest\n"
-        "findings and a progress bar for the current phase. It is redrawn from the run's\n"
-        "change notices (no polling) and ends when the run reaches a final status, or on\n"
-        "Ctrl-C.", _cmd_watch, run_id=True,
+        "findings, a progress bar for the current phase, and the agent tasks: who holds\n"
+        "what (holder, token, time left) and which leases lapsed. It is redrawn from the\n"
+        "run's change notices (no polling; the tasks are read again only when the run\n"
+        "changed or a lease is due to lapse) and ends when the run reaches a final status,\n"
+        "or on Ctrl-C.", _cmd_watch, run_id=True,
     )  # fmt: skip
+
+    agents = _add_command(
+        sub, "agents", "a run's agent tasks: state, holder, attempt, lease",
+        "List a run's agent tasks (submitted with submit_agents, claimed by workers with\n"
+        "claim_agent) in submit order: state (ready, leased, done, dead; a leased task whose\n"
+        "lease expired is marked lapsed: the next claim takes it over), holder, attempt,\n"
+        "failures, fencing token, the lease's time left (server clock), phase and the payload\n"
+        "cut short. --json prints one JSON array, one object per task.",
+        _cmd_agents, run_id=True,
+    )  # fmt: skip
+    agents.add_argument("--json", action="store_true",
+                        help="one JSON array of the tasks (state, holder, token, expires_at "
+                             "in unix seconds, payload in full)")  # fmt: skip
 
     _add_command(
         sub, "cancel", "cancel a running run",

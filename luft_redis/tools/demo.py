@@ -1,27 +1,33 @@
 """``luft-redis demo``: a fleet of worker processes runs a simulated luft workflow on one run.
 
-What it shows, in about ten seconds:
+What it shows, in about fifteen seconds:
 
-- a coordinator process creates a run (``init_run_with_meta``) and drives its phases;
+- a coordinator process creates a run (``init_run_with_meta``) and, phase by phase, submits the
+  phase's agents as agent tasks (``submit_agents``: each with its payload: label, role,
+  module);
 - W worker processes (``multiprocessing``, spawn), each with its own client and backend bound
-  with ``open_run``, take agent jobs and write agent_started / agent_progress / agent_done events
-  and agent results to the same run, concurrently;
-- the coordinator learns of the workers' writes through its coherent in-process cache
-  (``wait_for_change``: change notices, no polling of the run) and draws a live progress line;
-- mid-run, one worker is killed with SIGKILL while it runs an agent (agent_started, no
-  agent_done); the run is resumed as luft would: a fresh backend ``open_run``,
-  ``reset_status_to_running``, agents whose cached result is ``ok`` are skipped, the others are
-  re-run by the surviving workers;
-- at the end it checks the invariants, prints a summary and the ``redis-cli`` commands to
-  inspect the run.
+  with ``open_run``, claim those agents with a lease (``claim_agent``), run them inside
+  ``with lease:`` (a heartbeat renews the lease) and write agent_started / agent_progress /
+  agent_done and the agent's result *fenced* (``lease=lease``): a write is applied only while
+  its lease is the agent's current one;
+- one agent of the first phase fails its first attempt (a simulated tool error): its non-ok
+  agent_done hands it back, and another claim retries it;
+- one worker is killed with SIGKILL mid-agent: nobody hands its agent back, its lease lapses
+  and the next claim takes the agent over; the coordinator does nothing about it;
+- one worker is stopped with SIGSTOP mid-agent, past its lease: another worker takes its agent
+  over; the coordinator then wakes it with SIGCONT, and its late write is refused
+  (``LeaseLostError``, nothing written), which the worker reports in the run's log;
+- the coordinator follows everything through its coherent in-process cache (change notices,
+  no polling of the run) and ``agent_tasks()``, draws a live progress line, and at the end
+  checks the invariants (each agent exactly one accepted ok agent_done, ...), prints a summary
+  and the commands to inspect the run.
 
-Without ``--redis URL`` it starts a private ``redis-server`` (from PATH, ``appendonly yes``) on a
-free loopback port and stops it at exit; without a ``redis-server`` binary (or with
-``--fakeredis`` / env ``LUFT_REDIS_DEMO_FAKEREDIS=1``) it serves an embedded fakeredis over TCP
-instead, which is in memory only (not durable).
-
-The job queue (``<prefix>:{<run>}:demo:jobs`` and one ``...:demo:working:<worker>`` list per
-worker, moved with ``BLMOVE``) is demo-only data: luft-redis itself stores no queues.
+Where Redis is: ``--redis URL``, else env ``LUFT_REDIS_URL`` (as every ``luft-redis``
+command), else a private ``redis-server`` (from PATH, ``appendonly yes``) on a free loopback
+port, stopped at exit; without a ``redis-server`` binary (or with ``--fakeredis`` / env
+``LUFT_REDIS_DEMO_FAKEREDIS=1``) an embedded fakeredis served over TCP, in memory only (not
+durable). A Redis that cannot be reached exits 2, one that refuses the client (password, ACL)
+exits 3, each with a one-line message, as the other commands do.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import importlib.util
-import json
+import logging
 import multiprocessing as mp
 import multiprocessing.process
 import os
@@ -43,18 +50,25 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
 from ..backend import RedisCheckpointBackend
+from ..errors import AccessError, LeaseLostError
+from ..errors import ConnectionError as LuftConnectionError
 from ..keys import run_keys
+from ..lease import AgentLease
 from ..listener import POLL_SECONDS as LISTENER_POLL_SECONDS
+from ..tasks import AgentTask, TaskInfo, TaskState
 from ..types import (
     AgentDone,
     AgentEvent,
@@ -65,6 +79,8 @@ from ..types import (
     CheckpointStatus,
     Finding,
     Location,
+    Log,
+    LogLevel,
     PhaseDone,
     PhaseStarted,
     ProgressMessage,
@@ -77,26 +93,38 @@ from ..types import (
     Severity,
     TokenUsage,
 )
+from .cli_common import EXIT_REFUSED, EXIT_UNREACHABLE, URL_ENV, redact_url
 from .server import LocalRedisServer, find_free_port, find_redis_server
 
-__all__ = ["FAKEREDIS_ENV", "PREFIX", "DemoError", "main"]
+__all__ = ["FAKEREDIS_ENV", "PREFIX", "REFUSED_MARK", "DemoError", "main"]
 
 PREFIX = "luft"
 """Key prefix of the demo's run (the default prefix: what ``redis-cli`` users expect)."""
 
 FAKEREDIS_ENV = "LUFT_REDIS_DEMO_FAKEREDIS"
-"""Set to 1 to use the embedded fakeredis server even when redis-server is on PATH."""
+"""Set to 1 to use the embedded fakeredis server even when redis-server is on PATH (a Redis
+given with ``--redis`` or ``LUFT_REDIS_URL`` wins)."""
+
+REFUSED_MARK = "late write refused"
+"""In the log message a worker writes when a fenced write of its lost lease was refused."""
 
 PHASE_LABELS = ("discover", "review", "verify", "fix", "report")
 ROLES = ("scout", "reviewer", "verifier", "fixer", "writer")
 MODEL = "claude-sim"
-WORKER_IDLE_EXIT = 120.0  # a worker with no job for this long gives up (an orphan safety net)
+WORKER_IDLE_EXIT = 120.0  # a worker with nothing to claim for this long gives up (a safety net)
 JOIN_TIMEOUT = 10.0
-BLOCK_SECONDS: Any = 0.2  # BLMOVE timeout (redis-py's stubs say int; Redis takes a float)
+CLAIM_WAIT = 0.5  # seconds a worker's claim blocks (woken by change notices and lapses)
+LEASE_FAST = 1.0  # lease durations (seconds): short, so that a lapse is seen soon
+LEASE_SLOW = 1.5
+PREFLIGHT_TIMEOUT = 5.0
 
 
 class DemoError(Exception):
-    """The demo failed; the message says why."""
+    """The demo failed; the message says why, ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _now() -> dt.datetime:
@@ -108,96 +136,99 @@ def _now() -> dt.datetime:
 
 @dataclass(frozen=True)
 class Job:
-    """One agent to run (what goes on the demo's job list)."""
+    """One agent of the plan; its payload is what a worker needs to run it."""
 
     agent_id: uuid.UUID
     phase_id: int
     seq: int
-    attempt: int
     label: str
     role: str
-    fail: bool = False  # a simulated tool error on this attempt
+    fail_first: bool = False  # a simulated tool error on its first attempt
 
-    def encode(self) -> bytes:
-        return json.dumps({
-            "agent_id": str(self.agent_id), "phase_id": self.phase_id, "seq": self.seq,
-            "attempt": self.attempt, "label": self.label, "role": self.role, "fail": self.fail,
-        }).encode()  # fmt: skip
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.seq}"
+
+    def task(self) -> AgentTask:
+        return AgentTask(self.agent_id, self.phase_id, {
+            "seq": self.seq, "label": self.label, "role": self.role,
+            "prompt": f"{self.label}: look at module {self.seq} for defects",
+            "model": MODEL, "fail_first": self.fail_first,
+        })  # fmt: skip
 
     @classmethod
-    def decode(cls, raw: bytes) -> Job:
-        obj = json.loads(raw)
-        return cls(
-            agent_id=uuid.UUID(obj["agent_id"]), phase_id=int(obj["phase_id"]),
-            seq=int(obj["seq"]), attempt=int(obj["attempt"]), label=str(obj["label"]),
-            role=str(obj["role"]), fail=bool(obj["fail"]),
-        )  # fmt: skip
-
-    def retry(self) -> Job:
-        return Job(agent_id=self.agent_id, phase_id=self.phase_id, seq=self.seq,
-                   attempt=self.attempt + 1, label=self.label, role=self.role)  # fmt: skip
+    def of(cls, task: AgentTask) -> Job:
+        payload = task.payload
+        return cls(agent_id=task.agent_id, phase_id=task.phase_id, seq=int(payload["seq"]),
+                   label=str(payload["label"]), role=str(payload["role"]),
+                   fail_first=bool(payload["fail_first"]))  # fmt: skip
 
 
-def make_plan(seed: int, phases: int, agents: int, crash_phase: int | None) -> list[list[Job]]:
+def make_plan(seed: int, phases: int, agents: int) -> list[list[Job]]:
     """The workflow: ``phases`` phases of ``agents`` agents each, deterministic for ``seed``.
-
-    In every phase before the crash one agent fails on its first attempt (a simulated tool
-    error): the resume re-runs it, as it re-runs the agent the crash interrupted.
-    """
+    One agent of the first phase fails on its first attempt (a simulated tool error)."""
     rng = random.Random(seed)
     plan: list[list[Job]] = []
     seq = 0
     for p in range(phases):
         label, role = PHASE_LABELS[p % len(PHASE_LABELS)], ROLES[p % len(ROLES)]
-        failing = rng.randrange(agents) if crash_phase is not None and p < crash_phase else -1
+        failing = rng.randrange(agents) if p == 0 else -1
         jobs = []
         for i in range(agents):
             jobs.append(Job(agent_id=uuid.UUID(int=rng.getrandbits(128), version=4),
-                            phase_id=p, seq=seq, attempt=0, label=label, role=role,
-                            fail=i == failing))  # fmt: skip
+                            phase_id=p, seq=seq, label=label, role=role,
+                            fail_first=i == failing))  # fmt: skip
             seq += 1
         plan.append(jobs)
     return plan
 
 
-@dataclass(frozen=True)
-class DemoKeys:
-    """The demo-only keys, under the run's prefix and hash tag."""
+def worker_name(worker: int, pid: int) -> str:
+    """The holder name a worker claims with (``agent_tasks`` shows it)."""
+    return f"worker{worker}:pid{pid}"
 
-    jobs: str
-    working_prefix: str
 
-    @classmethod
-    def of(cls, prefix: str, run_id: uuid.UUID) -> DemoKeys:
-        base = f"{prefix}:{{{run_id}}}:demo:"
-        return cls(jobs=base + "jobs", working_prefix=base + "working:")
-
-    def working(self, worker: int) -> str:
-        return f"{self.working_prefix}{worker}"
+def worker_of(holder: str | None) -> int | None:
+    """The worker number in a holder name, if it is one of ours."""
+    if not holder or not holder.startswith("worker"):
+        return None
+    number = holder[len("worker"):].partition(":")[0]
+    return int(number) if number.isdigit() else None
 
 
 # ------------------------------------------------------------------------------ the workers
 
 
-def _simulate(
-    backend: RedisCheckpointBackend,
-    run_id: uuid.UUID,
-    job: Job,
-    seed: int,
-    fast: bool,
-    worker: int,
-) -> None:
-    """Run one simulated agent: agent_started, progress, agent_done, then its result."""
-    rng = random.Random(f"{seed}:{job.agent_id}:{job.attempt}")
-    duration = rng.uniform(0.15, 0.3) if fast else rng.uniform(1.2, 3.5)
+class Refused(Exception):
+    """A fenced write of a lost lease was refused: ``what`` names the write."""
+
+    def __init__(self, what: str, error: LeaseLostError) -> None:
+        super().__init__(f"{what}: {error}")
+        self.what = what
+        self.error = error
+
+
+def _fenced(what: str, write: Callable[[], None]) -> None:
+    try:
+        write()
+    except LeaseLostError as exc:
+        raise Refused(what, exc) from exc
+
+
+def _simulate(backend: RedisCheckpointBackend, run_id: uuid.UUID, job: Job, lease: AgentLease,
+              seed: int, fast: bool, worker: int) -> None:  # fmt: skip
+    """Run one simulated agent under ``lease``: agent_started, progress, agent_done and its
+    result, every write fenced. Like any process that was paused, it does not know whether
+    its lease is still its own: the fence decides, not ``lease.lost``."""
+    rng = random.Random(f"{seed}:{job.agent_id}:{lease.attempt}")
+    duration = rng.uniform(0.15, 0.3) if fast else rng.uniform(0.8, 2.4)
     started = time.monotonic()
-    name = f"{job.role}-{job.seq}"
-    backend.append_event(AgentStarted(
+    _fenced("agent_started", lambda: backend.append_event(AgentStarted(
         run_id=run_id, phase_id=job.phase_id, agent_id=job.agent_id,
         prompt_preview=f"{job.label}: look at module {job.seq} for defects",
-        model=MODEL, description=f"{job.label} agent {job.seq}", role=job.role, name=name,
+        model=MODEL, description=f"{job.label} agent {job.seq}", role=job.role, name=job.name,
         agent_seq=job.seq, ts=_now(),
-    ))  # fmt: skip
+    ), lease=lease))  # fmt: skip
     tokens = TokenUsage(input=rng.randint(800, 6000), output=rng.randint(120, 1500),
                         cache_read=rng.randint(0, 4000))  # fmt: skip
     steps = rng.randint(2, 4)
@@ -211,11 +242,13 @@ def _simulate(
         time.sleep(duration / (steps + 1))
         delta = deltas[step] if step < steps - 1 else ProgressTokens(usage=TokenUsage(
             input=tokens.input // 2, output=tokens.output // 2))  # fmt: skip
-        backend.append_event(AgentProgress(run_id=run_id, agent_id=job.agent_id, delta=delta))
+        progress = AgentProgress(run_id=run_id, agent_id=job.agent_id, delta=delta)
+        _fenced("agent_progress", functools.partial(backend.append_event, progress, lease=lease))
     time.sleep(duration / (steps + 1))
-    status = AgentStatus.ERROR if job.fail else AgentStatus.OK
+    fail = job.fail_first and lease.attempt == 1
+    status = AgentStatus.ERROR if fail else AgentStatus.OK
     findings: tuple[Finding, ...] = ()
-    if status is AgentStatus.OK:
+    if not fail:
         findings = tuple(
             Finding(kind=rng.choice(("bug", "smell", "security")),
                     severity=rng.choice(list(Severity)),
@@ -224,38 +257,50 @@ def _simulate(
                     location=Location(file=f"src/mod_{job.seq}.py", line=rng.randint(1, 400)))
             for k in range(rng.randint(0, 2))
         )  # fmt: skip
-    output = {"attempt": job.attempt, "worker": worker,
-              "summary": "tool error: grep timed out" if job.fail
+    output = {"attempt": lease.attempt, "worker": worker, "token": lease.token,
+              "summary": "tool error: grep timed out" if fail
               else f"{len(findings)} finding(s) in module {job.seq}"}  # fmt: skip
-    elapsed_ms = int((time.monotonic() - started) * 1000)
-    # agent_done first: it is the commit point (an ok result always comes with its ok
-    # agent_done); the full result (cache_key_hash, description, role) tells the coordinator
-    # that the job is finished.
-    backend.append_event(AgentDone(
-        run_id=run_id, agent_id=job.agent_id, status=status, tokens=tokens,
-        elapsed_ms=elapsed_ms, name=name, agent_seq=job.seq, ts=_now(), output=output,
-        findings=findings, prompt=f"{job.label} module {job.seq}", retry_count=job.attempt,
-    ))  # fmt: skip
-    backend.upsert_agent_result(AgentResultCache(
+    result = AgentResultCache(
         agent_id=job.agent_id, phase_id=job.phase_id, status=status.cache_str, output=output,
         findings=findings, tokens=tokens.total(), completed_at=int(time.time()),
         cache_key_hash=hashlib.sha256(f"{job.label}:{job.seq}".encode()).hexdigest()[:16],
         description=f"{job.label} agent {job.seq}", role=job.role,
-    ))  # fmt: skip
+    )  # fmt: skip
+    done = AgentDone(
+        run_id=run_id, agent_id=job.agent_id, status=status, tokens=tokens,
+        elapsed_ms=int((time.monotonic() - started) * 1000), name=job.name,
+        agent_seq=job.seq, ts=_now(), output=output, findings=findings,
+        prompt=f"{job.label} module {job.seq}", retry_count=lease.attempt - 1,
+    )  # fmt: skip
+    if fail:
+        # a failed agent_done hands the agent back at once (another worker may claim it):
+        # its result goes first, while the lease is surely still ours
+        _fenced("error result", lambda: backend.upsert_agent_result(result, lease=lease))
+        _fenced("agent_done", lambda: backend.append_event(done, lease=lease))
+        return
+    # an ok agent_done is the commit point: the agent is done, never handed out again; the
+    # lease's token stays current (no claim follows), so the result right after is accepted
+    _fenced("agent_done", lambda: backend.append_event(done, lease=lease))
+    _fenced("result", lambda: backend.upsert_agent_result(result, lease=lease))
 
 
 def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int,
-                 fast: bool) -> None:  # fmt: skip
-    """A worker process: bind the run, take jobs until the run is no longer running."""
+                 fast: bool, lease_for: float) -> None:  # fmt: skip
+    """A worker process: bind the run, claim agents and run them until the run ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator handles Ctrl-C
+    # the lost lease is told in the run's log (and by the coordinator), not on the terminal
+    # under the live line
+    quiet = logging.getLogger("luft_redis.lease")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
     run_id = uuid.UUID(run_id_text)
     parent = os.getppid()
+    name = worker_name(worker, os.getpid())
     client = redis.Redis.from_url(url)
     backend = RedisCheckpointBackend(client, prefix=prefix)
     try:
         if backend.open_run(run_id) is None:
             raise SystemExit(3)
-        keys = DemoKeys.of(prefix, run_id)
         idle_since = time.monotonic()
         while True:
             checkpoint = backend.get_checkpoint()  # the cache: no I/O
@@ -263,12 +308,25 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
                 return
             if os.getppid() != parent or time.monotonic() - idle_since > WORKER_IDLE_EXIT:
                 return
-            raw: Any = client.blmove(keys.jobs, keys.working(worker), BLOCK_SECONDS,
-                                     "LEFT", "RIGHT")  # fmt: skip
-            if raw is None:
+            lease = backend.claim_agent(name, lease_for=lease_for, timeout=CLAIM_WAIT)
+            if lease is None:
                 continue
-            _simulate(backend, run_id, Job.decode(raw), seed, fast, worker)
-            client.lrem(keys.working(worker), 1, raw)
+            job = Job.of(lease.task)
+            try:
+                with lease:  # heartbeats; an exception hands the agent back as a failure
+                    _simulate(backend, run_id, job, lease, seed, fast, worker)
+            except Refused as refused:
+                # a zombie: our lease was taken over while we were away; nothing was written
+                current = refused.error.current
+                lost = ("its heartbeat had found the lease lapsed too (lease.lost)"
+                        if lease.lost else "")  # fmt: skip
+                backend.append_event(Log(
+                    run_id=run_id, agent_id=job.agent_id, level=LogLevel.WARN,
+                    msg=f"worker {worker} (pid {os.getpid()}): {REFUSED_MARK}: its "
+                        f"{refused.what} for agent {job.name} with lease token {lease.token} "
+                        f"(current token {current}): LeaseLostError, nothing was written"
+                        + (f"; {lost}" if lost else ""),
+                ))  # fmt: skip
             idle_since = time.monotonic()
     finally:
         backend.close()
@@ -288,14 +346,60 @@ class Target:
     host: str
     port: int
     db: int
+    source: str = ""  # for "given": "--redis" or URL_ENV
+    workdir: str | None = None  # the private redis-server's data directory
+
+
+def _refused(exc: BaseException) -> bool:
+    """``exc`` (or its cause) is a refused password or ACL permission."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
+            isinstance(current, redis.exceptions.ResponseError)
+            and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _preflight(url: str) -> None:
+    """One PING to a given Redis, no retries: DemoError with exit 2 (unreachable, bad URL)
+    or 3 (refused), in one line, before any process starts."""
+    shown = redact_url(url)
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=PREFLIGHT_TIMEOUT,
+                                      socket_timeout=PREFLIGHT_TIMEOUT,
+                                      retry=Retry(NoBackoff(), 0))  # fmt: skip
+    except ValueError as exc:
+        raise DemoError(f"bad Redis URL {shown}: {exc}", EXIT_UNREACHABLE) from None
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        if _refused(exc):
+            raise DemoError(f"Redis at {shown} refused this client (check the user and "
+                            f"password in the URL, and the ACL): {exc}", EXIT_REFUSED) from None
+        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+            raise DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE) from None
+        raise DemoError(f"Redis at {shown} answered PING with an error: {exc}") from None
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager
 def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
-    if args.redis:
-        kwargs = redis.Redis.from_url(args.redis).connection_pool.connection_kwargs
-        yield Target(args.redis, "given", str(kwargs.get("host", "127.0.0.1")),
-                     int(kwargs.get("port", 6379)), int(kwargs.get("db", 0) or 0))  # fmt: skip
+    env_url = os.environ.get(URL_ENV) or None
+    given, source = (args.redis, "--redis") if args.redis else (env_url, URL_ENV)
+    if given and (args.redis or not args.fakeredis):
+        _preflight(given)
+        kwargs = redis.Redis.from_url(given).connection_pool.connection_kwargs
+        via = "" if source == "--redis" else f" (from {URL_ENV})"
+        print(f"Using the Redis at {redact_url(given)}{via}.", file=out)
+        yield Target(given, "given", str(kwargs.get("host", "127.0.0.1")),
+                     int(kwargs.get("port", 6379)), int(kwargs.get("db", 0) or 0),
+                     source=source)  # fmt: skip
         return
     want_fake = args.fakeredis or os.environ.get(FAKEREDIS_ENV, "") not in ("", "0", "false")
     binary = None if want_fake else find_redis_server()
@@ -305,11 +409,12 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
         kept = False
         try:
             server.start()
-            fate = ("--keep: it keeps running after the demo" if args.keep
+            fate = ("--keep: it keeps running after the demo, with this directory" if args.keep
                     else "it is stopped at exit (--keep keeps it)")  # fmt: skip
             print(f"Started a private redis-server (pid {server.pid}) on {server.url} in "
                   f"{server.dir} (appendonly yes); {fate}.", file=out)  # fmt: skip
-            yield Target(server.url, "redis-server", "127.0.0.1", server.port, 0)
+            yield Target(server.url, "redis-server", "127.0.0.1", server.port, 0,
+                         workdir=str(server.dir))  # fmt: skip
             if args.keep:
                 server.detach()
                 kept = True
@@ -372,7 +477,8 @@ class Display:
     def line(self, cp: RunCheckpoint, phase: int, alive: int, workers: int) -> str:
         parts = []
         for p, jobs in enumerate(self.plan):
-            done = sum(1 for j in jobs if j.agent_id in cp.agent_results)
+            done = sum(1 for j in jobs if (r := cp.agent_results.get(j.agent_id)) is not None
+                       and r.status == "ok")  # fmt: skip
             parts.append(f"P{p} {done}/{len(jobs)}")
         return (f"[{self.elapsed():5.1f}s] phase {phase} {self.plan[phase][0].label} | "
                 f"agents {' '.join(parts)} | tokens {cp.total_tokens:,} | "
@@ -426,12 +532,17 @@ class Display:
 
 
 @dataclass
-class Stats:
-    rerun_interrupted: list[uuid.UUID] = field(default_factory=list)
-    rerun_failed: list[uuid.UUID] = field(default_factory=list)
-    skipped_ok: int = 0
-    killed: str = ""
-    crashed: bool = False
+class Victim:
+    """A worker the demo kills or pauses, and the agent it held then."""
+
+    worker: int
+    pid: int
+    agent: uuid.UUID
+    token: int
+    since: float = field(default_factory=time.monotonic)
+    heir: str | None = None  # the holder that took the agent over
+    woken: bool = False  # SIGCONT sent (the pause)
+    refusal: str | None = None  # the worker's report of its refused write (the pause)
 
 
 class Coordinator:
@@ -441,38 +552,50 @@ class Coordinator:
         self.out = out
         self.run_id = uuid.uuid4()
         self.keys = run_keys(PREFIX, self.run_id)
-        self.demo_keys = DemoKeys.of(PREFIX, self.run_id)
-        self.crash_phase = None if args.no_crash else min(1, args.phases - 1)
-        self.plan = make_plan(args.seed, args.phases, args.agents, self.crash_phase)
+        self.lease_for = LEASE_FAST if args.fast else LEASE_SLOW
+        last = args.phases - 1
+        self.kill_phase = None if args.no_crash else min(1, last)
+        self.pause_phase = None if args.no_crash else min(2, last)
+        self.plan = make_plan(args.seed, args.phases, args.agents)
         self.jobs = {j.agent_id: j for phase in self.plan for j in phase}
         self.client: redis.Redis = redis.Redis.from_url(target.url)
         self.backend = RedisCheckpointBackend(self.client, prefix=PREFIX)
         self.procs: list[multiprocessing.process.BaseProcess] = []
-        self.pending: dict[uuid.UUID, int] = {}  # agent -> the attempt whose result we await
-        self.stats = Stats()
+        self.killed: Victim | None = None
+        self.paused: Victim | None = None
         self.display = Display(out, self.plan, 0.5 if args.fast else 2.0)
         self.phase_timeout = 60.0 if args.fast else 300.0
         self.events: list[AgentEvent] = []
-        self.retired: list[redis.Redis] = []
+        self.tasks: list[TaskInfo] = []
+        self._tasks_version = -1
+        self._log_mark = "0-0"
 
     # -- helpers -------------------------------------------------------------------------
 
     def alive(self) -> int:
         return sum(1 for p in self.procs if p.is_alive())
 
-    def finished(self, cp: RunCheckpoint, agent: uuid.UUID) -> bool:
-        """The awaited attempt of ``agent`` has its full result (the worker's upsert)."""
-        result = cp.agent_results.get(agent)
-        if result is None or result.cache_key_hash is None:
-            return False
-        output = result.output
-        return isinstance(output, dict) and output.get("attempt") == self.pending[agent]
+    def cli_url(self) -> str:
+        """The URL as printed in a command line: its password masked."""
+        return redact_url(self.target.url)
 
-    def enqueue(self, jobs: Sequence[Job]) -> None:
-        for job in jobs:
-            self.pending[job.agent_id] = job.attempt
-        if jobs:
-            self.client.rpush(self.demo_keys.jobs, *(j.encode() for j in jobs))
+    def read_tasks(self) -> dict[uuid.UUID, TaskInfo]:
+        """``agent_tasks()``, read again only when the run's version moved (claims, releases
+        and finishes are change notices) or a lease may have lapsed since."""
+        version = self.backend.version
+        lapse = any(t.state is TaskState.LEASED and not t.lapsed and t.expires_at is not None
+                    and t.expires_at <= time.time() for t in self.tasks)  # fmt: skip
+        if version != self._tasks_version or lapse:
+            self._tasks_version = version
+            self.tasks = self.backend.agent_tasks()
+        return {t.agent_id: t for t in self.tasks}
+
+    def finished(self, cp: RunCheckpoint, tasks: dict[uuid.UUID, TaskInfo],
+                 agent: uuid.UUID) -> bool:  # fmt: skip
+        """The agent is done (an ok agent_done was accepted) and its ok result is stored."""
+        task, result = tasks.get(agent), cp.agent_results.get(agent)
+        return (task is not None and task.state is TaskState.DONE and result is not None
+                and result.status == "ok")  # fmt: skip
 
     def start_workers(self) -> None:
         ctx = mp.get_context("spawn")
@@ -480,14 +603,19 @@ class Coordinator:
             proc = ctx.Process(
                 target=_worker_main, name=f"luft-demo-worker-{i + 1}", daemon=True,
                 args=(self.target.url, PREFIX, str(self.run_id), i + 1, self.args.seed,
-                      self.args.fast),
+                      self.args.fast, self.lease_for),
             )  # fmt: skip
             proc.start()
             self.procs.append(proc)
         pids = ", ".join(str(p.pid) for p in self.procs)
-        self.display.say(f"started {len(self.procs)} worker processes (spawn; pids {pids})")
+        self.display.say(f"started {len(self.procs)} worker processes (spawn; pids {pids}); "
+                         f"each claims agents with a {self.lease_for:g} s lease")  # fmt: skip
 
     def stop_workers(self) -> None:
+        if self.paused is not None and not self.paused.woken:
+            with contextlib.suppress(OSError):
+                os.kill(self.paused.pid, signal.SIGCONT)
+            self.paused.woken = True
         deadline = time.monotonic() + JOIN_TIMEOUT
         for proc in self.procs:
             proc.join(timeout=max(0.1, deadline - time.monotonic()))
@@ -512,7 +640,8 @@ class Coordinator:
         self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
                          f"{args.workers} workers, seed {args.seed}")  # fmt: skip
         self.display.say(f"follow it from another terminal: luft-redis --redis "
-                         f"{self.target.url} watch {self.run_id}")  # fmt: skip
+                         f"{self.cli_url()} watch {self.run_id}"
+                         + self.password_note())  # fmt: skip
         self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
                                              ts=_now()))  # fmt: skip
         ok = False
@@ -541,6 +670,11 @@ class Coordinator:
             self.stop_workers()
             self.cleanup()
 
+    def password_note(self) -> str:
+        if self.cli_url() == self.target.url:
+            return ""
+        return f" (the password masked as ***: put it back, or set {URL_ENV} and drop --redis)"
+
     def checkpoint(self) -> RunCheckpoint:
         cp = self.backend.get_checkpoint()
         if cp is None:
@@ -552,165 +686,174 @@ class Coordinator:
             run_id=self.run_id, phase_id=p, label=jobs[0].label, planned=len(jobs),
             description=f"phase {p}: {jobs[0].label}", role=jobs[0].role, ts=_now(),
         ))  # fmt: skip
+        self.backend.submit_agents([job.task() for job in jobs])
         self.display.say(f"phase {p} '{jobs[0].label}' (phases 0-{len(self.plan) - 1}): "
-                         f"{len(jobs)} agent jobs queued")  # fmt: skip
-        self.enqueue(jobs)
-        extra = self.wait_phase(p, jobs)
-        for q in sorted(extra):
-            self.phase_done(q, p)
-        self.phase_done(p, p)
-
-    def phase_done(self, p: int, current: int) -> None:
+                         f"{len(jobs)} agents submitted (submit_agents)")  # fmt: skip
+        self.wait_phase(p, jobs)
         cp = self.checkpoint()
-        results = [cp.agent_results.get(j.agent_id) for j in self.plan[p]]
+        results = [cp.agent_results.get(j.agent_id) for j in jobs]
         ok = sum(1 for r in results if r is not None and r.status == "ok")
         failed = len(results) - ok
         self.backend.append_event(PhaseDone(run_id=self.run_id, phase_id=p, ok=ok,
                                             failed=failed, ts=_now()))  # fmt: skip
-        self.display.update(self.checkpoint(), current, self.alive(), len(self.procs),
-                            force=True)  # fmt: skip
-        again = " again (the resume re-opened it)" if p < current else ""
-        self.display.say(f"phase {p} done{again}: {ok} ok, {failed} failed")
+        self.display.update(self.checkpoint(), p, self.alive(), len(self.procs), force=True)
+        self.display.say(f"phase {p} done: {ok} ok, {failed} failed")
 
-    def wait_phase(self, p: int, jobs: list[Job]) -> set[int]:
-        """Wait until every awaited agent is finished, from the cache alone; crash if due.
-
-        Returns the earlier phases the resume re-opened (their phase_done is still due).
-        """
+    def wait_phase(self, p: int, jobs: list[Job]) -> None:
+        """Wait until every agent of the phase is finished, from the cache and the task list,
+        woken by change notices; kill and pause a worker when due, and tell what follows."""
         deadline = time.monotonic() + self.phase_timeout
-        crash_due = self.crash_phase is not None and p >= self.crash_phase
         threshold = max(1, len(jobs) // 3)
-        reopened: set[int] = set()
         while True:
             version = self.backend.version
             cp = self.checkpoint()
+            tasks = self.read_tasks()
             self.display.update(cp, p, self.alive(), len(self.procs))
-            waiting = [a for a in self.pending if not self.finished(cp, a)]
-            if not waiting:
-                for a in [a for a in self.pending if self.jobs[a].phase_id <= p]:
-                    del self.pending[a]
-                return reopened
-            if crash_due and not self.stats.crashed:
-                done = sum(1 for j in jobs if self.finished(cp, j.agent_id))
-                if done >= threshold and self.crash(cp, p):
-                    reopened = self.resume(p)
-                    deadline = time.monotonic() + self.phase_timeout
-                    continue
+            self.follow_victims(tasks)
+            done = sum(1 for j in jobs if self.finished(cp, tasks, j.agent_id))
+            zombie = self.paused is not None and self.paused.refusal is None
+            if done == len(jobs) and not zombie:
+                return
+            dead = [j.name for j in jobs if (t := tasks.get(j.agent_id)) is not None
+                    and t.state is TaskState.DEAD]  # fmt: skip
+            if dead:
+                raise DemoError(f"phase {p}: agents {', '.join(dead)} are dead (too many failed "
+                                "attempts)")  # fmt: skip
+            if (done >= threshold and self.kill_phase is not None and p >= self.kill_phase
+                    and self.killed is None):
+                self.kill(tasks)
+            if (done >= threshold and self.pause_phase is not None and p >= self.pause_phase
+                    and self.paused is None
+                    and (self.killed is not None and self.killed.heir is not None)):
+                self.pause(tasks)
             if self.alive() == 0:
                 raise DemoError(f"phase {p}: every worker process has exited")
             if time.monotonic() > deadline:
-                raise DemoError(f"phase {p}: {len(waiting)} agents still unfinished after "
+                raise DemoError(f"phase {p}: {len(jobs) - done} agents still unfinished after "
                                 f"{self.phase_timeout:.0f}s")  # fmt: skip
-            # woken by the change notices of the workers' writes (the coherent cache)
+            # woken by the change notices of the workers' writes and claims
             self.backend.wait_for_change(after_version=version, timeout=0.25)
 
-    # -- the crash and the resume --------------------------------------------------------
+    # -- the crash and the pause ---------------------------------------------------------
 
-    def crash(self, cp: RunCheckpoint, p: int) -> bool:
-        """SIGKILL the worker running the most recently started agent; False if none runs."""
-        in_flight = [a for a in reversed(cp.started_agent_ids)
-                     if a in self.pending and a not in cp.agent_results]  # fmt: skip
-        if not in_flight or self.alive() < 2:
-            return False
-        pipe = self.client.pipeline(transaction=False)
-        for i in range(1, len(self.procs) + 1):
-            pipe.lrange(self.demo_keys.working(i), 0, -1)
-        holders: dict[uuid.UUID, int] = {}
-        for i, raws in enumerate(pipe.execute(), start=1):
-            for raw in raws:
-                holders[Job.decode(raw).agent_id] = i
-        for agent in in_flight:
-            worker = holders.get(agent)
-            if worker is None or not self.procs[worker - 1].is_alive():
+    def _pick(self, tasks: dict[uuid.UUID, TaskInfo]) -> tuple[TaskInfo, int] | None:
+        """The newest lease (highest token) on a first attempt whose agent_started is written,
+        held by a live worker that is not already a victim: its agent is mid-way, far from its
+        commit point (its agent_done)."""
+        busy = {v.worker for v in (self.killed, self.paused) if v is not None}
+        started = set(self.checkpoint().started_agent_ids)
+        best: tuple[TaskInfo, int] | None = None
+        for task in tasks.values():
+            worker = worker_of(task.holder)
+            if (task.state is not TaskState.LEASED or task.lapsed or task.attempt != 1
+                    or task.agent_id not in started
+                    or task.failures or worker is None or worker in busy
+                    or not self.procs[worker - 1].is_alive()):  # fmt: skip
                 continue
-            proc = self.procs[worker - 1]
-            proc.kill()  # SIGKILL: no cleanup, no agent_done
-            proc.join(timeout=5)
-            self.stats.crashed = True
-            job = self.jobs[agent]
-            self.stats.killed = f"worker {worker} (pid {proc.pid})"
-            self.display.say(f"CRASH: killed worker {worker} (pid {proc.pid}, SIGKILL) while it "
-                             f"ran agent {job.role}-{job.seq} ({agent})")  # fmt: skip
-            return True
-        return False
+            if best is None or task.token > best[0].token:
+                best = (task, worker)
+        return best
 
-    def resume(self, p: int) -> set[int]:
-        """Resume the run as luft would, with a fresh backend: skip ok agents, re-run the rest.
+    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo]) -> tuple[TaskInfo, int, int] | None:
+        """SIGSTOP the worker holding the newest lease and make sure it is mid-agent (its
+        agent still leased with the same token once stopped): (task, worker, pid), or None
+        after a SIGCONT when it finished the agent just before the signal."""
+        picked = self._pick(tasks)
+        if picked is None:
+            return None
+        task, worker = picked
+        pid = self.procs[worker - 1].pid or 0
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.05)  # a write in flight when the signal came lands first
+        now = {t.agent_id: t for t in self.backend.agent_tasks()}.get(task.agent_id)
+        if now is None or now.state is not TaskState.LEASED or now.token != task.token:
+            os.kill(pid, signal.SIGCONT)  # it finished the agent just before: another time
+            return None
+        return task, worker, pid
 
-        Returns the earlier phases that got agents to re-run.
-        """
-        # What is still queued or held by a live worker: one consistent read (BLMOVE moves a
-        # job atomically between these lists), made before the checkpoint is loaded.
-        live = [i for i, proc in enumerate(self.procs, start=1) if proc.is_alive()]
-        dead = [i for i, proc in enumerate(self.procs, start=1) if not proc.is_alive()]
-        pipe = self.client.pipeline(transaction=True)
-        pipe.lrange(self.demo_keys.jobs, 0, -1)
-        for i in live:
-            pipe.lrange(self.demo_keys.working(i), 0, -1)
-        replies = pipe.execute()
-        queued = {Job.decode(raw).agent_id for raw in replies[0]}
-        held = {Job.decode(raw).agent_id for raws in replies[1:] for raw in raws}
-        if dead:
-            self.client.delete(*(self.demo_keys.working(i) for i in dead))
+    def kill(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
+        """SIGKILL the worker holding the newest lease, mid-agent; nothing else is done
+        about it."""
+        if self.alive() < 3:
+            return
+        frozen = self._freeze(tasks)
+        if frozen is None:
+            return
+        task, worker, pid = frozen
+        proc = self.procs[worker - 1]
+        proc.kill()  # SIGKILL: no cleanup, no release, no agent_done
+        proc.join(timeout=5)
+        self.killed = Victim(worker, pid, task.agent_id, task.token)
+        self.display.say(
+            f"CRASH: killed worker {worker} (pid {pid}, SIGKILL) while it ran agent "
+            f"{self.jobs[task.agent_id].name} (lease token {task.token}); nobody hands the "
+            f"agent back: its lease lapses within {self.lease_for:g} s and the next claim "
+            "takes it over. The coordinator does nothing."
+        )  # fmt: skip
 
-        self.display.say("RESUME: a fresh backend (new client) runs open_run, "
-                         "reset_status_to_running")  # fmt: skip
-        old_backend, old_client = self.backend, self.client
-        self.client = redis.Redis.from_url(self.target.url)
-        self.backend = RedisCheckpointBackend(self.client, prefix=PREFIX)
-        cp = self.backend.open_run(self.run_id)
-        old_backend.close()
-        self.retired.append(old_client)  # closed at the end, once its listener has let go
-        if cp is None:
-            raise DemoError(f"resume: run {self.run_id} not found")
-        if not self.backend.can_resume():
-            raise DemoError(f"resume: run {self.run_id} is {cp.status}, not resumable")
-        self.backend.reset_status_to_running()
-        cp = self.checkpoint()
+    def pause(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
+        """SIGSTOP the worker holding the newest lease, mid-agent, until its agent is taken
+        over (then :meth:`follow_victims` wakes it)."""
+        if self.alive() < 2:
+            return
+        frozen = self._freeze(tasks)
+        if frozen is None:
+            return
+        task, worker, pid = frozen
+        self.paused = Victim(worker, pid, task.agent_id, task.token)
+        self.display.say(
+            f"PAUSE: stopped worker {worker} (pid {pid}, SIGSTOP) while it ran agent "
+            f"{self.jobs[task.agent_id].name} (lease token {task.token}): its heartbeat "
+            f"stops, and its {self.lease_for:g} s lease lapses"
+        )  # fmt: skip
 
-        reruns: list[Job] = []
-        skipped = 0
-        for q in range(p + 1):
-            for job in self.plan[q]:
-                a = job.agent_id
-                result = cp.agent_results.get(a)
-                if result is not None and result.status == "ok":
-                    skipped += 1
-                    self.pending.pop(a, None)  # its cached result is ok: skip it
-                    continue
-                if a in queued or (a in held and result is None):
-                    continue  # still on the list, or running on a live worker
-                if a not in cp.started_agent_ids:
-                    continue  # never started: still awaited as queued
-                if result is None:
-                    self.stats.rerun_interrupted.append(a)
-                else:
-                    self.stats.rerun_failed.append(a)
-                prev = self.pending.get(a, job.attempt)
-                reruns.append(Job(agent_id=a, phase_id=job.phase_id, seq=job.seq,
-                                  attempt=prev + 1, label=job.label, role=job.role))  # fmt: skip
-        self.stats.skipped_ok = skipped
-        reopened = sorted({j.phase_id for j in reruns if j.phase_id < p})
-        for q in reopened:  # a resumed run starts its unfinished phases again
-            first = self.plan[q][0]
-            self.backend.append_event(PhaseStarted(
-                run_id=self.run_id, phase_id=q, label=first.label, planned=len(self.plan[q]),
-                description=f"phase {q}: {first.label} (resumed)", role=first.role,
-                ts=_now(),
-            ))  # fmt: skip
-        self.enqueue(reruns)
-        names = ", ".join(f"{j.role}-{j.seq}" for j in reruns) or "none"
-        self.display.say(f"RESUME: {skipped} agents with an ok result skipped; re-queued "
-                         f"{len(reruns)} to the {len(live)} surviving workers: {names} "
-                         f"({len(self.stats.rerun_interrupted)} interrupted by the crash, "
-                         f"{len(self.stats.rerun_failed)} with an error result)")  # fmt: skip
-        return set(reopened)
+    def follow_victims(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
+        """Tell the takeovers of the victims' agents, wake the paused worker once its agent
+        was taken over, and find its report of the refused write in the run's log."""
+        for victim, how in ((self.killed, "killed"), (self.paused, "stopped")):
+            if victim is None or victim.heir is not None:
+                continue
+            task = tasks.get(victim.agent)
+            if task is None or task.token == victim.token or task.attempt < 2:
+                continue
+            victim.heir = task.holder or "?"
+            heir = worker_of(task.holder)
+            self.display.say(
+                f"TAKEOVER: worker {heir} claimed agent {self.jobs[victim.agent].name} "
+                f"(attempt {task.attempt}, token {task.token}) after the {how} worker "
+                f"{victim.worker}'s lease lapsed, {time.monotonic() - victim.since:.1f} s "
+                "after the signal; no one told it to"
+            )  # fmt: skip
+        paused = self.paused
+        if paused is None:
+            return
+        if paused.heir is not None and not paused.woken:
+            last = self.client.xrevrange(self.keys.events, count=1)
+            if last:
+                raw = last[0][0]
+                self._log_mark = raw.decode() if isinstance(raw, bytes) else str(raw)
+            os.kill(paused.pid, signal.SIGCONT)
+            paused.woken = True
+            self.display.say(
+                f"RESUME: woke worker {paused.worker} (SIGCONT) after "
+                f"{time.monotonic() - paused.since:.1f} s: it carries on with agent "
+                f"{self.jobs[paused.agent].name} as if its lease (token {paused.token}) were "
+                "still its own"
+            )  # fmt: skip
+        if paused.woken and paused.refusal is None:
+            for entry in self.backend.iter_events(self._log_mark, follow=False):
+                self._log_mark = entry.id
+                event = entry.event
+                if isinstance(event, Log) and REFUSED_MARK in event.msg and (
+                        event.agent_id == paused.agent):  # fmt: skip
+                    paused.refusal = event.msg
+                    self.display.say(f"REFUSED: {event.msg}")
+                    break
 
     # -- the end -------------------------------------------------------------------------
 
     def verify(self) -> None:
         """Check the invariants; DemoError naming the first that fails."""
-        cp = self.checkpoint()
         problems: list[str] = []
         fresh_client = redis.Redis.from_url(self.target.url)
         try:
@@ -720,6 +863,7 @@ class Coordinator:
                 raise DemoError("verify: the run is gone")
             fresh_version = fresh.version
             events = fresh.get_event_log()
+            tasks = fresh.agent_tasks()
             fresh.close()
         finally:
             fresh_client.close()
@@ -733,6 +877,11 @@ class Coordinator:
         if cp.status is not CheckpointStatus.COMPLETED:
             problems.append(f"status is {cp.status}, not completed")
         planned = set(self.jobs)
+        if {t.agent_id for t in tasks} != planned:
+            problems.append(f"agent_tasks lists {len(tasks)} agents, planned {len(planned)}")
+        not_done = [t for t in tasks if t.state is not TaskState.DONE]
+        if not_done:
+            problems.append(f"{len(not_done)} agent tasks not done")
         if set(cp.agent_results) != planned:
             problems.append(f"agent_results has {len(cp.agent_results)} agents, "
                             f"planned {len(planned)}")  # fmt: skip
@@ -747,7 +896,7 @@ class Coordinator:
         ok_done = Counter(e.agent_id for e in done if e.status is AgentStatus.OK)
         bad = [a for a in planned if ok_done[a] != 1]
         if bad:
-            problems.append(f"{len(bad)} agents without exactly one ok agent_done")
+            problems.append(f"{len(bad)} agents without exactly one accepted ok agent_done")
         log_tokens = sum(e.tokens.total() for e in done)
         if log_tokens != cp.total_tokens:
             problems.append(f"total_tokens {cp.total_tokens} != {log_tokens}, the sum of the "
@@ -756,12 +905,28 @@ class Coordinator:
             if (summary.ok, summary.failed) != (len(self.plan[summary.phase_id]), 0):
                 problems.append(f"phase {summary.phase_id}: ok={summary.ok} "
                                 f"failed={summary.failed}")  # fmt: skip
+        for victim in (self.killed, self.paused):
+            if victim is None:
+                continue
+            own = [e for e in done if e.agent_id == victim.agent and isinstance(e.output, dict)
+                   and e.output.get("token") == victim.token]  # fmt: skip
+            if own:
+                problems.append(f"worker {victim.worker}'s agent_done with its lost lease "
+                                f"(token {victim.token}) is in the log")  # fmt: skip
+            if victim.heir is None:
+                problems.append(f"worker {victim.worker}'s agent was never taken over")
+        if self.paused is not None and self.paused.refusal is None:
+            problems.append(f"worker {self.paused.worker}'s late write was not refused")
         if problems:
             raise DemoError("invariants violated: " + "; ".join(problems))
         self.events = events
-        self.display.say(f"invariants hold: {len(planned)} agents, each with one ok result "
-                         "and one ok agent_done; total_tokens = sum of agent_done tokens; the "
-                         "cache equals a fresh open_run")  # fmt: skip
+        self.tasks = tasks
+        victims = ("; the killed and the paused workers' agents were taken over and no "
+                   "agent_done with their lost leases is in the log"
+                   if self.killed is not None or self.paused is not None else "")  # fmt: skip
+        self.display.say(f"invariants hold: {len(planned)} agents, each done with exactly one "
+                         f"accepted ok agent_done and an ok result{victims}; total_tokens = "
+                         "sum of agent_done tokens; the cache equals a fresh open_run")  # fmt: skip
 
     def summary(self) -> None:
         cp = self.checkpoint()
@@ -769,30 +934,41 @@ class Coordinator:
         severities = Counter(f.severity for f in cp.findings)
         by_sev = ", ".join(f"{s} {severities[s]}" for s in sorted(Severity, reverse=True)
                            if severities[s]) or "none"  # fmt: skip
-        failed_events = sum(
+        failed_done = sum(
             1 for e in self.events if isinstance(e, AgentDone) and e.status is not AgentStatus.OK
         )
+        refused = sum(1 for e in self.events if isinstance(e, Log) and REFUSED_MARK in e.msg)
+        attempts = sum(t.attempt for t in self.tasks)
+        takeovers = sum(t.failures for t in self.tasks) - failed_done  # the lapses
         phases = ", ".join(f"{s.phase_id} {s.label} {s.ok}/{s.ok + s.failed} ok"
                            for s in cp.completed_phases)
-        reruns = len(self.stats.rerun_interrupted) + len(self.stats.rerun_failed)
+        ok = sum(1 for r in cp.agent_results.values() if r.status == "ok")
         print("", file=out)
         print("Summary", file=out)
-        print(f"  run       {self.run_id}: {cp.status}", file=out)
-        print(f"  phases    {len(cp.completed_phases)}: {phases}", file=out)
-        ok = sum(1 for r in cp.agent_results.values() if r.status == "ok")
-        print(f"  agents    {ok} ok, {len(cp.agent_results) - ok} failed at the end; "
-              f"{failed_events} attempt(s) failed on the way", file=out)  # fmt: skip
-        if self.stats.crashed:
-            print(f"  crash     {self.stats.killed} killed with SIGKILL mid-run; "
-                  f"the resume skipped {self.stats.skipped_ok} agents with an ok result and "
-                  f"re-ran {reruns} ({len(self.stats.rerun_interrupted)} interrupted, "
-                  f"{len(self.stats.rerun_failed)} with an error result)", file=out)  # fmt: skip
-        else:
-            print("  crash     none (--no-crash)", file=out)
-        print(f"  tokens    total_tokens {cp.total_tokens:,}", file=out)
-        print(f"  findings  {len(cp.findings)}: {by_sev}", file=out)
-        print(f"  events    {len(self.events)} in the log", file=out)
-        print(f"  time      {self.display.elapsed():.1f} s", file=out)
+        print(f"  run        {self.run_id}: {cp.status}", file=out)
+        print(f"  phases     {len(cp.completed_phases)}: {phases}", file=out)
+        print(f"  agents     {ok} run, each with exactly one accepted ok agent_done", file=out)
+        print(f"  attempts   {attempts} ({attempts - ok} more than one per agent: "
+              f"{failed_done} simulated tool error(s) retried, {takeovers} lapsed lease(s) "
+              "taken over)", file=out)  # fmt: skip
+        print(f"  takeovers  {takeovers}", file=out)
+        print(f"  refused    {refused} zombie write(s) (LeaseLostError: nothing written)",
+              file=out)  # fmt: skip
+        if self.killed is not None:
+            print(f"  crash      worker {self.killed.worker} (pid {self.killed.pid}) killed "
+                  f"with SIGKILL mid-agent; its agent {self.jobs[self.killed.agent].name} "
+                  f"was taken over by {self.killed.heir}", file=out)  # fmt: skip
+        if self.paused is not None:
+            print(f"  pause      worker {self.paused.worker} (pid {self.paused.pid}) stopped "
+                  f"with SIGSTOP past its lease; its agent {self.jobs[self.paused.agent].name} "
+                  f"was taken over by {self.paused.heir}; its late write was refused",
+                  file=out)  # fmt: skip
+        if self.killed is None and self.paused is None:
+            print("  crash      none (--no-crash)", file=out)
+        print(f"  tokens     total_tokens {cp.total_tokens:,}", file=out)
+        print(f"  findings   {len(cp.findings)}: {by_sev}", file=out)
+        print(f"  events     {len(self.events)} in the log", file=out)
+        print(f"  time       {self.display.elapsed():.1f} s", file=out)
         self.print_inspect()
 
     def print_inspect(self) -> None:
@@ -813,27 +989,29 @@ class Coordinator:
         if tgt.kind == "redis-server":
             print(f"--keep: the private redis-server keeps running on {tgt.url}; stop it with: "
                   f"redis-cli -p {tgt.port} shutdown nosave", file=out)  # fmt: skip
+            print(f"  It leaves its data directory {tgt.workdir} (its appendonly files and "
+                  f"log); remove it once the server is stopped: rm -r {tgt.workdir}",
+                  file=out)  # fmt: skip
         cli = (
             "redis-cli"
             + (f" -h {tgt.host}" if tgt.host not in ("127.0.0.1", "localhost") else "")
             + f" -p {tgt.port}"
             + (f" -n {tgt.db}" if tgt.db else "")
+            + (f" --user {user}" if (user := urlsplit(tgt.url).username) else "")
+            + (" --askpass" if urlsplit(tgt.url).password else "")
         )
-        print(f"Run id {self.run_id}, kept on {tgt.url}. Inspect it:", file=out)
-        print(f"  luft-redis --redis {tgt.url} show {self.run_id}", file=out)
-        print(f"  luft-redis --redis {tgt.url} events {self.run_id}", file=out)
-        print(f"  luft-redis --redis {tgt.url} runs", file=out)
+        url = self.cli_url()
+        print(f"Run id {self.run_id}, kept on {url}{self.password_note()}. Inspect it:",
+              file=out)  # fmt: skip
+        print(f"  luft-redis --redis {url} show {self.run_id}", file=out)
+        print(f"  luft-redis --redis {url} agents {self.run_id}", file=out)
+        print(f"  luft-redis --redis {url} events {self.run_id}", file=out)
+        print(f"  luft-redis --redis {url} runs", file=out)
         print(f'  {cli} HGETALL "{self.keys.run}"', file=out)
         print(f'  {cli} XLEN "{self.keys.events}"', file=out)
         print(f'  {cli} XREVRANGE "{self.keys.events}" + - COUNT 5', file=out)
 
     def cleanup(self) -> None:
-        with contextlib.suppress(Exception):
-            names = [
-                self.demo_keys.jobs,
-                *(self.demo_keys.working(i) for i in range(1, len(self.procs) + 1)),
-            ]
-            self.client.delete(*names)
         if not self.args.keep:
             with contextlib.suppress(Exception):
                 self.backend.delete_run(self.run_id)  # its keys and its run-index entry
@@ -842,9 +1020,8 @@ class Coordinator:
         # the listener thread unsubscribes within its poll interval; closing the client
         # under it would make it log a lost connection
         time.sleep(3 * LISTENER_POLL_SECONDS)
-        for client in (*self.retired, self.client):
-            with contextlib.suppress(Exception):
-                client.close()
+        with contextlib.suppress(Exception):
+            self.client.close()
 
 
 # ------------------------------------------------------------------------------ entry point
@@ -860,12 +1037,14 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="luft-redis demo",
-        description="A coordinator and W worker processes run a simulated luft workflow on one "
-                    "Redis run; one worker is killed mid-run and the run is resumed.",
+        description="A coordinator submits a simulated luft workflow's agents to one Redis "
+                    "run; W worker processes claim them with leases. One worker is killed "
+                    "mid-agent and its agent is taken over when its lease lapses; one is "
+                    "paused past its lease, and its late write is refused.",
     )  # fmt: skip
     parser.add_argument("--redis", metavar="URL", default=None,
-                        help="use this Redis (default: a private redis-server from PATH, else "
-                             "an embedded fakeredis)")  # fmt: skip
+                        help=f"use this Redis (default: env {URL_ENV}, else a private "
+                             "redis-server from PATH, else an embedded fakeredis)")  # fmt: skip
     parser.add_argument(
         "--fakeredis",
         action="store_true",
@@ -876,39 +1055,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--agents", type=_positive, default=8, help="agents per phase (8)")
     parser.add_argument("--seed", type=int, default=7, help="random seed of the plan (7)")
     parser.add_argument("--fast", action="store_true", help="short agent durations (tests)")
-    parser.add_argument("--no-crash", action="store_true", help="do not kill a worker")
+    parser.add_argument("--no-crash", action="store_true",
+                        help="do not kill or pause a worker")  # fmt: skip
     parser.add_argument("--keep", action="store_true",
                         help="keep the run (and the private redis-server, which then keeps "
-                             "running) to inspect it after the demo")  # fmt: skip
+                             "running, with its data directory) to inspect it after the "
+                             "demo")  # fmt: skip
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; 0 on success, 1 on failure (with a message on stderr), 2 on bad usage."""
+    """Run the demo; 0 on success, 1 on failure, 2 on bad usage or an unreachable Redis, 3
+    when Redis refused the client (each with a one-line message on stderr)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
-    if not args.no_crash and args.workers < 2:
-        print("luft-redis demo: the crash needs at least 2 workers (or pass --no-crash)",
-              file=sys.stderr)  # fmt: skip
+    if not args.no_crash and args.workers < 3:
+        print("luft-redis demo: the crash and the pause need at least 3 workers (or pass "
+              "--no-crash)", file=sys.stderr)  # fmt: skip
         return 2
     out = sys.stdout
     try:
         with _redis_target(args, out) as target:
             try:
                 return Coordinator(args, target, out).run()
-            except redis.exceptions.ConnectionError as exc:
-                raise DemoError(f"cannot reach Redis at {target.url}: {exc}") from exc
+            except Exception as exc:
+                if _refused(exc):
+                    raise DemoError(f"Redis at {redact_url(target.url)} refused this client: "
+                                    f"{exc}", EXIT_REFUSED) from exc  # fmt: skip
+                if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
+                                    redis.exceptions.TimeoutError)):  # fmt: skip
+                    raise DemoError(f"cannot reach Redis at {redact_url(target.url)}: {exc}",
+                                    EXIT_UNREACHABLE) from exc  # fmt: skip
+                raise
     except DemoError as exc:
-        print(f"\nluft-redis demo: FAILED: {exc}", file=sys.stderr)
-        return 1
+        print(f"luft-redis demo: FAILED: {exc}", file=sys.stderr)
+        return exc.code
     except (redis.exceptions.RedisError, OSError, RuntimeError) as exc:
-        print(f"\nluft-redis demo: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"luft-redis demo: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\nluft-redis demo: interrupted", file=sys.stderr)
+        print("luft-redis demo: interrupted", file=sys.stderr)
         return 130
 
 
