@@ -894,3 +894,73 @@ def test_a_fenced_write_that_arrives_after_a_takeover_is_refused(
     assert cp is not None and not cp.agent_results and not reader.get_event_log()
     (task,) = reader.agent_tasks()
     assert task.state is TaskState.LEASED and task.holder == "heir"
+
+
+@pytest.mark.slow
+def test_async_lease_cycles_under_lost_and_late_replies(
+    proxy: FaultProxy, direct: redis.Redis
+) -> None:
+    """The asyncio front end through the same faults: two workers on one loop run 15 agents
+    concurrently; every agent handed out once, every fenced write applied once."""
+    import asyncio
+
+    import redis.asyncio
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    from luft_redis import AsyncRedisCheckpointBackend
+
+    n = 15
+    run_id, agents = _submitted(direct, n)
+    proxy.late_by = 0.3
+    tokens: list[int] = []
+
+    async def worker(name: str) -> None:
+        client = redis.asyncio.Redis(host=LOOPBACK, port=proxy.port,
+                                     retry=AsyncRetry(NoBackoff(), 0), socket_timeout=0.15,
+                                     socket_connect_timeout=5)  # fmt: skip
+        async with AsyncRedisCheckpointBackend(client, watch=False, retry=GENEROUS) as backend:
+            assert await backend.open_run(run_id) is not None
+            while (lease := await backend.claim_agent(name, lease_for=30.0)) is not None:
+                tokens.append(lease.token)
+                await lease.renew()
+                await backend.append_event(_lease_started(run_id, lease.agent_id, name),
+                                           lease=lease)  # fmt: skip
+                await backend.upsert_agent_result(_lease_result(lease.agent_id), lease=lease)
+                await backend.append_event(_lease_done(run_id, lease.agent_id), lease=lease)
+                assert lease.finished and not lease.lost
+        await client.aclose()
+
+    async def main() -> None:
+        await asyncio.gather(worker("a0"), worker("a1"))
+
+    rng = random.Random(7)
+    modes: list[FaultMode] = ["reply", "request", "late"]
+    proxy.fail_next(12, "off")  # the library loads and both runs open without faults
+    proxy.configure(modes[rng.randrange(3)], 1 / 3)
+
+    def switch() -> None:  # change the kind of fault every 50 ms while the workers run
+        while proxy.mode != "off":
+            time.sleep(0.05)
+            with proxy._lock:
+                if proxy.mode != "off":
+                    proxy.mode = modes[rng.randrange(3)]
+
+    switcher = threading.Thread(target=switch)
+    switcher.start()
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.configure("off")
+        switcher.join(5)
+    print(f"\nasync leases: {proxy.reply_faults} lost replies, {proxy.request_faults} lost "
+          f"requests, {proxy.late_faults} late replies")  # fmt: skip
+    assert proxy.faults >= 5
+    assert sorted(tokens) == list(range(1, n + 1))  # each agent handed out once
+    assert _lease_token(direct, run_id) == n
+    reader = _fresh(direct, run_id)
+    assert all(task.state is TaskState.DONE and task.attempt == 1
+               for task in reader.agent_tasks())  # fmt: skip
+    log = reader.get_event_log()
+    for kind in (t.AgentStarted, AgentDone):
+        assert sorted(e.agent_id for e in log if isinstance(e, kind)) == sorted(agents)
+    assert reader.version == 2 + n * 4
