@@ -938,20 +938,20 @@ def test_async_lease_cycles_under_lost_and_late_replies(
     proxy.fail_next(12, "off")  # the library loads and both runs open without faults
     proxy.configure(modes[rng.randrange(3)], 1 / 3)
 
+    stop = threading.Event()
+
     def switch() -> None:  # change the kind of fault every 50 ms while the workers run
-        while proxy.mode != "off":
-            time.sleep(0.05)
-            with proxy._lock:
-                if proxy.mode != "off":
-                    proxy.mode = modes[rng.randrange(3)]
+        while not stop.wait(0.05):
+            proxy.configure(modes[rng.randrange(3)], 1 / 3)
 
     switcher = threading.Thread(target=switch)
     switcher.start()
     try:
         asyncio.run(main())
     finally:
-        proxy.configure("off")
+        stop.set()
         switcher.join(5)
+        proxy.configure("off")
     print(f"\nasync leases: {proxy.reply_faults} lost replies, {proxy.request_faults} lost "
           f"requests, {proxy.late_faults} late replies")  # fmt: skip
     assert proxy.faults >= 5
