@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -317,7 +318,10 @@ def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
         fail_over()
 
         def all_done() -> bool:
-            return all(task.state is TaskState.DONE for task in boss.agent_tasks())
+            try:
+                return all(task.state is TaskState.DONE for task in boss.agent_tasks())
+            except LuftRedisError:
+                return False  # the failover outlasted the retries: ask again
 
         _wait(all_done, 90, "every agent done after the failover")
     finally:
@@ -365,10 +369,12 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
     cluster = redis_cluster_replicas
     cluster.wait_ready(timeout=30)  # an earlier test may have failed over
     made: list[RedisCheckpointBackend] = []
+    clients: list[Any] = []
     retry = RetryPolicy(max_attempts=400, deadline=30.0, initial_delay=0.05, max_delay=0.5)
 
     def make() -> RedisCheckpointBackend:
-        backend = RedisCheckpointBackend(cluster.client(), retry=retry, max_attempts=20)
+        clients.append(cluster.client())
+        backend = RedisCheckpointBackend(clients[-1], retry=retry, max_attempts=20)
         made.append(backend)
         return backend
 
@@ -385,4 +391,6 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
     try:
         _fleet_through_failover(make, fail_over)
     finally:
+        for client in clients:
+            client.close()
         cluster.wait_ready(timeout=30)  # the demoted primary follows its replacement
