@@ -1,6 +1,7 @@
 """Smoke runs of the benchmarks so they never rot: ``benchmarks.run --smoke``,
 ``benchmarks.staleness --smoke`` (both front ends), ``benchmarks.compare --smoke``,
-``benchmarks.runs_index --smoke`` and ``benchmarks.lua_cost --ops 5`` (when valgrind is there).
+``benchmarks.runs_index --smoke``, ``benchmarks.leases --smoke`` and
+``benchmarks.lua_cost --ops 5`` (when valgrind is there).
 
 They check only that each completes against a real redis-server and prints every row with
 numbers where numbers belong: no timing is ever asserted (the figures come from a shared,
@@ -246,3 +247,35 @@ def test_lua_cost_smoke(redis_server_binary: str) -> None:
         cells = row.split()
         assert len(cells) == 3, row
         assert _number(cells[1]) > 0 and cells[2].endswith("x") and _number(cells[2]) > 0, row
+
+
+LEASE_ROWS = {
+    "claim_agent_p50": True,  # has a baseline and a target
+    "leased_cycle_vs_unleased": True,
+    "leased_cycle_vs_blmove": True,
+    "claim_wake_p50": False,
+    "claim_wake_p99": False,
+    "lease_workers_1": False,
+    "lease_workers_2": False,
+}
+
+
+@pytest.mark.server
+def test_lease_benchmark_smoke(redis_server_binary: str, tmp_path: Path) -> None:
+    """``benchmarks.leases --smoke`` prints every row with a number, a baseline and a ratio
+    where the row has a target (no timing is asserted)."""
+    out = tmp_path / "leases.json"
+    proc = _run(["benchmarks.leases", "--smoke", "--json", str(out),
+                 "--redis-server", redis_server_binary], timeout=180)  # fmt: skip
+    report = json.loads(out.read_text())
+    rows = {row["key"]: row for row in report["rows"]}
+    assert set(rows) == set(LEASE_ROWS)
+    for key, targeted in LEASE_ROWS.items():
+        row = rows[key]
+        assert row["metric"] in proc.stdout and _finite(row["value"]), row
+        if targeted:
+            assert _finite(row["baseline"]) and _finite(row["ratio"]), row
+            assert row["status"] in ("PASS", "MISS"), row
+        else:
+            assert row["status"] == "info", row
+    assert "placement:" in proc.stdout

@@ -13,17 +13,38 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.crc import key_slot
 
-from luft_redis import Durability, Log, LogLevel, NotDurableError, RedisCheckpointBackend
+from luft_redis import (
+    AgentDone,
+    AgentResultCache,
+    AgentStarted,
+    AgentStatus,
+    AgentTask,
+    Durability,
+    Log,
+    LogLevel,
+    NotDurableError,
+    RedisCheckpointBackend,
+    TaskState,
+    TokenUsage,
+)
 from luft_redis.errors import LuftRedisError
+from luft_redis.keys import run_keys
 from luft_redis.retry import RetryPolicy
-from luft_redis.tools.server import LocalRedisServer, find_free_port, find_redis_server
+from luft_redis.tools.server import (
+    LocalRedisCluster,
+    LocalRedisServer,
+    find_free_port,
+    find_redis_server,
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -232,3 +253,144 @@ def test_durability_errors_go_to_each_write_of_concurrent_threads(redis_url: str
     assert outcomes == ["not durable"] * 20
     assert len(backend.get_event_log()) == 20
     backend.close()
+
+
+# ------------------------------------------------------------------- a fleet through a failover
+
+
+def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
+                            fail_over: Callable[[], None], n: int = 60) -> None:  # fmt: skip
+    """Two worker threads (each its own backend with ``durability=``) claim ``n`` agents
+    and write fenced events and results; ``fail_over()`` runs once a third of them is done.
+    Afterwards every agent has exactly one accepted ok ``agent_done`` and its result, each
+    worker saw its tokens strictly increase, no token was handed out twice, and the run's
+    ``lease_token`` on the new primary is at least every token handed out."""
+    boss = make()
+    run_id = uuid.uuid4()
+    boss.init_run(run_id, "fleet failover", "/d")
+    agents = [uuid.uuid4() for _ in range(n)]
+    boss.submit_agents([AgentTask(a, 0, {"i": i}) for i, a in enumerate(agents)])
+    seen: dict[str, list[int]] = {}
+    finished: set[uuid.UUID] = set()
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def work(name: str) -> None:
+        backend = make()
+        tokens = seen.setdefault(name, [])
+        try:
+            backend.open_run(run_id)
+            while not stop.is_set():
+                try:
+                    lease = backend.claim_agent(name, lease_for=2.0, timeout=0.2)
+                except LuftRedisError:
+                    continue  # a claim lost in the failover lapses and is taken over
+                if lease is None:
+                    continue
+                tokens.append(lease.token)
+                try:
+                    with lease:
+                        agent = lease.agent_id
+                        backend.append_event(AgentStarted(run_id=run_id, phase_id=0,
+                                                          agent_id=agent, prompt_preview=name),
+                                             lease=lease)  # fmt: skip
+                        backend.upsert_agent_result(AgentResultCache(
+                            agent_id=agent, phase_id=0, status="ok", tokens=1, completed_at=1,
+                            output={"by": name}, findings=()), lease=lease)  # fmt: skip
+                        backend.append_event(AgentDone(
+                            run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+                            tokens=TokenUsage(input=1), elapsed_ms=1), lease=lease)  # fmt: skip
+                    with lock:
+                        finished.add(agent)
+                except LuftRedisError:
+                    continue  # taken over, not durable, or the failover outlasted the retries
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            backend.close()
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        _wait(lambda: len(finished) >= n // 3, 60, "a third of the agents before the failover")
+        fail_over()
+
+        def all_done() -> bool:
+            try:
+                return all(task.state is TaskState.DONE for task in boss.agent_tasks())
+            except LuftRedisError:
+                return False  # the failover outlasted the retries: ask again
+
+        _wait(all_done, 90, "every agent done after the failover")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    log = boss.get_event_log()
+    ok = [e.agent_id for e in log if isinstance(e, AgentDone) and e.status is AgentStatus.OK]
+    assert sorted(ok) == sorted(agents)  # exactly one accepted ok agent_done each
+    cp = boss.sync()
+    assert cp is not None and set(cp.agent_results) == set(agents)
+    assert all(r.status == "ok" for r in cp.agent_results.values())
+    for tokens in seen.values():
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)  # never backwards
+    handed = [token for tokens in seen.values() for token in tokens]
+    assert len(set(handed)) == len(handed)  # no token handed out twice
+    current = int(boss.client.hget(run_keys("luft", run_id).run, "lease_token") or 0)
+    assert current >= max(handed)
+    print(f"fleet failover: {len(handed)} claims for {n} agents, lease_token {current}")
+    boss.close()
+
+
+def test_a_fleet_through_a_sentinel_failover_finishes_every_agent_once(
+    topology: tuple[LocalRedisServer, LocalRedisServer, Sentinels],
+) -> None:
+    primary, _, sentinels = topology
+    retry = RetryPolicy(max_attempts=400, deadline=30.0, initial_delay=0.05, max_delay=0.5)
+
+    def make() -> RedisCheckpointBackend:
+        return RedisCheckpointBackend.from_url(
+            sentinels.url, retry=retry, durability=Durability(1, 2000), max_attempts=20,
+            socket_timeout=2.0, socket_connect_timeout=1.0,
+        )  # fmt: skip
+
+    _fleet_through_failover(make, primary.kill)
+
+
+def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
+    redis_cluster_replicas: LocalRedisCluster,
+) -> None:
+    """On Cluster (where ``durability=`` is refused: WAIT is per node) a planned
+    ``CLUSTER FAILOVER`` of the run's primary, which waits for the replica to catch up, in
+    the middle of the fleet's work: the same guarantees as through Sentinel."""
+    cluster = redis_cluster_replicas
+    cluster.wait_ready(timeout=30)  # an earlier test may have failed over
+    made: list[RedisCheckpointBackend] = []
+    clients: list[Any] = []
+    retry = RetryPolicy(max_attempts=400, deadline=30.0, initial_delay=0.05, max_delay=0.5)
+
+    def make() -> RedisCheckpointBackend:
+        clients.append(cluster.client())
+        backend = RedisCheckpointBackend(clients[-1], retry=retry, max_attempts=20)
+        made.append(backend)
+        return backend
+
+    def fail_over() -> None:
+        run_id = made[0].run_id
+        assert run_id is not None
+        slot = key_slot(run_keys("luft", run_id).run.encode())
+        old = cluster.primary_for_slot(slot)
+        (replica,) = cluster.replicas_of(old)
+        with redis.Redis(host=replica.host, port=replica.port) as conn:
+            conn.execute_command("CLUSTER", "FAILOVER")
+        _wait(lambda: cluster.primary_for_slot(slot).port == replica.port, 30, "the failover")
+
+    try:
+        _fleet_through_failover(make, fail_over)
+    finally:
+        for client in clients:
+            client.close()
+        cluster.wait_ready(timeout=30)  # the demoted primary follows its replacement

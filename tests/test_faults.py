@@ -10,6 +10,9 @@ client's connection around ``FCALL`` commands (every luft-redis state change is 
   repeated (writer id, operation) and return the stored reply without applying it twice.
 * ``request`` faults: the connection is closed as the command arrives, before a byte of it is
   forwarded; the command never reaches Redis and the retry must apply it (once).
+* ``late`` faults: the command is applied and its reply held back for ``late_by`` seconds
+  before it is forwarded; a client whose ``socket_timeout`` is shorter gives up on it (the
+  reply comes too late) and the retry meets a write that was applied already.
 
 Error replies (``-ERR Function not found``, ``-LUFT_...``) are always forwarded: the command was
 not applied.
@@ -41,7 +44,9 @@ from luft_redis import (
     AgentResultCache,
     AgentSessionCheckpoint,
     AgentStatus,
+    AgentTask,
     Finding,
+    LeaseLostError,
     Log,
     LogLevel,
     NotResumableError,
@@ -51,6 +56,7 @@ from luft_redis import (
     RunNotFoundError,
     RunStatus,
     Severity,
+    TaskState,
     TokenUsage,
     ValidationError,
 )
@@ -63,7 +69,7 @@ from luft_redis.tools.server import LOOPBACK, LocalRedisServer
 
 pytestmark = pytest.mark.server
 
-FaultMode = Literal["off", "reply", "request"]
+FaultMode = Literal["off", "reply", "request", "late"]
 
 #: Retries for the fault tests: many attempts, a long deadline, short waits (runtime).
 GENEROUS = RetryPolicy(max_attempts=30, deadline=30.0, initial_delay=0.002, max_delay=0.05)
@@ -75,13 +81,15 @@ _TOKEN = b"FCALL"  # also FCALL_RO
 class _Link:
     """One client connection and its upstream connection to Redis."""
 
-    __slots__ = ("awaiting", "client", "closed", "drop_reply", "forced", "lock", "upstream")
+    __slots__ = ("awaiting", "client", "closed", "delay_reply", "drop_reply", "forced", "lock",
+                 "upstream")  # fmt: skip
 
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client = client
         self.upstream = upstream
         self.awaiting = False  # an FCALL was forwarded, its reply has not begun
         self.drop_reply = False
+        self.delay_reply = False
         self.forced = False
         self.closed = False
         self.lock = threading.Lock()
@@ -103,7 +111,7 @@ class FaultProxy:
 
     ``mode`` and ``probability`` choose the random faults (``random.Random(seed)``);
     :meth:`fail_next` forces the next *n* FCALL commands to fail. Counters:
-    ``faults`` (``reply_faults + request_faults``), ``fcall_seen`` (FCALL commands the
+    ``faults`` (``reply_faults + request_faults + late_faults``), ``fcall_seen`` (FCALL commands the
     client sent, faulted or not), ``fcall_forwarded`` (those that reached Redis),
     ``spared`` (reply faults not made because the reply was an error), ``missing`` (replies
     ``-ERR Function not found``), ``connections``.
@@ -111,6 +119,7 @@ class FaultProxy:
 
     def __init__(self, upstream_port: int, *, seed: int = 0) -> None:
         self.upstream_port = upstream_port
+        self.late_by = 0.5  # seconds a ``late`` reply is held back
         self.mode: FaultMode = "off"
         self.probability = 0.0
         self._rng = random.Random(seed)
@@ -121,6 +130,7 @@ class FaultProxy:
         self._stopping = threading.Event()
         self.reply_faults = 0
         self.request_faults = 0
+        self.late_faults = 0
         self.fcall_seen = 0
         self.fcall_forwarded = 0
         self.spared = 0
@@ -136,7 +146,7 @@ class FaultProxy:
 
     @property
     def faults(self) -> int:
-        return self.reply_faults + self.request_faults
+        return self.reply_faults + self.request_faults + self.late_faults
 
     @property
     def attempts(self) -> int:
@@ -242,6 +252,7 @@ class FaultProxy:
                     with self._lock:
                         self.fcall_forwarded += 1
                     link.drop_reply, link.forced = fault == "reply", forced
+                    link.delay_reply = fault == "late"
                     link.awaiting = True
                     tail = b""
                 else:
@@ -263,6 +274,12 @@ class FaultProxy:
                     if data.startswith(b"-ERR Function not found"):
                         with self._lock:
                             self.missing += 1
+                if link.delay_reply:
+                    link.delay_reply = False
+                    if data[:1] != b"-":
+                        with self._lock:
+                            self.late_faults += 1
+                        time.sleep(self.late_by)  # the client may have given up meanwhile
                 if link.drop_reply:
                     link.drop_reply = False
                     if data[:1] == b"-":
@@ -676,3 +693,274 @@ def test_default_policy_values() -> None:
     """The documented defaults (docs/reliability.md)."""
     expected = RetryPolicy(max_attempts=10, deadline=5.0, initial_delay=0.02, max_delay=1.0)
     assert expected == DEFAULT_RETRY
+
+
+# ------------------------------------------------------------------------ leases under faults
+# Claims, renews, releases and fenced writes (docs/leases.md) through the proxy: a lost or
+# late reply never hands one agent to two holders, never loses a claim (a retried claim gets
+# the same lease; an unanswered one lapses and is taken over), never applies a fenced write
+# twice, and a fenced write that reaches Redis only after a takeover is refused.
+
+#: Many quick attempts: the retries of a write outlast a takeover the test stages meanwhile.
+PATIENT = RetryPolicy(max_attempts=400, deadline=20.0, initial_delay=0.002, max_delay=0.02)
+
+
+def _lease_started(run_id: uuid.UUID, agent: uuid.UUID, note: str) -> t.AgentStarted:
+    return t.AgentStarted(run_id=run_id, phase_id=0, agent_id=agent, prompt_preview=note)
+
+
+def _lease_done(run_id: uuid.UUID, agent: uuid.UUID) -> AgentDone:
+    return AgentDone(run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+                     tokens=TokenUsage(input=1), elapsed_ms=1)  # fmt: skip
+
+
+def _lease_result(agent: uuid.UUID) -> AgentResultCache:
+    return AgentResultCache(agent_id=agent, phase_id=0, status="ok", tokens=1,
+                            completed_at=1, output={"by": "lease"}, findings=())  # fmt: skip
+
+
+def _lease_token(direct: redis.Redis, run_id: uuid.UUID) -> int:
+    return int(direct.hget(run_keys("luft", run_id).run, "lease_token") or 0)
+
+
+def _submitted(direct: redis.Redis, n: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    run_id = uuid.uuid4()
+    boss = RedisCheckpointBackend(direct, watch=False)
+    boss.init_run(run_id, "leases under faults", "/d")
+    agents = [uuid.uuid4() for _ in range(n)]
+    boss.submit_agents([AgentTask(a, 0, {"i": i}) for i, a in enumerate(agents)])
+    return run_id, agents
+
+
+@pytest.mark.slow
+def test_lease_cycles_under_lost_and_late_replies(proxy: FaultProxy, direct: redis.Redis) -> None:
+    """Two workers through the proxy run 30 agents (claim, renew, fenced agent_started,
+    result and agent_done) while a third of their FCALLs lose the request, lose the reply, or
+    get it after the client gave up: every agent is handed out once (attempt 1, 30 tokens in
+    all, increasing), never to both workers, and every fenced write is applied once."""
+    n = 30
+    run_id, agents = _submitted(direct, n)
+    proxy.late_by = 0.3
+    clients = [redis.Redis(host=LOOPBACK, port=proxy.port, retry=Retry(NoBackoff(), 0),
+                           socket_timeout=0.15, socket_connect_timeout=5)
+               for _ in range(2)]  # fmt: skip
+    try:
+        workers = [RedisCheckpointBackend(c, watch=False, retry=GENEROUS) for c in clients]
+        for worker in workers:
+            assert worker.open_run(run_id) is not None
+        tokens: list[int] = []
+        modes: list[FaultMode] = ["reply", "request", "late"]
+        rounds = 0
+        while len(tokens) < n and rounds < n:
+            proxy.configure(modes[rounds % 3], 1 / 3)
+            rounds += 1
+            leases = [w.claim_agent(f"w{i}", lease_for=30.0) for i, w in enumerate(workers)]
+            held = [lease for lease in leases if lease is not None]
+            assert len({lease.agent_id for lease in held}) == len(held)  # never one for two
+            tokens += [lease.token for lease in held]
+            for worker, lease in zip(workers, leases, strict=True):
+                if lease is None:
+                    continue
+                lease.renew()
+                worker.append_event(_lease_started(run_id, lease.agent_id, "once"), lease=lease)
+                worker.upsert_agent_result(_lease_result(lease.agent_id), lease=lease)
+                worker.append_event(_lease_done(run_id, lease.agent_id), lease=lease)
+                assert lease.finished and not lease.lost
+        proxy.configure("off")
+        print(f"\nleases: {proxy.reply_faults} lost replies, {proxy.request_faults} lost "
+              f"requests, {proxy.late_faults} late replies, {proxy.fcall_seen} FCALL")  # fmt: skip
+        assert min(proxy.reply_faults, proxy.request_faults, proxy.late_faults) >= 3
+        assert tokens == sorted(tokens) == list(range(1, n + 1))  # no claim twice, none lost
+        assert _lease_token(direct, run_id) == n
+        reader = _fresh(direct, run_id)
+        tasks = reader.agent_tasks()
+        assert {task.agent_id for task in tasks} == set(agents)
+        assert all(task.state is TaskState.DONE and task.attempt == 1 and task.failures == 0
+                   for task in tasks)  # fmt: skip
+        log = reader.get_event_log()
+        for kind in (t.AgentStarted, AgentDone):
+            assert sorted(e.agent_id for e in log if isinstance(e, kind)) == sorted(agents)
+        cp = reader.get_checkpoint()
+        assert cp is not None and cp.total_tokens == n
+        assert {a: r.output for a, r in cp.agent_results.items()} == {
+            a: {"by": "lease"} for a in agents}  # fmt: skip
+        assert reader.version == 2 + n * 4  # init, submit, then claim + 3 writes per agent
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_an_unanswered_claim_lapses_and_is_taken_over(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """A claim applied in Redis whose every reply was lost (the worker gave up) leaves the
+    task leased to nobody who knows it only until the lease lapses: then it is taken over."""
+    run_id, (agent,) = _submitted(direct, 1)
+    policy = RetryPolicy(max_attempts=2, deadline=5.0, initial_delay=0.001, max_delay=0.01)
+    worker = RedisCheckpointBackend(proxied, watch=False, retry=policy)
+    assert worker.open_run(run_id) is not None
+    proxy.fail_next(2, "reply")
+    with pytest.raises(luft_errors.ConnectionError):
+        worker.claim_agent("forgetful", lease_for=0.3)
+    assert proxy.reply_faults == 2
+    other = _fresh(direct, run_id)
+    (task,) = other.agent_tasks()
+    assert task.state is TaskState.LEASED and task.holder == "forgetful" and task.attempt == 1
+    assert other.claim_agent("heir") is None  # not before the lease lapses
+    heir = other.claim_agent("heir", timeout=10)
+    assert heir is not None and heir.agent_id == agent and heir.attempt == 2 and heir.token == 2
+    assert worker.claim_agent("forgetful") is None  # a new claim: nothing left to hand out
+    other.append_event(_lease_done(run_id, agent), lease=heir)
+    assert [task.state for task in other.agent_tasks()] == [TaskState.DONE]
+
+
+def _takeover_while_retrying(proxy: FaultProxy, direct: redis.Redis, run_id: uuid.UUID,
+                             found: list[object]) -> threading.Thread:  # fmt: skip
+    """Drop every FCALL request for a while, take the lapsed task over directly, then let
+    the retries of the stale holder through."""
+
+    def stage() -> None:
+        time.sleep(0.45)  # the 0.3 s lease lapses
+        heir = _fresh(direct, run_id)
+        found.append(heir.claim_agent("heir"))
+        proxy.configure("off")
+
+    proxy.configure("request", 1.0)
+    thread = threading.Thread(target=stage)
+    thread.start()
+    return thread
+
+
+def test_a_fenced_write_applied_before_a_takeover_is_not_applied_again(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis
+) -> None:
+    """The reply of a fenced write is lost and its retries go on until after another worker
+    took the task over: the retry gets the first answer (the write was accepted while the
+    lease was current) and nothing is written twice; the next fenced write is refused."""
+    run_id, (agent,) = _submitted(direct, 1)
+    zombie = RedisCheckpointBackend(proxied, watch=False, retry=PATIENT)
+    assert zombie.open_run(run_id) is not None
+    lease = zombie.claim_agent("zombie", lease_for=0.3)
+    assert lease is not None
+    found: list[object] = []
+    proxy.fail_next(1, "reply")
+    thread = _takeover_while_retrying(proxy, direct, run_id, found)
+    zombie.append_event(_lease_started(run_id, agent, "zombie"), lease=lease)
+    thread.join(10)
+    (heir,) = found
+    assert heir is not None and heir.token > lease.token  # type: ignore[attr-defined]
+    assert proxy.reply_faults == 1 and proxy.request_faults >= 1
+    with pytest.raises(LeaseLostError):
+        zombie.append_event(_lease_done(run_id, agent), lease=lease)
+    log = _fresh(direct, run_id).get_event_log()
+    assert [e.prompt_preview for e in log if isinstance(e, t.AgentStarted)] == ["zombie"]
+    assert not any(isinstance(e, AgentDone) for e in log)
+
+
+@pytest.mark.parametrize("operation", ["append_event", "upsert_agent_result", "renew",
+                                       "release"])  # fmt: skip
+def test_a_fenced_write_that_arrives_after_a_takeover_is_refused(
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis, operation: str
+) -> None:
+    """A fenced write (and a renew, a release) whose requests are lost until another worker
+    took the task over reaches Redis too late: LeaseLostError, and nothing is written."""
+    run_id, (agent,) = _submitted(direct, 1)
+    zombie = RedisCheckpointBackend(proxied, watch=False, retry=PATIENT)
+    assert zombie.open_run(run_id) is not None
+    lease = zombie.claim_agent("zombie", lease_for=0.3)
+    assert lease is not None
+    found: list[object] = []
+    thread = _takeover_while_retrying(proxy, direct, run_id, found)
+    if operation == "renew":  # a renew retries only within the lease's time left: it gives up
+        with contextlib.suppress(luft_errors.ConnectionError), pytest.raises(LeaseLostError):
+            lease.renew()  # (or it meets the takeover: refused as well)
+        thread.join(10)
+    with pytest.raises(LeaseLostError) as caught:
+        if operation == "append_event":
+            zombie.append_event(_lease_done(run_id, agent), lease=lease)
+        elif operation == "upsert_agent_result":
+            zombie.upsert_agent_result(_lease_result(agent), lease=lease)
+        elif operation == "renew":
+            lease.renew()
+        else:
+            lease.release()
+    thread.join(10)
+    (heir,) = found
+    assert heir is not None and caught.value.current == heir.token  # type: ignore[attr-defined]
+    assert proxy.request_faults >= 1 and lease.lost
+    reader = _fresh(direct, run_id)
+    assert reader.version == 4  # init, submit, two claims: no write of the zombie's after
+    cp = reader.get_checkpoint()
+    assert cp is not None and not cp.agent_results and not reader.get_event_log()
+    (task,) = reader.agent_tasks()
+    assert task.state is TaskState.LEASED and task.holder == "heir"
+
+
+@pytest.mark.slow
+def test_async_lease_cycles_under_lost_and_late_replies(
+    proxy: FaultProxy, direct: redis.Redis
+) -> None:
+    """The asyncio front end through the same faults: two workers on one loop run 15 agents
+    concurrently; every agent handed out once, every fenced write applied once."""
+    import asyncio
+
+    import redis.asyncio
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    from luft_redis import AsyncRedisCheckpointBackend
+
+    n = 15
+    run_id, agents = _submitted(direct, n)
+    proxy.late_by = 0.3
+    tokens: list[int] = []
+
+    async def worker(name: str) -> None:
+        client = redis.asyncio.Redis(host=LOOPBACK, port=proxy.port,
+                                     retry=AsyncRetry(NoBackoff(), 0), socket_timeout=0.15,
+                                     socket_connect_timeout=5)  # fmt: skip
+        async with AsyncRedisCheckpointBackend(client, watch=False, retry=GENEROUS) as backend:
+            assert await backend.open_run(run_id) is not None
+            while (lease := await backend.claim_agent(name, lease_for=30.0)) is not None:
+                tokens.append(lease.token)
+                await lease.renew()
+                await backend.append_event(_lease_started(run_id, lease.agent_id, name),
+                                           lease=lease)  # fmt: skip
+                await backend.upsert_agent_result(_lease_result(lease.agent_id), lease=lease)
+                await backend.append_event(_lease_done(run_id, lease.agent_id), lease=lease)
+                assert lease.finished and not lease.lost
+        await client.aclose()
+
+    async def main() -> None:
+        await asyncio.gather(worker("a0"), worker("a1"))
+
+    rng = random.Random(7)
+    modes: list[FaultMode] = ["reply", "request", "late"]
+    proxy.fail_next(12, "off")  # the library loads and both runs open without faults
+    proxy.configure(modes[rng.randrange(3)], 1 / 3)
+
+    stop = threading.Event()
+
+    def switch() -> None:  # change the kind of fault every 50 ms while the workers run
+        while not stop.wait(0.05):
+            proxy.configure(modes[rng.randrange(3)], 1 / 3)
+
+    switcher = threading.Thread(target=switch)
+    switcher.start()
+    try:
+        asyncio.run(main())
+    finally:
+        stop.set()
+        switcher.join(5)
+        proxy.configure("off")
+    print(f"\nasync leases: {proxy.reply_faults} lost replies, {proxy.request_faults} lost "
+          f"requests, {proxy.late_faults} late replies")  # fmt: skip
+    assert proxy.faults >= 5
+    assert sorted(tokens) == list(range(1, n + 1))  # each agent handed out once
+    assert _lease_token(direct, run_id) == n
+    reader = _fresh(direct, run_id)
+    assert all(task.state is TaskState.DONE and task.attempt == 1
+               for task in reader.agent_tasks())  # fmt: skip
+    log = reader.get_event_log()
+    for kind in (t.AgentStarted, AgentDone):
+        assert sorted(e.agent_id for e in log if isinstance(e, kind)) == sorted(agents)
+    assert reader.version == 2 + n * 4

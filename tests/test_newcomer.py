@@ -103,6 +103,40 @@ def test_the_asyncio_example_runs_as_written(redis_url: str, tmp_path: Path) -> 
     assert lines[1:] == ["agent_done"] * 10
 
 
+@pytest.mark.server
+@pytest.mark.parametrize("which", [0, 1], ids=["sync", "asyncio"])
+def test_the_fleet_workers_run_as_written(redis_url: str, tmp_path: Path, which: int) -> None:
+    """The README's two worker loops: alone, each plans a run of five agents and runs them;
+    three copies started on one run of 30 agents share them, and every agent ends with
+    exactly one accepted ok agent_done."""
+    blocks = code_blocks(readme_section("Running a fleet"), "python")
+    assert len(blocks) == 2
+    example = blocks[which]
+    alone = run_python(example, tmp_path, {"LUFT_REDIS_URL": redis_url})
+    assert alone.returncode == 0, alone.stderr
+    assert re.fullmatch(rf"run {UUID_RE}: 5 agents done", alone.stdout.strip()), alone.stdout
+
+    run_id, agents = uuid.uuid4(), [uuid.uuid4() for _ in range(30)]
+    with luft_redis.RedisCheckpointBackend.from_url(redis_url, watch=False) as boss:
+        boss.init_run(run_id, "three workers", "/tmp/runs/fleet")
+        boss.submit_agents([luft_redis.AgentTask(a, 0, {"prompt": f"file {i}"})
+                            for i, a in enumerate(agents)])  # fmt: skip
+        env = {**os.environ, "LUFT_REDIS_URL": redis_url, "LUFT_RUN_ID": str(run_id)}
+        script = tmp_path / "worker.py"
+        script.write_text(example, encoding="utf-8")
+        procs = [subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(3)]  # fmt: skip
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            assert out.strip() == f"run {run_id}: 30 agents done"
+        log = boss.get_event_log()
+    ok = [e.agent_id for e in log if isinstance(e, luft_redis.AgentDone)
+          and e.status is luft_redis.AgentStatus.OK]  # fmt: skip
+    assert sorted(ok) == sorted(agents)
+
+
 def test_the_quickstart_defaults_to_a_local_redis_and_names_the_variable() -> None:
     quickstart = code_blocks(readme_section("Quickstart"), "python")[0]
     assert 'os.environ.get("LUFT_REDIS_URL", "redis://127.0.0.1:6379/0")' in quickstart

@@ -1,0 +1,378 @@
+"""Agent leases (docs/leases.md): what a claim and a leased agent cycle cost, as ratios.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.leases            # full run (a minute or two)
+    .venv/bin/python -m benchmarks.leases --smoke    # tiny sizes: does it run? (CI)
+    .venv/bin/python -m benchmarks.leases --json out.json --redis-server /usr/bin/redis-server
+
+One private redis-server (no persistence) pinned to one cpu, the clients to another
+(``benchmarks.pinning``), as ``benchmarks.run`` does. Every subject is compared with a
+baseline measured in the same run, interleaved (A/B/A/B), because the machine is shared:
+
+- ``claim_agent`` p50 against ``append_event`` p50 (one round trip each; target <= 1.1x);
+- a leased agent cycle (claim, fenced ``agent_started``, fenced ``agent_done``, fenced result)
+  against the same three writes without a lease (target <= 1.4x: one round trip more than
+  three) and against the old demo's queue cycle (``BLMOVE`` a job into the worker's list, the
+  three writes unfenced, ``LREM``: target: the leased cycle is faster);
+- the delay from a ``submit_agents`` to a claim blocked in ``claim_agent(timeout=...)`` (in
+  another thread with its own backend) returning the lease: p50 and p99, the submit's own
+  round trip included (no target: a figure to watch);
+- 1, 2 and 4 worker processes running 2,000 empty agents (claim, fenced ``agent_started``,
+  fenced ``agent_done``) on one run: agents/s and client CPU per agent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from luft_redis import (
+    AgentDone,
+    AgentLease,
+    AgentResultCache,
+    AgentStarted,
+    AgentStatus,
+    AgentTask,
+    RedisCheckpointBackend,
+    TokenUsage,
+)
+from luft_redis.tools.server import LocalRedisServer, find_redis_server
+
+from .pinning import pin_server, plan_placement
+from .run import Row, _verdict, find_redis_benchmark, header, median, pct, print_table
+
+PREFIX = "bench"
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rounds: int  # interleaved A/B rounds
+    claims: int  # timed claims (and appends) per round
+    cycles: int  # timed cycles of each kind per round
+    wakes: int  # submit-to-wake samples
+    agents: int  # agents of the worker-process rows
+    workers: tuple[int, ...]  # worker-process counts
+
+
+FULL = Sizes(rounds=5, claims=400, cycles=200, wakes=300, agents=2000, workers=(1, 2, 4))
+SMOKE = Sizes(rounds=1, claims=20, cycles=10, wakes=10, agents=40, workers=(1, 2))
+
+
+def _started(run_id: uuid.UUID, agent: uuid.UUID) -> AgentStarted:
+    return AgentStarted(run_id=run_id, phase_id=0, agent_id=agent, prompt_preview="bench")
+
+
+def _done(run_id: uuid.UUID, agent: uuid.UUID) -> AgentDone:
+    return AgentDone(run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+                     tokens=TokenUsage(input=10, output=5), elapsed_ms=1)  # fmt: skip
+
+
+def _result(agent: uuid.UUID) -> AgentResultCache:
+    return AgentResultCache(agent_id=agent, phase_id=0, status="ok", tokens=15,
+                            completed_at=1_700_000_000, output={"ok": True},
+                            findings=())  # fmt: skip
+
+
+def _tasks(n: int) -> list[AgentTask]:
+    return [AgentTask(uuid.uuid4(), 0, {"prompt": f"agent {i}"}) for i in range(n)]
+
+
+def _submit(backend: RedisCheckpointBackend, n: int) -> None:
+    for start in range(0, n, 500):
+        backend.submit_agents(_tasks(min(500, n - start)))
+
+
+def _new_run(url: str, tasks: int = 0, watch: bool = False) -> tuple[RedisCheckpointBackend,
+                                                                     uuid.UUID]:  # fmt: skip
+    backend = RedisCheckpointBackend(redis.Redis.from_url(url), prefix=PREFIX, watch=watch)
+    run_id = uuid.uuid4()
+    backend.init_run(run_id, "lease benchmark", "/tmp/bench")
+    _submit(backend, tasks)
+    return backend, run_id
+
+
+def _claim(backend: RedisCheckpointBackend, worker: str = "bench") -> AgentLease:
+    lease = backend.claim_agent(worker, lease_for=600.0)
+    if lease is None:
+        raise RuntimeError("nothing to claim: the benchmark submitted too few tasks")
+    return lease
+
+
+def _close(backend: RedisCheckpointBackend) -> None:
+    client = backend.client
+    backend.close()
+    client.close()
+
+
+# ------------------------------------------------------------------------------- sections
+
+
+def section_claim(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
+    """claim_agent p50 against append_event p50, interleaved in chunks of 20."""
+    backend, run_id = _new_run(url, sizes.rounds * sizes.claims + 50)
+    for _ in range(20):
+        _claim(backend)  # warm-up
+        backend.append_event(_started(run_id, uuid.uuid4()))
+    claims: list[float] = []
+    appends: list[float] = []
+    clock = time.perf_counter_ns
+    for _ in range(sizes.rounds):
+        done = 0
+        while done < sizes.claims:
+            n = min(20, sizes.claims - done)
+            for _ in range(n):
+                t0 = clock()
+                _claim(backend)
+                claims.append((clock() - t0) / 1000)
+            for _ in range(n):
+                event = _started(run_id, uuid.uuid4())
+                t0 = clock()
+                backend.append_event(event)
+                appends.append((clock() - t0) / 1000)
+            done += n
+    _close(backend)
+    raw["claim"] = {"claim_us": claims, "append_us": appends}
+    c50, a50 = median(claims), median(appends)
+    ratio = c50 / a50
+    return [
+        Row("claim_agent_p50", "claim_agent p50", c50, "us", a50, "us", "append_event p50",
+            ratio, "<= 1.10x", _verdict(ratio <= 1.10),
+            f"p99 {pct(claims, 0.99):.0f} us vs {pct(appends, 0.99):.0f} us; "
+            f"{len(claims)} claims"),
+    ]  # fmt: skip
+
+
+def _leased_cycle(backend: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+    lease = _claim(backend)
+    backend.append_event(_started(run_id, lease.agent_id), lease=lease)
+    backend.append_event(_done(run_id, lease.agent_id), lease=lease)
+    backend.upsert_agent_result(_result(lease.agent_id), lease=lease)
+
+
+def _unleased_cycle(backend: RedisCheckpointBackend, run_id: uuid.UUID) -> None:
+    agent = uuid.uuid4()
+    backend.append_event(_started(run_id, agent))
+    backend.append_event(_done(run_id, agent))
+    backend.upsert_agent_result(_result(agent))
+
+
+def _queue_cycle(backend: RedisCheckpointBackend, run_id: uuid.UUID, jobs: str,
+                 working: str) -> None:  # fmt: skip
+    """The old demo's worker step: BLMOVE a job, run it unfenced, LREM it."""
+    client: Any = backend.client
+    job = client.blmove(jobs, working, 1, "LEFT", "RIGHT")
+    agent = uuid.UUID(job.decode())
+    backend.append_event(_started(run_id, agent))
+    backend.append_event(_done(run_id, agent))
+    backend.upsert_agent_result(_result(agent))
+    client.lrem(working, 1, job)
+
+
+def section_cycle(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
+    total = sizes.rounds * sizes.cycles + 20
+    leased, lrun = _new_run(url, total)
+    plain, prun = _new_run(url)
+    queued, qrun = _new_run(url)
+    jobs = f"{PREFIX}:{{{qrun}}}:demo:jobs"
+    working = f"{PREFIX}:{{{qrun}}}:demo:working:bench"
+    queued.client.rpush(jobs, *[str(uuid.uuid4()) for _ in range(total)])
+    subjects: dict[str, Callable[[], None]] = {
+        "leased": lambda: _leased_cycle(leased, lrun),
+        "unleased": lambda: _unleased_cycle(plain, prun),
+        "blmove": lambda: _queue_cycle(queued, qrun, jobs, working),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in subjects}
+    for fn in subjects.values():
+        for _ in range(10):
+            fn()  # warm-up
+    clock = time.perf_counter_ns
+    for _ in range(sizes.rounds):
+        done = 0
+        while done < sizes.cycles:
+            n = min(10, sizes.cycles - done)
+            for name, fn in subjects.items():
+                out = samples[name]
+                for _ in range(n):
+                    t0 = clock()
+                    fn()
+                    out.append((clock() - t0) / 1000)
+            done += n
+    for backend in (leased, plain, queued):
+        _close(backend)
+    raw["cycle"] = samples
+    m = {name: median(values) for name, values in samples.items()}
+    vs_plain = m["leased"] / m["unleased"]
+    vs_queue = m["leased"] / m["blmove"]
+    return [
+        Row("leased_cycle_vs_unleased", "leased agent cycle p50", m["leased"], "us",
+            m["unleased"], "us", "same cycle unleased p50", vs_plain, "<= 1.40x",
+            _verdict(vs_plain <= 1.40),
+            "claim + fenced started/done/result vs started/done/result"),
+        Row("leased_cycle_vs_blmove", "leased agent cycle p50", m["leased"], "us",
+            m["blmove"], "us", "BLMOVE queue cycle p50", vs_queue, "< 1.00x",
+            _verdict(vs_queue < 1.0), "BLMOVE + started/done/result + LREM (the old demo)"),
+    ]  # fmt: skip
+
+
+def section_wake(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
+    """Submit one task while another backend (its own client and listener) is blocked in
+    claim_agent: the time from just before the submit to the lease in the claimer's hands."""
+    coordinator, run_id = _new_run(url)
+    claimer = RedisCheckpointBackend(redis.Redis.from_url(url), prefix=PREFIX, watch=True)
+    claimer.open_run(run_id)
+    woke: list[float] = []
+    ready = threading.Event()
+    stop = threading.Event()
+
+    def claim_loop() -> None:
+        while not stop.is_set():
+            ready.set()
+            lease = claimer.claim_agent("waiter", lease_for=600.0, timeout=2.0)
+            if lease is not None:
+                woke.append(time.perf_counter())
+
+    thread = threading.Thread(target=claim_loop, name="bench-claimer")
+    thread.start()
+    delays: list[float] = []
+    for i in range(sizes.wakes + 5):
+        ready.wait(5)
+        time.sleep(0.01)  # let the claimer block
+        ready.clear()
+        before = len(woke)
+        t0 = time.perf_counter()
+        coordinator.submit_agents(_tasks(1))
+        deadline = t0 + 5
+        while len(woke) == before and time.perf_counter() < deadline:
+            time.sleep(0.0001)
+        if len(woke) > before and i >= 5:  # the first five warm up
+            delays.append((woke[before] - t0) * 1e6)
+    stop.set()
+    thread.join(10)
+    _close(claimer)
+    _close(coordinator)
+    raw["wake_us"] = delays
+    return [
+        Row("claim_wake_p50", "submit -> blocked claim wakes, p50", median(delays), "us",
+            note=f"p99 {pct(delays, 0.99):,.0f} us; {len(delays)} samples; the submit's own "
+            "round trip included"),
+        Row("claim_wake_p99", "submit -> blocked claim wakes, p99", pct(delays, 0.99), "us"),
+    ]  # fmt: skip
+
+
+def _worker(url: str, run_id: str, barrier: Any, queue: Any) -> None:
+    """One worker process: claim and run empty agents until none is left. With its change
+    listener on (the default): the other workers' notices keep its cache continuous, where
+    ``watch=False`` would reload the growing run after each gap."""
+    backend = RedisCheckpointBackend(redis.Redis.from_url(url), prefix=PREFIX)
+    rid = uuid.UUID(run_id)
+    backend.open_run(rid)
+    barrier.wait()
+    cpu0 = time.process_time()
+    count = 0
+    while True:
+        lease = backend.claim_agent(f"w{mp.current_process().pid}", lease_for=600.0)
+        if lease is None:
+            break
+        backend.append_event(_started(rid, lease.agent_id), lease=lease)
+        backend.append_event(_done(rid, lease.agent_id), lease=lease)
+        count += 1
+    queue.put((count, time.process_time() - cpu0, time.perf_counter()))
+    _close(backend)
+
+
+def section_workers(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
+    ctx = mp.get_context("spawn")
+    rows: list[Row] = []
+    for n in sizes.workers:
+        coordinator, run_id = _new_run(url, sizes.agents)
+        barrier = ctx.Barrier(n + 1)
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(url, str(run_id), barrier, queue))
+                 for _ in range(n)]  # fmt: skip
+        for proc in procs:
+            proc.start()
+        barrier.wait(60)
+        t0 = time.perf_counter()
+        reports = [queue.get(timeout=600) for _ in procs]
+        for proc in procs:
+            proc.join(60)
+        wall = max(end for _, _, end in reports) - t0
+        ran = sum(count for count, _, _ in reports)
+        cpu = sum(used for _, used, _ in reports)
+        if ran != sizes.agents:
+            raise RuntimeError(f"{n} workers ran {ran} agents of {sizes.agents}")
+        _close(coordinator)
+        raw[f"workers_{n}"] = {"wall_s": wall, "cpu_s": cpu, "agents": ran}
+        rows.append(Row(f"lease_workers_{n}", f"{n} worker process(es), {ran} empty agents",
+                        ran / wall, "agents/s",
+                        note=f"client CPU {cpu / ran * 1e6:,.0f} us per agent; "
+                             "claim + fenced started + fenced done"))  # fmt: skip
+    return rows
+
+
+SECTIONS = ("claim", "cycle", "wake", "workers")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.leases",
+                                     description=__doc__.split("\n")[0])  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI): a few seconds")
+    parser.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON")
+    parser.add_argument("--redis-server", metavar="PATH", help="redis-server binary to start")
+    args = parser.parse_args(argv)
+    sizes = SMOKE if args.smoke else FULL
+    binary = args.redis_server or find_redis_server()
+    if binary is None:
+        print("redis-server not found: pass --redis-server PATH", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    raw: dict[str, Any] = {"mode": "smoke" if args.smoke else "full", "sizes": asdict(sizes)}
+    rows: list[Row] = []
+    placement = plan_placement()
+    with LocalRedisServer(binary=binary, appendonly=False) as server:
+        pin_server(placement, server.pid)
+        client = redis.Redis.from_url(server.url)
+        head = header(client, binary, find_redis_benchmark(binary))
+        head["placement"] = placement.describe(server.pid)
+        print(f"luft-redis lease benchmarks ({raw['mode']} mode)")
+        for k, v in head.items():
+            print(f"  {k}: {v}")
+        print(flush=True)
+        steps: dict[str, Callable[[], list[Row]]] = {
+            "claim": lambda: section_claim(server.url, sizes, raw),
+            "cycle": lambda: section_cycle(server.url, sizes, raw),
+            "wake": lambda: section_wake(server.url, sizes, raw),
+            "workers": lambda: section_workers(server.url, sizes, raw),
+        }
+        for name in SECTIONS:
+            t0 = time.perf_counter()
+            rows += steps[name]()
+            print(f"  [{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)
+            client.flushall()
+        client.close()
+    print()
+    print_table(rows)
+    print(f"\n{len(rows)} rows in {time.perf_counter() - started:.1f} s; targets met: "
+          f"{sum(r.status == 'PASS' for r in rows)}, missed: "
+          f"{sum(r.status == 'MISS' for r in rows)}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"header": head, "rows": [asdict(r) for r in rows], "raw": raw}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
