@@ -442,7 +442,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         if backend.open_run(run_id) is None:
-            raise CommandFailed(f"run {run_id} not found under prefix {args.prefix!r}")
+            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
         tasks = backend.agent_tasks()
         now = _server_time(backend)
     if args.json:
