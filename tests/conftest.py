@@ -97,10 +97,13 @@ from luft_redis.asyncio import AsyncChangeListener
 from luft_redis.backend import DEFAULT_PAGE_SIZE, CheckpointBackend, LogEntry
 from luft_redis.keys import RunKeys
 from luft_redis.tools.server import (
+    SERVER_ENV,
     LocalRedisCluster,
     LocalRedisServer,
     find_redis_cli,
     find_redis_server,
+    no_server_message,
+    server_version,
 )
 
 #: Every client type ``redis_client`` can yield (``FakeRedis`` is a ``Redis``).
@@ -135,29 +138,79 @@ def in_ci() -> bool:
     return value not in ("", "0", "false", "no")
 
 
+def chosen_server() -> str | None:
+    """What ``LUFT_REDIS_SERVER`` names (``None`` when unset: ``redis-server`` on PATH)."""
+    return os.environ.get(SERVER_ENV, "").strip() or None
+
+
 def _missing(what: str) -> None:
-    message = (
-        f"{what} not found (looked on PATH and in /usr/bin); "
-        "install it, e.g. `apt-get install redis-server`"
-    )
+    if what == "redis-server":
+        message = no_server_message()
+    else:
+        message = (
+            f"{what} not found (looked beside the server binary, on PATH and in /usr/bin); "
+            "install it, e.g. `apt-get install redis-tools`"
+        )
     if in_ci():
         pytest.fail(f"{message}. CI is set, so this is an error, not a skip.", pytrace=False)
     pytest.skip(message)
 
 
+def skip_unsupported(feature: str, detail: str) -> None:
+    """Skip a test because the server binary in use lacks *feature* (e.g. TLS), saying so.
+
+    Under CI this fails instead when the server is the default one (``redis-server`` on PATH,
+    ``LUFT_REDIS_SERVER`` unset), which must support everything; a server chosen with
+    ``LUFT_REDIS_SERVER`` (e.g. a wheel built without TLS) is skipped with the reason.
+    """
+    binary = find_redis_server() or "redis-server"
+    message = f"{binary} ({server_version(binary)}) has no {feature} support: {detail}"
+    if in_ci() and chosen_server() is None:
+        pytest.fail(f"{message}. CI is set and this is the default server.", pytrace=False)
+    pytest.skip(message)
+
+
 # ---------------------------------------------------------------- hooks
+
+#: Markers of the tests that only the full run (``pytest --full``, what CI runs) includes.
+FULL_ONLY: Final = "full"
+
+#: The suites CI also runs on every extra server (``LUFT_REDIS_SERVER=... pytest --full -m
+#: matrix``): their tests get the ``matrix`` marker here, by module.
+MATRIX_MODULES: Final = frozenset(
+    {"test_backend.py", "test_coherence.py", "test_hostile.py", "test_hostile_async.py"}
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--full``: also run the tests marked ``full`` (what CI runs; see pyproject.toml)."""
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help="run the full suite: also the tests marked 'full' (Cluster with replicas, "
+        "failover, the long chaos/soak/fuzz cases) and the Hypothesis 'ci' profile; "
+        "this is what CI runs",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    """Show which luft_redis is under test and which redis-server would be used."""
+    """Show which luft_redis is under test and which server would be used."""
+    binary = find_redis_server()
+    version = server_version(binary) if binary else "not found"
     return [
         f"luft_redis: {Path(luft_redis.__file__).resolve().parent}",
-        f"redis-server: {find_redis_server() or 'not found'}; CI={in_ci()}",
+        f"server: {binary or no_server_message()} ({version}); "
+        f"{SERVER_ENV}={chosen_server() or '(unset)'}; CI={in_ci()}",
+        f"full run: {config.getoption('--full')} (without --full, tests marked "
+        f"{FULL_ONLY!r} are deselected)",
     ]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Add the ``server``/``cluster`` marker to every item whose target or fixture needs it."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the ``server``/``cluster`` marker to every item whose target or fixture needs it
+    (``matrix`` to the tests of :data:`MATRIX_MODULES`), and deselect the tests marked
+    ``full`` unless ``--full`` is given."""
     for item in items:
         markers: list[str] = []
         callspec = getattr(item, "callspec", None)
@@ -167,9 +220,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 markers.append(_TARGET_MARKS[target])
         fixturenames: list[str] = getattr(item, "fixturenames", [])
         markers.extend(_FIXTURE_MARKS[name] for name in fixturenames if name in _FIXTURE_MARKS)
+        if item.path.name in MATRIX_MODULES:
+            markers.append("matrix")
         for marker in markers:
             if item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
+    if config.getoption("--full"):
+        return
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        (deselected if item.get_closest_marker(FULL_ONLY) else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 # ---------------------------------------------------------------- servers
@@ -177,12 +241,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def redis_server_binary() -> str:
-    """Path of ``redis-server`` (skip, or fail under CI, when missing)."""
+    """Path of the server binary: what ``LUFT_REDIS_SERVER`` names (a path, a command, or
+    ``redis-8.2``/``valkey-9`` from their wheels), else ``redis-server`` on PATH (skip, or
+    fail under CI, when missing)."""
     binary = find_redis_server()
     if binary is None:
         _missing("redis-server")
     assert binary is not None
     return binary
+
+
+@pytest.fixture(scope="session")
+def server_lacks() -> Callable[[str, str], None]:
+    """``server_lacks(feature, detail)``: skip the test because the server binary in use lacks
+    *feature* (``"TLS"``), with the reason (fails under CI on the default server)."""
+    return skip_unsupported
 
 
 @pytest.fixture(scope="session")
