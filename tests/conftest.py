@@ -16,7 +16,8 @@ storage test can run against:
 Failover tests use ``redis_cluster_replicas`` instead: 3 primaries with one replica each,
 started once per session on first use. It is not a target, and it is not reset between
 tests: a test may fail over, so look the roles up (``primary_for_slot``, ``replicas_of``)
-instead of assuming them. Every test that uses it is marked ``cluster``.
+instead of assuming them. Every test that uses it is marked ``cluster`` and ``full`` (it runs
+in `pytest --full` only).
 
 Servers start lazily: a run that only uses ``fakeredis`` never starts one.
 
@@ -84,6 +85,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
 import fakeredis
+import hypothesis
 import pytest
 import redis
 import redis.asyncio
@@ -114,8 +116,8 @@ TARGETS: Final = ("fakeredis", "redis", "cluster")
 
 _TARGET_MARKS: Final = {"redis": "server", "cluster": "cluster"}
 
-#: Fixtures that need a marker on every test that uses them.
-_FIXTURE_MARKS: Final = {"redis_cluster_replicas": "cluster"}
+#: Fixtures that put markers on every test that uses them (a Cluster with replicas: full run).
+_FIXTURE_MARKS: Final = {"redis_cluster_replicas": ("cluster", "full")}
 
 #: The front-end ids, in order (the ``frontend`` fixture).
 FRONTENDS: Final = ("sync", "async")
@@ -182,6 +184,21 @@ MATRIX_MODULES: Final = frozenset(
 )
 
 
+#: Hypothesis profiles: the ``max_examples`` every property test scales its own count by
+#: (``settings.default.max_examples`` at import). ``ci`` (``pytest --full``) is Hypothesis'
+#: default of 100, at which each test runs the count it names; ``dev`` (the everyday loop) a
+#: quarter of that. ``--hypothesis-profile NAME`` overrides the choice.
+HYPOTHESIS_PROFILES: Final = {"ci": 100, "dev": 25}
+for _name, _examples in HYPOTHESIS_PROFILES.items():
+    hypothesis.settings.register_profile(_name, max_examples=_examples)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the Hypothesis profile of this run (``ci`` with ``--full``, else ``dev``)."""
+    if not config.getoption("hypothesis_profile", None):
+        hypothesis.settings.load_profile("ci" if config.getoption("--full") else "dev")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """``--full``: also run the tests marked ``full`` (what CI runs; see pyproject.toml)."""
     parser.addoption(
@@ -219,7 +236,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if isinstance(target, str) and target in _TARGET_MARKS:
                 markers.append(_TARGET_MARKS[target])
         fixturenames: list[str] = getattr(item, "fixturenames", [])
-        markers.extend(_FIXTURE_MARKS[name] for name in fixturenames if name in _FIXTURE_MARKS)
+        for name in fixturenames:
+            markers.extend(_FIXTURE_MARKS.get(name, ()))
         if item.path.name in MATRIX_MODULES:
             markers.append("matrix")
         for marker in markers:
