@@ -86,7 +86,7 @@ from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 def _examples(count: int) -> int:
     """*count* examples under the Hypothesis profile ``ci`` (``pytest --full``, 100 examples by
     default), a quarter of them under ``dev`` (the everyday loop); see tests/conftest.py."""
-    return max(min(count, 2), count * settings.default.max_examples // 100)
+    return max(min(count, 2), count * settings().max_examples // 100)
 
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
