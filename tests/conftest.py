@@ -185,7 +185,7 @@ MATRIX_MODULES: Final = frozenset(
 
 
 #: Hypothesis profiles: the ``max_examples`` every property test scales its own count by
-#: (``settings.default.max_examples`` at import). ``ci`` (``pytest --full``) is Hypothesis'
+#: (``settings().max_examples`` at import). ``ci`` (``pytest --full``) is Hypothesis'
 #: default of 100, at which each test runs the count it names; ``dev`` (the everyday loop) a
 #: quarter of that. ``--hypothesis-profile NAME`` overrides the choice.
 HYPOTHESIS_PROFILES: Final = {"ci": 100, "dev": 25}
