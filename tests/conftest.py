@@ -270,6 +270,13 @@ def redis_server_binary() -> str:
 
 
 @pytest.fixture(scope="session")
+def full_run(pytestconfig: pytest.Config) -> bool:
+    """True in the full run (``pytest --full``, what CI runs): a soak test may play its full
+    length then, and a tenth of it in the everyday loop."""
+    return bool(pytestconfig.getoption("--full"))
+
+
+@pytest.fixture(scope="session")
 def server_lacks() -> Callable[[str, str], None]:
     """``server_lacks(feature, detail)``: skip the test because the server binary in use lacks
     *feature* (``"TLS"``), with the reason (fails under CI on the default server)."""

@@ -166,6 +166,7 @@ def _write_through_failover(
     return outcome, present, outcome.first_ok_after_kill
 
 
+@pytest.mark.full  # Sentinel failover: pytest --full (CI) only
 def test_failover_with_durability_loses_nothing_acknowledged(
     topology: tuple[LocalRedisServer, LocalRedisServer, Sentinels],
 ) -> None:
@@ -178,6 +179,7 @@ def test_failover_with_durability_loses_nothing_acknowledged(
     assert took < 30
 
 
+@pytest.mark.full  # Sentinel failover: pytest --full (CI) only
 def test_failover_without_durability_is_counted(
     topology: tuple[LocalRedisServer, LocalRedisServer, Sentinels],
 ) -> None:
