@@ -224,6 +224,17 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
 
 
+#: Tests that run in the full run only although their file does not say so (it is being
+#: rewritten elsewhere), by ``<file name>::<test name>`` prefix, with what covers them in the
+#: everyday loop.
+FULL_ONLY_TESTS: Final = {
+    # The asyncio twins of test_hostile.py's property tests (12 and 5 examples of a random
+    # interleaving each, ~85 s together): everyday, test_hostile.py's sync twins play the
+    # same worlds, and test_hostile_async.py's other cases drive the asyncio front end.
+    "test_hostile_async.py::test_random_interleavings": "test_hostile.py twins",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Add the ``server``/``cluster`` marker to every item whose target or fixture needs it
     (``matrix`` to the tests of :data:`MATRIX_MODULES`), and deselect the tests marked
@@ -240,6 +251,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             markers.extend(_FIXTURE_MARKS.get(name, ()))
         if item.path.name in MATRIX_MODULES:
             markers.append("matrix")
+        if f"{item.path.name}::{item.name}".startswith(tuple(FULL_ONLY_TESTS)):
+            markers.append(FULL_ONLY)
         for marker in markers:
             if item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
