@@ -17,15 +17,23 @@ import logging
 import time
 import uuid
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .coherence import fork_generation
 from .errors import LeaseLostError, LuftRedisError
 from .runtime import Signal, Worker
 from .tasks import AgentTask, Claim
 
-if TYPE_CHECKING:
-    from .backend import RedisCheckpointBackend
+
+class _Holder(Protocol):
+    """What a lease needs of the backend that claimed it (the backend itself; named by a
+    protocol so this module does not import the backend's)."""
+
+    def _need_run(self, operation: str) -> Any: ...
+
+    def _renew_lease(self, lease: AgentLease) -> tuple[str, int]: ...
+
+    def _release_lease(self, lease: AgentLease, failed: bool) -> None: ...
 
 __all__ = ["AgentLease"]
 
@@ -45,7 +53,7 @@ class AgentLease:
     heartbeat too late to keep it), :attr:`cancelled` when the run stopped running.
     """
 
-    def __init__(self, backend: RedisCheckpointBackend, claim: Claim, worker: str,
+    def __init__(self, backend: _Holder, claim: Claim, worker: str,
                  lease_ms: int, sent_at: float) -> None:  # fmt: skip
         assert claim.agent_id is not None
         self._backend = backend

@@ -16,7 +16,8 @@ storage test can run against:
 Failover tests use ``redis_cluster_replicas`` instead: 3 primaries with one replica each,
 started once per session on first use. It is not a target, and it is not reset between
 tests: a test may fail over, so look the roles up (``primary_for_slot``, ``replicas_of``)
-instead of assuming them. Every test that uses it is marked ``cluster``.
+instead of assuming them. Every test that uses it is marked ``cluster`` and ``full`` (it runs
+in `pytest --full` only).
 
 Servers start lazily: a run that only uses ``fakeredis`` never starts one.
 
@@ -88,6 +89,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
 import fakeredis
+import hypothesis
 import pytest
 import redis
 import redis.asyncio
@@ -98,10 +100,13 @@ import luft_redis
 from luft_redis import AsyncRedisCheckpointBackend, RedisCheckpointBackend
 from luft_redis.asyncio import AsyncChangeListener, AsyncCheckpointBackend
 from luft_redis.tools.server import (
+    SERVER_ENV,
     LocalRedisCluster,
     LocalRedisServer,
     find_redis_cli,
     find_redis_server,
+    no_server_message,
+    server_version,
 )
 
 #: Every client type ``redis_client`` can yield (``FakeRedis`` is a ``Redis``).
@@ -112,8 +117,8 @@ TARGETS: Final = ("fakeredis", "redis", "cluster")
 
 _TARGET_MARKS: Final = {"redis": "server", "cluster": "cluster"}
 
-#: Fixtures that need a marker on every test that uses them.
-_FIXTURE_MARKS: Final = {"redis_cluster_replicas": "cluster"}
+#: Fixtures that put markers on every test that uses them (a Cluster with replicas: full run).
+_FIXTURE_MARKS: Final = {"redis_cluster_replicas": ("cluster", "full")}
 
 #: The front-end ids, in order (the ``frontend`` fixture).
 FRONTENDS: Final = ("sync", "async")
@@ -136,29 +141,106 @@ def in_ci() -> bool:
     return value not in ("", "0", "false", "no")
 
 
+def chosen_server() -> str | None:
+    """What ``LUFT_REDIS_SERVER`` names (``None`` when unset: ``redis-server`` on PATH)."""
+    return os.environ.get(SERVER_ENV, "").strip() or None
+
+
 def _missing(what: str) -> None:
-    message = (
-        f"{what} not found (looked on PATH and in /usr/bin); "
-        "install it, e.g. `apt-get install redis-server`"
-    )
+    if what == "redis-server":
+        message = no_server_message()
+    else:
+        message = (
+            f"{what} not found (looked beside the server binary, on PATH and in /usr/bin); "
+            "install it, e.g. `apt-get install redis-tools`"
+        )
     if in_ci():
         pytest.fail(f"{message}. CI is set, so this is an error, not a skip.", pytrace=False)
     pytest.skip(message)
 
 
+def skip_unsupported(feature: str, detail: str) -> None:
+    """Skip a test because the server binary in use lacks *feature* (e.g. TLS), saying so.
+
+    Under CI this fails instead when the server is the default one (``redis-server`` on PATH,
+    ``LUFT_REDIS_SERVER`` unset), which must support everything; a server chosen with
+    ``LUFT_REDIS_SERVER`` (e.g. a wheel built without TLS) is skipped with the reason.
+    """
+    binary = find_redis_server() or "redis-server"
+    message = f"{binary} ({server_version(binary)}) has no {feature} support: {detail}"
+    if in_ci() and chosen_server() is None:
+        pytest.fail(f"{message}. CI is set and this is the default server.", pytrace=False)
+    pytest.skip(message)
+
+
 # ---------------------------------------------------------------- hooks
+
+#: Markers of the tests that only the full run (``pytest --full``, what CI runs) includes.
+FULL_ONLY: Final = "full"
+
+#: The suites CI also runs on every extra server (``LUFT_REDIS_SERVER=... pytest --full -m
+#: matrix``): their tests get the ``matrix`` marker here, by module.
+MATRIX_MODULES: Final = frozenset(
+    {"test_backend.py", "test_coherence.py", "test_hostile.py", "test_leases.py"}
+)
+
+
+#: Hypothesis profiles: the ``max_examples`` every property test scales its own count by
+#: (``settings().max_examples`` at import). ``ci`` (``pytest --full``) is Hypothesis'
+#: default of 100, at which each test runs the count it names; ``dev`` (the everyday loop) a
+#: quarter of that. ``--hypothesis-profile NAME`` overrides the choice.
+HYPOTHESIS_PROFILES: Final = {"ci": 100, "dev": 25}
+for _name, _examples in HYPOTHESIS_PROFILES.items():
+    hypothesis.settings.register_profile(_name, max_examples=_examples)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the Hypothesis profile of this run (``ci`` with ``--full``, else ``dev``)."""
+    if not config.getoption("hypothesis_profile", None):
+        hypothesis.settings.load_profile("ci" if config.getoption("--full") else "dev")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--full``: also run the tests marked ``full`` (what CI runs; see pyproject.toml)."""
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help="run the full suite: also the tests marked 'full' (Cluster with replicas, "
+        "failover, the long chaos/soak/fuzz cases) and the Hypothesis 'ci' profile; "
+        "this is what CI runs",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    """Show which luft_redis is under test and which redis-server would be used."""
+    """Show which luft_redis is under test and which server would be used."""
+    binary = find_redis_server()
+    version = server_version(binary) if binary else "not found"
     return [
         f"luft_redis: {Path(luft_redis.__file__).resolve().parent}",
-        f"redis-server: {find_redis_server() or 'not found'}; CI={in_ci()}",
+        f"server: {binary or no_server_message()} ({version}); "
+        f"{SERVER_ENV}={chosen_server() or '(unset)'}; CI={in_ci()}",
+        f"full run: {config.getoption('--full')} (without --full, tests marked "
+        f"{FULL_ONLY!r} are deselected)",
     ]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Add the ``server``/``cluster`` marker to every item whose target or fixture needs it."""
+#: Tests that run in the full run only although their file does not say so (it is being
+#: rewritten elsewhere), by ``<file name>::<test name>`` prefix, with what covers them in the
+#: everyday loop.
+FULL_ONLY_TESTS: Final = {
+    # The asyncio cases of test_hostile.py's property tests (random interleavings, ~85 s
+    # together): everyday, the sync cases play the same worlds, and the suite's other cases
+    # drive the asyncio front end.
+    "test_hostile.py::test_random_interleavings[async-": "the sync cases",
+    "test_hostile.py::test_random_interleavings_regain_freshness_unaided[async-": "the sync cases",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Add the ``server``/``cluster`` marker to every item whose target or fixture needs it
+    (``matrix`` to the tests of :data:`MATRIX_MODULES`), and deselect the tests marked
+    ``full`` unless ``--full`` is given."""
     for item in items:
         markers: list[str] = []
         callspec = getattr(item, "callspec", None)
@@ -167,10 +249,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if isinstance(target, str) and target in _TARGET_MARKS:
                 markers.append(_TARGET_MARKS[target])
         fixturenames: list[str] = getattr(item, "fixturenames", [])
-        markers.extend(_FIXTURE_MARKS[name] for name in fixturenames if name in _FIXTURE_MARKS)
+        for name in fixturenames:
+            markers.extend(_FIXTURE_MARKS.get(name, ()))
+        if item.path.name in MATRIX_MODULES:
+            markers.append("matrix")
+        if f"{item.path.name}::{item.name}".startswith(tuple(FULL_ONLY_TESTS)):
+            markers.append(FULL_ONLY)
         for marker in markers:
             if item.get_closest_marker(marker) is None:
                 item.add_marker(getattr(pytest.mark, marker))
+    if config.getoption("--full"):
+        return
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        (deselected if item.get_closest_marker(FULL_ONLY) else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 # ---------------------------------------------------------------- servers
@@ -178,12 +274,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def redis_server_binary() -> str:
-    """Path of ``redis-server`` (skip, or fail under CI, when missing)."""
+    """Path of the server binary: what ``LUFT_REDIS_SERVER`` names (a path, a command, or
+    ``redis-8.2``/``valkey-9`` from their wheels), else ``redis-server`` on PATH (skip, or
+    fail under CI, when missing)."""
     binary = find_redis_server()
     if binary is None:
         _missing("redis-server")
     assert binary is not None
     return binary
+
+
+@pytest.fixture(scope="session")
+def full_run(pytestconfig: pytest.Config) -> bool:
+    """True in the full run (``pytest --full``, what CI runs): a soak test may play its full
+    length then, and a tenth of it in the everyday loop."""
+    return bool(pytestconfig.getoption("--full"))
+
+
+@pytest.fixture(scope="session")
+def server_lacks() -> Callable[[str, str], None]:
+    """``server_lacks(feature, detail)``: skip the test because the server binary in use lacks
+    *feature* (``"TLS"``), with the reason (fails under CI on the default server)."""
+    return skip_unsupported
 
 
 @pytest.fixture(scope="session")

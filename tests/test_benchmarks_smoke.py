@@ -62,6 +62,7 @@ def _finite(value: object) -> bool:
 
 
 @pytest.mark.server
+@pytest.mark.full  # benchmarks.run end to end: pytest --full (CI); everyday: test_runs_index_smoke
 def test_benchmark_smoke_run(redis_server_binary: str, tmp_path: Path) -> None:
     """Every row of issue 9 is produced with a number (and its baseline and ratio where it has
     one); the append function's server time comes with its per-command breakdown."""
@@ -167,6 +168,7 @@ COST_ROWS = ("append_event ", "upsert_agent_result ", "append_event + get_checkp
 
 
 @pytest.mark.server
+@pytest.mark.full  # two checkouts compared: pytest --full (CI)
 def test_compare_smoke(redis_server_binary: str) -> None:
     """benchmarks.compare --smoke measures before (a worktree of 9103c9c) and after, prints
     every row and a verdict, and removes its worktree (no timing is asserted)."""

@@ -48,7 +48,9 @@ from luft_redis.errors import LuftRedisError
 from luft_redis.retry import RetryPolicy
 from luft_redis.tools.server import LocalRedisCluster, LocalRedisServer, find_redis_cli
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
+# full: a Cluster with replicas and failovers, in `pytest --full` (CI) only; the everyday loop
+# covers the Cluster through the cluster target of test_backend/test_coherence/test_server.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.full, pytest.mark.timeout(240)]
 
 MAX_STALENESS = 0.5
 """The watcher's ``max_staleness``."""

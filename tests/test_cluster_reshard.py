@@ -68,7 +68,9 @@ from luft_redis.tools.server import (
     find_redis_cli,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
+# a private 4-node cluster and a live reshard, ~15 s each: pytest --full (CI) only; everyday,
+# test_cluster_redirects.py checks the recognition of a lost redirect and its retry
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.full, pytest.mark.timeout(180)]
 
 WRITER_RETRY = RetryPolicy(max_attempts=100, deadline=20.0)
 """Generous, so that a slow machine does not turn a long pause into a failed write; the

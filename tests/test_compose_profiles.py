@@ -221,6 +221,7 @@ def test_the_cluster_profile_builds_a_cluster_the_readme_url_reaches(
 
 @pytest.mark.server
 @pytest.mark.slow
+@pytest.mark.full  # Sentinel: pytest --full (CI), with tests/test_failover.py
 def test_the_sentinel_profile_serves_the_readme_url(
     start_profile: Callable[[str], Profile],
 ) -> None:

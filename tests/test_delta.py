@@ -18,6 +18,13 @@ from hypothesis import strategies as st
 from luft_redis import types as t
 from luft_redis.delta import Delta, UnknownFormat, parse_delta, split_indexed
 
+
+def _examples(count: int) -> int:
+    """*count* examples under the Hypothesis profile ``ci`` (``pytest --full``, 100 examples by
+    default), a quarter of them under ``dev`` (the everyday loop); see tests/conftest.py."""
+    return max(min(count, 2), count * settings().max_examples // 100)
+
+
 # -------------------------------------------------------------------------- reference
 
 
@@ -80,7 +87,7 @@ INDEX_NOISE = st.sampled_from([
 ])  # fmt: skip
 
 
-@settings(max_examples=400)
+@settings(max_examples=_examples(400))
 @given(PARTS, st.lists(INDEX_NOISE, min_size=1, max_size=4), st.integers(0, 60),
        st.binary(max_size=6))
 def test_split_indexed_agrees_with_the_reference_on_bad_input(
@@ -180,7 +187,7 @@ def test_an_l2_delta_is_refused_as_an_unknown_format(
             parse_delta(payload)
 
 
-@settings(max_examples=400)
+@settings(max_examples=_examples(400))
 @given(ANY_HEADER, st.integers(0, 120), st.binary(min_size=1, max_size=4), st.booleans())
 def test_parse_delta_agrees_with_the_reference_on_bad_input(
     head: tuple[bytes, ...], where: int, junk: bytes, replace: bool,

@@ -187,6 +187,7 @@ def _write_through_failover(
     return outcome, present, outcome.first_ok_after_kill
 
 
+@pytest.mark.full  # Sentinel failover: pytest --full (CI) only
 def test_failover_with_durability_loses_nothing_acknowledged(
     topology: tuple[LocalRedisServer, LocalRedisServer, Sentinels],
 ) -> None:
@@ -199,6 +200,7 @@ def test_failover_with_durability_loses_nothing_acknowledged(
     assert took < 30
 
 
+@pytest.mark.full  # Sentinel failover: pytest --full (CI) only
 def test_failover_without_durability_is_counted(
     topology: tuple[LocalRedisServer, LocalRedisServer, Sentinels],
 ) -> None:
@@ -345,6 +347,7 @@ def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
     boss.close()
 
 
+@pytest.mark.full  # Sentinel failover: pytest --full (CI) only
 def test_a_fleet_through_a_sentinel_failover_finishes_every_agent_once(
     topology: tuple[LocalRedisServer, LocalRedisServer, Sentinels],
 ) -> None:
@@ -360,6 +363,7 @@ def test_a_fleet_through_a_sentinel_failover_finishes_every_agent_once(
     _fleet_through_failover(make, primary.kill)
 
 
+@pytest.mark.full  # Cluster with replicas, failover: pytest --full (CI) only
 def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
     redis_cluster_replicas: LocalRedisCluster,
 ) -> None:

@@ -47,11 +47,18 @@ from luft_redis import (
 from luft_redis import types as t
 from luft_redis.errors import LuftRedisError
 
+
+def _examples(count: int) -> int:
+    """*count* examples under the Hypothesis profile ``ci`` (``pytest --full``, 100 examples by
+    default), a quarter of them under ``dev`` (the everyday loop); see tests/conftest.py."""
+    return max(min(count, 2), count * settings().max_examples // 100)
+
+
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
-FUZZ = settings(max_examples=200, deadline=None)
+FUZZ = settings(max_examples=_examples(200), deadline=None)
 STORE_FUZZ = settings(
-    max_examples=60,
+    max_examples=_examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

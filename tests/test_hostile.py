@@ -98,6 +98,13 @@ from luft_redis.backend import Durability
 from luft_redis.listener import ChangeListener
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 
+
+def _examples(count: int) -> int:
+    """*count* examples under the Hypothesis profile ``ci`` (``pytest --full``, 100 examples by
+    default), a quarter of them under ``dev`` (the everyday loop); see tests/conftest.py."""
+    return max(min(count, 2), count * settings().max_examples // 100)
+
+
 Client: TypeAlias = "redis.Redis | RedisCluster"
 Factory: TypeAlias = Callable[..., Any]
 
@@ -1226,7 +1233,7 @@ def _play(world: _World, steps: list[tuple[str, int, int]]) -> None:
 
 
 PROPERTY = settings(
-    max_examples=15,
+    max_examples=_examples(15),
     deadline=None,
     derandomize=True,
     database=None,
@@ -1258,7 +1265,7 @@ def test_random_interleavings(
 
 
 @pytest.mark.parametrize("redis_target", FAKE_AND_REDIS)
-@settings(PROPERTY, max_examples=5)
+@settings(PROPERTY, max_examples=_examples(5))
 @given(steps=steps_strategy)
 @example(steps=[("recreate", 1, 0)])  # b0 watches while b1 deletes and re-creates the run
 @example(steps=[("delay", 1, 2), ("kill", 1, 0), ("cancel", 0, 0)])

@@ -367,6 +367,7 @@ print(json.dumps({"events": result.events, "grew_kib": after - before, "seen": s
 
 
 @pytest.mark.server
+@pytest.mark.full  # a soak: pytest --full (CI); everyday: test_cli_export_import_round_trip
 @pytest.mark.timeout(900)  # a few seconds alone; far more on a loaded machine
 def test_100k_events_import_in_bounded_memory(redis_url: str, tmp_path: Path) -> None:
     """100,000 events (about 40 MB of JSON lines) import while the importing process's peak

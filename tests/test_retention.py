@@ -61,8 +61,14 @@ def key_list(run_id: uuid.UUID, prefix: str = "luft") -> list[str]:
 
 
 def ttls(client: Any, run_id: uuid.UUID) -> dict[str, int]:
-    """PTTL of every key of the run, by key name suffix (-2: missing, -1: no TTL)."""
-    return {k.rsplit(":", 1)[1]: int(client.pttl(k)) for k in key_list(run_id)}
+    """PTTL of every key of the run, by key name suffix (-2: missing, -1: no TTL), read in
+    one round trip (the keys share a slot), so a loaded machine cannot spread the readings
+    further apart than the script did."""
+    keys = key_list(run_id)
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.pttl(key)
+    return {k.rsplit(":", 1)[1]: int(v) for k, v in zip(keys, pipe.execute(), strict=True)}
 
 
 def populate(backend: Any, run_id: uuid.UUID) -> None:

