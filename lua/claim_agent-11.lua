@@ -13,14 +13,16 @@
   Reply:  an array: the delta (op "claim"; no records), then for a lease
           agent_id, token, attempt, expires (unix ms), phase_id, payload, incarnation;
           with nothing claimable: "" and the ms until the next lease lapses ("" when none is
-          leased) — a delta that changes nothing (or "skip" records when tasks became done
-          or dead) — and on a run that is not running "" and "!<status>".
+          leased; "0" when the claim stopped after SCAN tasks that became done or dead:
+          claim again at once), the delta a new version without records when tasks became
+          done or dead, else one that changes nothing; on a run that is not running "" and
+          "!<status>".
           A retry of the same operation (its reply lost) gets the same lease again.
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/common"
 
-local SCAN = 64 -- the most queue entries one claim looks at (done or dead ones are skipped)
+local PAGE, SCAN = 4, 64 -- queue entries read at a time, and at most by one claim
 
 local function lease_reply(delta, aid, token, attempt, expires, inc)
   local p = aid .. ':'
@@ -48,38 +50,51 @@ local function main()
   local token = tonumber(run[4] and stored_uint(K_RUN, 'lease_token', run[4]) or '0')
   local now = now_ms()
 
-  -- 1. reads and decisions: skip tasks that are done or dead by now; pick the first claimable
+  -- 1. reads and decisions: skip tasks that are done or dead by now; pick the first claimable.
+  -- The queue's head is read PAGE entries at a time (almost always the first one decides),
+  -- at most SCAN entries in all; past that the reply says "try again now" (wait 0), since
+  -- the tasks this claim ends leave the queue and the next claim reads past them.
   local ended, chosen, wait = {}, nil, ''
-  local head = redis.call('ZRANGE', K_QUEUE, 0, SCAN - 1, 'WITHSCORES')
-  for i = 1, #head, 2 do
-    local aid, score = head[i], tonumber(head[i + 1])
-    local leased = score >= LEASE_SCORE
-    if leased and score > now then
-      wait = whole(score - now)
+  local offset, decided = 0, false
+  while not decided do
+    if offset >= SCAN then
+      wait = '0'
       break
     end
-    local p = aid .. ':'
-    local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'attempt', p .. 'failures',
-      p .. 'max', p .. 'seq')
-    if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
-    local attempt, failures = task_uint(aid, 'attempt', t[2]), task_uint(aid, 'failures', t[3])
-    local seq = task_uint(aid, 'seq', t[5])
-    local task_max = t[4] and task_uint(aid, 'max', t[4]) or max
-    if redis.call('HGET', K_RESULTS, p .. 'status') == 'ok' then
-      local fields = end_lease(aid, true, failures, task_max, seq)
-      ended[#ended + 1] = {aid, fields, nil}
-    elseif leased then -- lapsed: that attempt failed
-      local fields, score_after, state = end_lease(aid, false, failures, task_max, seq)
-      if state == 'dead' then
-        ended[#ended + 1] = {aid, fields, nil}
-      else
-        chosen = {aid, attempt, failures + 1}
+    local head = redis.call('ZRANGE', K_QUEUE, offset, offset + PAGE - 1, 'WITHSCORES')
+    if #head == 0 then break end
+    for i = 1, #head, 2 do
+      local aid, score = head[i], tonumber(head[i + 1])
+      local leased = score >= LEASE_SCORE
+      if leased and score > now then
+        wait = whole(score - now)
+        decided = true
         break
       end
-    else
-      chosen = {aid, attempt, failures}
-      break
+      local p = aid .. ':'
+      local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'attempt', p .. 'failures',
+        p .. 'max', p .. 'seq')
+      if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
+      local attempt, failures = task_uint(aid, 'attempt', t[2]), task_uint(aid, 'failures', t[3])
+      local seq = task_uint(aid, 'seq', t[5])
+      local task_max = t[4] and task_uint(aid, 'max', t[4]) or max
+      if redis.call('HGET', K_RESULTS, p .. 'status') == 'ok' then
+        ended[#ended + 1] = {aid, end_lease(aid, true, failures, task_max, seq), nil}
+      elseif leased then -- lapsed: that attempt failed
+        local fields, _, state = end_lease(aid, false, failures, task_max, seq)
+        if state == 'dead' then
+          ended[#ended + 1] = {aid, fields, nil}
+        else
+          chosen, decided = {aid, attempt, failures + 1}, true
+          break
+        end
+      else
+        chosen, decided = {aid, attempt, failures}, true
+        break
+      end
     end
+    offset = offset + PAGE
+    if #head < 2 * PAGE then break end
   end
 
   -- 2. writes

@@ -178,6 +178,18 @@ def test_an_agent_with_an_ok_result_is_done_however_it_was_written(
 # ------------------------------------------------------------------------------ claiming
 
 
+def test_a_claim_skips_a_long_head_of_tasks_done_meanwhile(
+    coordinator: RedisCheckpointBackend, worker: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    """More done tasks at the queue's head than one claim reads (64): the claim says "again
+    now", the next one reads past them, and a claim with a timeout gets the ready task."""
+    agents = submit(coordinator, 70)
+    coordinator.append_events([done(run_id, agent) for agent in agents[:69]])  # no lease
+    lease = worker.claim_agent("w", timeout=10)
+    assert lease is not None and lease.agent_id == agents[69]
+    assert list(states(coordinator).values()).count(TaskState.DONE) == 69
+
+
 def test_claims_hand_out_the_oldest_ready_task_with_increasing_tokens(
     coordinator: RedisCheckpointBackend, worker: RedisCheckpointBackend
 ) -> None:
