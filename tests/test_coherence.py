@@ -418,9 +418,12 @@ def test_a_phase_started_without_its_label_is_refused_before_anything_is_written
     ok = writer._encoder.events([done(run_id, uuid.uuid4())], run_id)
     phase = writer._encoder.events(
         [PhaseStarted(run_id=run_id, phase_id=1, label="scan", planned=2)], run_id)
-    assert phase[1] == "phase_started" and phase[4] == "scan"  # count, type, blob, ids, label
+    # event count, the entry (its length, then its field-value pairs), the rule arguments
+    length = int(phase[1])
+    entry, rule = phase[2 : 2 + length], phase[2 + length :]
+    assert entry[:2] == ["type", "phase_started"] and rule[1] == "scan"
     # a batch of a valid agent_done, then the phase_started cut before its label
-    args = ["2", *ok[1:], *phase[1:4]]
+    args = ["2", *ok[1:], *phase[1 : 2 + length + 1]]
     with pytest.raises(luft_redis_errors.LuftRedisError, match=r"label|argument"):
         writer._call(writer._scripts.append_events, ("w-label", "1", *args), keys, run_id)
     assert writer.client.xlen(writer.keys.events) == 0  # type: ignore[union-attr]
