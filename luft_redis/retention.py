@@ -13,7 +13,7 @@ Three tools, from the cheapest to the most manual:
   than a given age, in bounded batches; :func:`iter_finished_runs` finds them through the
   run index (``--scan``: a SCAN of the keyspace, for a prefix without an index).
 
-See the README's "Retention" section and ``docs/redis-layout.md``.
+See ``docs/operations.md`` ("Retention: keep Redis bounded") and ``docs/redis-layout.md``.
 """
 
 from __future__ import annotations

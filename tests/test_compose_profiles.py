@@ -2,10 +2,10 @@
 
 Both profiles use the host's network, so each service's command is a command for this machine
 as it stands. This test runs them as local processes, with every fixed port of the profile moved
-to a free one (and each service in its own directory), then connects with the README's
-``from_url`` line for the profile (ports moved the same way) and writes a run. It checks that
-the cluster-init command builds a working 3+3 cluster, that running it again is harmless, and
-that the Sentinels find the primary of ``luft`` and its replicas.
+to a free one (and each service in its own directory), then connects with the ``from_url``
+line docs/operations.md gives for the profile (ports moved the same way) and writes a run. It
+checks that the cluster-init command builds a working 3+3 cluster, that running it again is
+harmless, and that the Sentinels find the primary of ``luft`` and its replicas.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
-README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"  # "Run Redis: single, cluster, sentinel"
 WAIT = 60.0
 
 
@@ -57,10 +57,10 @@ def listen_port(service: dict[str, Any]) -> int:
     return int(port)
 
 
-def readme_url(profile: str) -> str:
+def documented_url(profile: str) -> str:
     match = re.search(rf'^\| `{profile}` \|[^|]*\| `RedisCheckpointBackend\.from_url\("([^"]+)"',
-                      README.read_text(encoding="utf-8"), re.MULTILINE)  # fmt: skip
-    assert match, f"no from_url line for {profile} in the README"
+                      OPERATIONS.read_text(encoding="utf-8"), re.MULTILINE)  # fmt: skip
+    assert match, f"no from_url line for {profile} in docs/operations.md"
     return match.group(1)
 
 
@@ -181,7 +181,7 @@ def write_a_run(backend: RedisCheckpointBackend) -> uuid.UUID:
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_the_cluster_profile_builds_a_cluster_the_readme_url_reaches(
+def test_the_cluster_profile_builds_a_cluster_the_documented_url_reaches(
     start_profile: Callable[[str], Profile],
 ) -> None:
     profile = start_profile("cluster")
@@ -211,7 +211,7 @@ def test_the_cluster_profile_builds_a_cluster_the_readme_url_reaches(
     assert again.returncode == 0, again.stdout + again.stderr
     assert "already up" in again.stdout
 
-    url = profile.moved(readme_url("cluster"))
+    url = profile.moved(documented_url("cluster"))
     with RedisCheckpointBackend.from_url(url, cluster=True) as backend:
         run_id = write_a_run(backend)
     with RedisCheckpointBackend.from_url(url, cluster=True) as other:
@@ -222,7 +222,7 @@ def test_the_cluster_profile_builds_a_cluster_the_readme_url_reaches(
 @pytest.mark.server
 @pytest.mark.slow
 @pytest.mark.full  # Sentinel: pytest --full (CI), with tests/test_failover.py
-def test_the_sentinel_profile_serves_the_readme_url(
+def test_the_sentinel_profile_serves_the_documented_url(
     start_profile: Callable[[str], Profile],
 ) -> None:
     profile = start_profile("sentinel")
@@ -233,7 +233,7 @@ def test_the_sentinel_profile_serves_the_readme_url(
     wait_until(lambda: primary.info("replication")["connected_slaves"] == 2,
                "two replicas connected to the primary")  # fmt: skip
 
-    url = profile.moved(readme_url("sentinel"))
+    url = profile.moved(documented_url("sentinel"))
     sentinel_ports = [int(p) for p in re.findall(r":(\d+)", url)]
     assert len(sentinel_ports) == 3
     for port in sentinel_ports:

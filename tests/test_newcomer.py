@@ -1,6 +1,7 @@
 """The path of a new user: the README's first screen runs as written, the package builds with
-its licence and the files the README links to, and docker-compose.yml's profiles match the
-``from_url`` lines the README gives for them."""
+its licence and the files the README links to, every relative link and anchor of the README and
+docs/ resolves, and docker-compose.yml's profiles match the ``from_url`` lines
+docs/operations.md gives for them."""
 
 from __future__ import annotations
 
@@ -27,16 +28,17 @@ from luft_redis.tools.server import find_redis_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 COMPOSE = ROOT / "docker-compose.yml"
 UUID_RE = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
-def readme_section(title: str) -> str:
-    """The text of the README section whose heading starts with ``title``."""
-    text = README.read_text(encoding="utf-8")
+def readme_section(title: str, path: Path = README) -> str:
+    """The text of the section of ``path`` (the README) whose heading starts with ``title``."""
+    text = path.read_text(encoding="utf-8")
     match = re.search(rf"^## {re.escape(title)}[^\n]*\n(.*?)(?=^## |\Z)", text,
                       re.MULTILINE | re.DOTALL)  # fmt: skip
-    assert match, f"README.md has no section {title!r}"
+    assert match, f"{path.name} has no section {title!r}"
     return match.group(1)
 
 
@@ -141,6 +143,70 @@ def test_the_quickstart_defaults_to_a_local_redis_and_names_the_variable() -> No
     quickstart = code_blocks(readme_section("Quickstart"), "python")[0]
     assert 'os.environ.get("LUFT_REDIS_URL", "redis://127.0.0.1:6379/0")' in quickstart
     assert "decode_responses=False" in readme_section("Quickstart")
+
+
+# --------------------------------------------------------------- the README's shape and links
+
+FIRST_HOUR = ["Install", "Quickstart", "See it work", "Running a fleet", "asyncio", "Operate it",
+              "Testing your code", "Development"]  # fmt: skip
+FENCED = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+
+
+def test_the_readme_follows_a_new_users_first_hour() -> None:
+    """What luft-redis is, then install, quickstart, demo, fleet, asyncio, the CLI, testing your
+    code and development, in that order (other sections may sit between them)."""
+    headings = re.findall(r"^## (.+)$", FENCED.sub("", README.read_text(encoding="utf-8")),
+                          re.MULTILINE)  # fmt: skip
+    found = [next((i for i, h in enumerate(headings) if h.startswith(title)), -1)
+             for title in FIRST_HOUR]  # fmt: skip
+    assert -1 not in found, dict(zip(FIRST_HOUR, found, strict=True))
+    assert found == sorted(found), headings
+    intro = README.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    assert "luft_core/state.rs" in intro and "Rust orchestrator" in intro  # luft, explained
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes for the headings of a Markdown file: lower case, punctuation
+    other than ``-`` and ``_`` dropped, spaces as ``-``, a repeated one suffixed ``-1``, ``-2``."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    text = FENCED.sub("", path.read_text(encoding="utf-8"))
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_anchors_follow_github() -> None:
+    page = ROOT / "docs" / "performance.md"
+    assert "agent-leases-python--m-benchmarksleases" in anchors(page)
+    assert "luftrrun-hash" in anchors(ROOT / "docs" / "redis-layout.md")
+
+
+def test_every_relative_link_and_anchor_resolves() -> None:
+    """Each ``[text](target)`` outside code blocks of the README, DEVELOPERS.md, CHANGELOG.md
+    and docs/*.md that is not a URL names a file that exists and, with ``#anchor``, a heading
+    of that file (or of the page itself)."""
+    pages = [README, ROOT / "DEVELOPERS.md", ROOT / "CHANGELOG.md",
+             *sorted((ROOT / "docs").glob("*.md"))]  # fmt: skip
+    broken: list[str] = []
+    checked = 0
+    for page in pages:
+        text = FENCED.sub("", page.read_text(encoding="utf-8"))
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue  # https:, mailto:
+            checked += 1
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such heading")
+    assert checked > 50
+    assert not broken, "\n".join(broken)
 
 
 # --------------------------------------------------------------- packaging
@@ -318,9 +384,10 @@ def listening_ports(services: dict[str, dict[str, Any]]) -> dict[int, str]:
 
 
 def readme_urls() -> dict[str, tuple[str, str]]:
-    """profile -> (URL, the rest of the from_url call), from the README's table."""
+    """profile -> (URL, the rest of the from_url call), from the table of docs/operations.md
+    (the README links to it for the profiles)."""
     rows = re.findall(r'^\| `(\w+)` \|[^|]*\| `RedisCheckpointBackend\.from_url\("([^"]+)"(.*?)\)`',
-                      readme_section("Run Redis"), re.MULTILINE)  # fmt: skip
+                      readme_section("Run Redis", OPERATIONS), re.MULTILINE)  # fmt: skip
     return {profile: (url, rest) for profile, url, rest in rows}
 
 
