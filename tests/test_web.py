@@ -466,3 +466,48 @@ def test_the_token_cookie_carries_the_browser(
     _agent(writer, run_id, model="model-behind-token")
     first_row = page.locator("#agents tbody tr").first
     expect(first_row).to_contain_text("model-behind-token", timeout=LIVE_WAIT_MS)
+
+
+@pytest.mark.slow
+def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
+    redis_server_binary: str, page: Any, artifacts: Path,
+) -> None:  # fmt: skip
+    from luft_redis.tools.server import LocalRedisServer
+
+    expect = _expect()
+    server = LocalRedisServer(binary=redis_server_binary, appendonly=True, appendfsync="always")
+    server.start()
+    web: WebServer | None = None
+    made: list[RedisCheckpointBackend] = []
+
+    def make() -> RedisCheckpointBackend:
+        made.append(RedisCheckpointBackend(redis.Redis.from_url(server.url), prefix=PREFIX))
+        return made[-1]
+
+    try:
+        run_id = _new_run(make, "survives a restart of Redis")
+        web = _start(server.url)
+        page.goto(f"{web.base}/runs/{run_id}")
+        expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+        expect(page.locator("#banner")).to_be_hidden()
+        server.kill()
+        expect(page.locator("#banner")).to_contain_text("Redis is unreachable",
+                                                        timeout=LIVE_WAIT_MS)  # fmt: skip
+        expect(page.locator("#age")).to_contain_text("not live: data as of")
+        page.screenshot(path=str(artifacts / "run-page-redis-down.png"))
+        server.start()
+        expect(page.locator("#banner")).to_be_hidden(timeout=LIVE_WAIT_MS)
+        expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+        writer = make()
+        writer.open_run(run_id)
+        _agent(writer, run_id, model="model-after-restart")
+        first_row = page.locator("#agents tbody tr").first
+        expect(first_row).to_contain_text("model-after-restart", timeout=LIVE_WAIT_MS)
+    finally:
+        for one in made:
+            one.close()
+            one.client.close()
+        if web is not None:
+            web.proc.terminate()
+            web.proc.wait(10)
+        server.stop()

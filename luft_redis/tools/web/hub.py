@@ -137,6 +137,21 @@ def _downsample(points: list[tuple[float, int]], most: int = CHART_POINTS) -> li
     return [[points[round(i * step)][0], points[round(i * step)][1]] for i in range(most)]
 
 
+def _stream_id(raw: Any) -> tuple[int, int]:
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _text(item: list[Any]) -> str:
+    """The ``event`` message text of a ring item (made once)."""
+    if item[2] is None:
+        entry = item[1]
+        item[2] = dumps(event_json(entry.id, entry.event))
+    text: str = item[2]
+    return text
+
+
 @dataclass
 class Viewer:
     """Where one event stream stands: the last event and state it was sent."""
@@ -156,7 +171,8 @@ class RunHub:
                                                    retry=NO_RETRY)  # fmt: skip
         self.viewers = 0
         self.cond = asyncio.Condition()
-        self.ring: deque[tuple[int, str]] = deque(maxlen=EVENT_RING)
+        self.ring: deque[list[Any]] = deque(maxlen=EVENT_RING)
+        """[seq, LogEntry, its message text (made on first use) or None]"""
         self.seq = 0
         self.state_seq = 0
         self.agg = _Aggregates()
@@ -205,21 +221,31 @@ class RunHub:
     # -- the event follower ----------------------------------------------------------------
 
     async def _follow(self) -> None:
+        """Fold every event into the aggregates and keep the newest as messages. The log
+        written before the hub started (up to 100,000 events on a large run) is read in
+        pages of 500 without waking a viewer; live events wake them at once."""
         while True:
             try:
+                if not self.caught_up:
+                    key = run_keys(self.hubs.prefix, self.run_id).events
+                    newest = await self.hubs.client.xrevrange(key, count=1)
+                    target = _stream_id(newest[0][0]) if newest else (0, 0)
+                    self.caught_up = target == (0, 0)
                 async for entry in self.backend.iter_events(self._last_id, follow=True,
                                                             count=500):  # fmt: skip
                     self._last_id = entry.id
                     self.agg.add(entry.event)
-                    text = dumps(event_json(entry.id, entry.event))
+                    self.seq += 1
+                    self.ring.append([self.seq, entry, None])
+                    if not self.caught_up:
+                        if _stream_id(entry.id) < target:
+                            if self.seq % 500 == 0:
+                                await asyncio.sleep(0)  # other runs' viewers meanwhile
+                            continue
+                        self.caught_up = True
                     async with self.cond:
-                        self.seq += 1
-                        self.ring.append((self.seq, text))
                         self.cond.notify_all()
                     self._dirty.set()
-                    if not self.caught_up and len(self.ring) == EVENT_RING:
-                        await asyncio.sleep(0)  # let viewers breathe while catching up
-                self.caught_up = True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: say so, retry
@@ -392,8 +418,9 @@ class RunHub:
     # -- viewers ---------------------------------------------------------------------------
 
     def new_viewer(self, page: int) -> Viewer:
-        newest = self.ring[-1][0] if self.ring else self.seq
-        return Viewer(page=page, sent_seq=max(0, newest - INITIAL_EVENTS))
+        """A viewer that is sent the newest :data:`INITIAL_EVENTS` events first (the newest
+        of the log once the hub has read it)."""
+        return Viewer(page=page, sent_seq=-1)
 
     async def messages(self, viewer: Viewer) -> AsyncIterator[str]:
         """The SSE messages for one viewer: events it has not seen, then the state when it
@@ -401,13 +428,19 @@ class RunHub:
         while True:
             async with self.cond:
                 def ready() -> bool:
-                    return (self.seq > viewer.sent_seq or self.state_seq > viewer.sent_state
-                            or self.gone)  # fmt: skip
+                    return ((self.caught_up and self.seq > viewer.sent_seq)
+                            or self.state_seq > viewer.sent_state or self.gone)  # fmt: skip
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.cond.wait_for(ready), KEEPALIVE)
-                pending = [text for seq, text in self.ring if seq > viewer.sent_seq]
-                skipped = bool(self.ring) and self.ring[0][0] > viewer.sent_seq + 1
-                viewer.sent_seq = self.seq
+                pending: list[str] = []
+                skipped = False
+                if self.caught_up:
+                    if viewer.sent_seq < 0:  # a new viewer: the newest events, no gap notice
+                        viewer.sent_seq = max(0, self.seq - INITIAL_EVENTS)
+                    else:
+                        skipped = bool(self.ring) and self.ring[0][0] > viewer.sent_seq + 1
+                    pending = [_text(item) for item in self.ring if item[0] > viewer.sent_seq]
+                    viewer.sent_seq = self.seq
                 state = None
                 if self.state_seq > viewer.sent_state:
                     viewer.sent_state = self.state_seq
