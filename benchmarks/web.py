@@ -20,6 +20,10 @@ Rows:
   states count: p50, p99, and the share of pairs never delivered). The issue's bar: CPU per
   change with 50 clients within 2x of one client's, each client every change within 250 ms
   p99.
+- **a large run**: a fresh server opens a small run and one of ``--agents`` agents and
+  ``--events`` events: the run page's HTML, the first state (``/api/runs/{id}``, which binds the
+  run: the agents are paged, so the state stays small) and the time until the hub has read the
+  whole log for its aggregates (the page is usable before).
 - **runs page**: ``GET /`` (the server-rendered runs page, first page of 50) and ``GET
   /api/runs``, median of ``--repeat``, with 100 runs and with 10,000 runs under the prefix
   (the issue's bar: 10,000 within 2x of 100).
@@ -92,12 +96,14 @@ async def _stream(port: int, run_id: uuid.UUID, seen: list[tuple[float, int]],
                  "Accept: text/event-stream\r\n\r\n".encode())  # fmt: skip
     await writer.drain()
     kind = ""
+    closer = asyncio.create_task(stop.wait())
+    closer.add_done_callback(lambda _: writer.close())  # ends the reads below
     try:
         while not stop.is_set():
             try:
-                line = await asyncio.wait_for(reader.readline(), 0.5)
-            except TimeoutError:
-                continue
+                line = await reader.readline()
+            except (ConnectionError, OSError):
+                return
             if not line:
                 return
             text = line.decode().rstrip("\r\n")
@@ -109,6 +115,7 @@ async def _stream(port: int, run_id: uuid.UUID, seen: list[tuple[float, int]],
                 seen.append((now, version))
                 ready.set()
     finally:
+        closer.cancel()
         writer.close()
 
 
@@ -225,6 +232,67 @@ def _make_runs(url: str, prefix: str, count: int) -> None:
                 backend.cancel()
 
 
+def _make_big_run(url: str, prefix: str, agents: int, events: int) -> uuid.UUID:
+    """A run with ``agents`` finished agents (started, done, result) and ``events`` events."""
+    with RedisCheckpointBackend.from_url(url, prefix=prefix, watch=False) as backend:
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, f"a run of {agents} agents", "/tmp/bench-web")
+        backend.append_event(t.PhaseStarted(run_id=run_id, phase_id=1, label="all",
+                                            planned=agents))  # fmt: skip
+        batch: list[t.AgentEvent] = []
+        written = 1
+        usage = t.TokenUsage(input=1000, output=100)
+        for i in range(agents):
+            agent = uuid.uuid4()
+            batch.append(t.AgentStarted(run_id=run_id, phase_id=1, agent_id=agent,
+                                        prompt_preview="p", model="m", name=f"a{i}"))
+            batch.append(t.AgentDone(run_id=run_id, agent_id=agent, status=t.AgentStatus.OK,
+                                     tokens=usage, elapsed_ms=1000, name=f"a{i}"))
+            backend.upsert_agent_result(t.AgentResultCache(
+                agent_id=agent, phase_id=1, status="ok", output=None, findings=(),
+                tokens=usage.total(), completed_at=int(time.time())))  # fmt: skip
+            if len(batch) >= 500:
+                backend.append_events(batch)
+                written += len(batch)
+                batch = []
+        while written + len(batch) < events:
+            batch.append(t.Log(run_id=run_id, level=t.LogLevel.INFO, msg=f"log {written}"))
+            if len(batch) >= 500:
+                backend.append_events(batch)
+                written += len(batch)
+                batch = []
+        if batch:
+            backend.append_events(batch)
+        return run_id
+
+
+def _open_run(url: str, prefix: str, run_id: uuid.UUID) -> tuple[float, float, int, float]:
+    """On a fresh server: (seconds to the run page's HTML, to its first state over the API,
+    the state's size in bytes, seconds until the hub has read the whole log)."""
+    proc, port = _start_web(url, prefix)
+    try:
+        page = _get(port, f"/runs/{run_id}")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        start = time.perf_counter()
+        conn.request("GET", f"/api/runs/{run_id}", headers={"Host": f"127.0.0.1:{port}"})
+        body = conn.getresponse().read()
+        state = time.perf_counter() - start
+        conn.close()
+        began = time.perf_counter()
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            conn.request("GET", f"/api/runs/{run_id}", headers={"Host": f"127.0.0.1:{port}"})
+            view = json.loads(conn.getresponse().read())["view"]
+            conn.close()
+            if view["log_complete"] or time.perf_counter() - began > 120:
+                break
+            time.sleep(0.05)
+        return page, state, len(body), time.perf_counter() - began
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 def _get(port: int, path: str) -> float:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     start = time.perf_counter()
@@ -249,12 +317,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--few", type=int, default=100)
     parser.add_argument("--many", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--agents", type=int, default=10_000, help="large run (10,000)")
+    parser.add_argument("--events", type=int, default=100_000, help="large run (100,000)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, once: that it runs and prints its rows")  # fmt: skip
     args = parser.parse_args(argv)
     if args.smoke:
         args.writes, args.clients, args.seconds = 5, 3, 1.0
         args.few, args.many, args.repeat = 3, 30, 1
+        args.agents, args.events = 20, 100
     binary = find_redis_server()
     if binary is None:
         print("redis-server not found on PATH", file=sys.stderr)
@@ -287,6 +358,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"missed {one['missed']:.1%}")  # fmt: skip
         ratio = fan[args.clients]["cpu_ms_per_change"] / max(1e-9, fan[1]["cpu_ms_per_change"])
         rows.append(f"fan-out CPU per change, {args.clients} clients / 1 client: {ratio:.2f}x")
+        small = _make_big_run(url, "big", 5, 20)
+        large = _make_big_run(url, "big", args.agents, args.events)
+        for name, run_id in (("small (5 agents, 20 events)", small),
+                             (f"large ({args.agents:,} agents, {args.events:,} events)", large)):
+            page, state, size, log = _open_run(url, "big", run_id)
+            rows.append(f"open a {name}: page {page * 1000:.1f} ms, first state "
+                        f"{state * 1000:.1f} ms ({size:,} bytes), whole log read in "
+                        f"{log:.2f} s")  # fmt: skip
         _make_runs(url, "few", args.few)
         _make_runs(url, "many", args.many)
         servers = {name: _start_web(url, name) for name in ("few", "many")}

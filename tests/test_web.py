@@ -511,3 +511,26 @@ def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
             web.proc.terminate()
             web.proc.wait(10)
         server.stop()
+
+
+def test_the_page_assets_are_in_the_installed_package() -> None:
+    """CI installs the wheel: the page's script and style must be inside the package."""
+    from luft_redis.tools.web.app import STATIC
+
+    script = (STATIC / "web.js").read_text()
+    assert (STATIC / "web.css").is_file()
+    assert "innerHTML" not in script and "eval(" not in script
+
+
+@pytest.mark.slow
+def test_web_benchmark_smoke(redis_server_binary: str) -> None:
+    """``benchmarks.web --smoke`` runs and prints every row with numbers (no timing is
+    asserted)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.web", "--smoke"], cwd=root,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "write -> page update (1 client, 5 writes): p50" in out, out
+    assert out.count("fan-out ") >= 3 and "missed 0.0%" in out, out
+    assert "runs page GET /          " in out and "runs page GET /api/runs" in out, out

@@ -12,7 +12,8 @@ listener). A hub:
   bounded aggregates (token breakdown, model and elapsed time per agent, chart points);
 - builds the ``state`` message (``show --json``'s object, plus a ``view`` object with what
   the page draws) at most once per :data:`MIN_INTERVAL` however many changes arrive
-  (coalesced), and once per agents page however many viewers look at it.
+  (coalesced), and once per agents page however many viewers look at it; each build wakes
+  every viewer once, which then sends the events it has not seen and the new state.
 
 The hub lives while someone looks at the run, and :data:`LINGER` seconds more.
 """
@@ -243,8 +244,8 @@ class RunHub:
                                 await asyncio.sleep(0)  # other runs' viewers meanwhile
                             continue
                         self.caught_up = True
-                    async with self.cond:
-                        self.cond.notify_all()
+                    # the state builder wakes the viewers, with the state and these events
+                    # together: one wake-up per viewer per MIN_INTERVAL however fast events come
                     self._dirty.set()
             except asyncio.CancelledError:
                 raise

@@ -1,6 +1,6 @@
 // luft-redis web: the run page, kept live by the server's event stream.
 // Every string from the server is put in the page with textContent or setAttribute,
-// never innerHTML: agent outputs, findings and task text are untrusted.
+// never parsed as markup: agent outputs, findings and task text are untrusted.
 "use strict";
 (function () {
   const meta = (name) => {
