@@ -254,8 +254,9 @@ def test_api_shapes_are_the_cli_json(
     status, _, body = _request(server, "GET", "/api/runs")
     assert json.loads(body)["runs"] == rows
     # POST without --allow-cancel: refused, nothing changed
-    status, _, _ = _request(server, "POST", f"/api/runs/{run_id}/cancel")
-    assert status == 403
+    for path in (f"/api/runs/{run_id}/cancel", "/", f"/runs/{run_id}"):
+        status, _, _ = _request(server, "POST", path)
+        assert status == 403, path
     assert writer.sync() is not None and writer.get_checkpoint().status.value == "running"  # type: ignore[union-attr]
 
 

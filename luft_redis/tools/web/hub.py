@@ -192,6 +192,8 @@ class RunHub:
         self._last_id: str | None = None
         self._closing: asyncio.TimerHandle | None = None
         self._fresh = False
+        self._extra: tuple[int, int | None, list[TaskInfo]] = (-1, None, [])
+        """TTL of the run (-1: none), length of its log, its agent tasks (last read)."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -240,7 +242,7 @@ class RunHub:
                     self.ring.append([self.seq, entry, None])
                     if not self.caught_up:
                         if _stream_id(entry.id) < target:
-                            if self.seq % 500 == 0:
+                            if self.seq % 100 == 0:
                                 await asyncio.sleep(0)  # other runs' viewers meanwhile
                             continue
                         self.caught_up = True
@@ -315,7 +317,7 @@ class RunHub:
 
     def _rebuild_local(self) -> None:
         """The state from the cache and the aggregates (no I/O)."""
-        ttl, length, tasks = getattr(self, "_extra", (-1, None, []))
+        ttl, length, tasks = self._extra
         cp = self.backend.get_checkpoint()
         now = time.time()
         self._fresh = self.backend.cache_is_fresh
