@@ -535,3 +535,31 @@ def test_web_benchmark_smoke(redis_server_binary: str) -> None:
     assert "write -> page update (1 client, 5 writes): p50" in out, out
     assert out.count("fan-out ") >= 3 and "missed 0.0%" in out, out
     assert "runs page GET /          " in out and "runs page GET /api/runs" in out, out
+
+
+@pytest.mark.slow
+def test_agents_are_paged_on_the_server(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    from luft_redis.tools.web.hub import AGENTS_PAGE
+
+    expect = _expect()
+    run_id = _new_run(backend, "many agents")
+    writer = backend()
+    writer.open_run(run_id)
+    for i in range(AGENTS_PAGE + 7):
+        _agent(writer, run_id, model=f"model-{i}")
+    server = start_web()
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}?agents_page=1")
+    view = json.loads(body)["view"]
+    assert status == 200 and view["agents_total"] == AGENTS_PAGE + 7
+    assert [a["model"] for a in view["agents"]] == [f"model-{AGENTS_PAGE + i}" for i in range(7)]
+    page.goto(f"{server.base}/runs/{run_id}")
+    rows = page.locator("#agents tbody tr")
+    expect(rows).to_have_count(AGENTS_PAGE, timeout=LIVE_WAIT_MS)
+    expect(page.locator("#agents-page")).to_have_text("page 1 of 2")
+    page.click("#agents-next")
+    expect(rows).to_have_count(7, timeout=LIVE_WAIT_MS)
+    expect(rows.first).to_contain_text(f"model-{AGENTS_PAGE}")
+    expect(page.locator("#agents-next")).to_be_disabled()

@@ -48,6 +48,9 @@ EVENT_RING: Final = 500
 INITIAL_EVENTS: Final = 200
 """How many of the newest events a new viewer is sent before the live ones."""
 
+INLINE_EVENTS: Final = 5000
+"""A log up to this long is read before the hub's first state; a longer one after."""
+
 MIN_INTERVAL: Final = 0.05
 """Seconds between two state builds of one run: changes in between are coalesced."""
 
@@ -203,6 +206,18 @@ class RunHub:
             await self.backend.aclose()
             return False
         self._unsubscribe = self.backend.subscribe(lambda _cp: self._dirty.set())
+        # a short log is read before the first state (models, elapsed times, charts in it);
+        # a long one by the follower, after
+        entries = self.backend.iter_events(None, follow=False, count=500)
+        try:
+            async for entry in entries:
+                self._fold(entry)
+                if self.agg.events >= INLINE_EVENTS:
+                    break
+        finally:
+            close = getattr(entries, "aclose", None)  # an async generator: end it now
+            if close is not None:
+                await close()
         await self._build()
         self._tasks = [asyncio.create_task(self._follow(), name=f"web-follow-{self.run_id}"),
                        asyncio.create_task(self._publish(), name=f"web-state-{self.run_id}")]
@@ -233,13 +248,13 @@ class RunHub:
                     key = run_keys(self.hubs.prefix, self.run_id).events
                     newest = await self.hubs.client.xrevrange(key, count=1)
                     target = _stream_id(newest[0][0]) if newest else (0, 0)
-                    self.caught_up = target == (0, 0)
+                    done = (0, 0) if self._last_id is None else _stream_id(self._last_id)
+                    self.caught_up = done >= target
+                    if self.caught_up:
+                        self._dirty.set()
                 async for entry in self.backend.iter_events(self._last_id, follow=True,
                                                             count=500):  # fmt: skip
-                    self._last_id = entry.id
-                    self.agg.add(entry.event)
-                    self.seq += 1
-                    self.ring.append([self.seq, entry, None])
+                    self._fold(entry)
                     if not self.caught_up:
                         if _stream_id(entry.id) < target:
                             if self.seq % 100 == 0:
@@ -254,6 +269,13 @@ class RunHub:
             except Exception as exc:  # Redis went away: say so, retry
                 self._down(exc)
                 await asyncio.sleep(1.0)
+
+    def _fold(self, entry: Any) -> None:
+        """One event into the aggregates and the ring."""
+        self._last_id = entry.id
+        self.agg.add(entry.event)
+        self.seq += 1
+        self.ring.append([self.seq, entry, None])
 
     def _down(self, exc: BaseException) -> None:
         if self.redis_ok:
