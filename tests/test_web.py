@@ -563,3 +563,7 @@ def test_agents_are_paged_on_the_server(
     expect(rows).to_have_count(7, timeout=LIVE_WAIT_MS)
     expect(rows.first).to_contain_text(f"model-{AGENTS_PAGE}")
     expect(page.locator("#agents-next")).to_be_disabled()
+    # the new stream starts the log afresh: no event twice
+    expect(page.locator("#log li").last).to_contain_text("agent_done")
+    ids = page.locator("#log li").evaluate_all("items => items.map(i => i.dataset.id)")
+    assert len(ids) == len(set(ids)) > 0

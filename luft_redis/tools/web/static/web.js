@@ -288,14 +288,21 @@
     source.addEventListener("state", (m) => onState(JSON.parse(m.data)));
     source.addEventListener("event", (m) => addEvents([JSON.parse(m.data)]));
     source.addEventListener("skipped", () => addEvents([]));
-    source.addEventListener("open", () => { if (state) renderBanner(state); renderAge(); });
+    source.addEventListener("open", () => {
+      // each (re)connection starts with the newest events again: start the log afresh
+      clear($("log"));
+      oldest = null;
+      $("log-older").disabled = false;
+      if (state) renderBanner(state);
+      renderAge();
+    });
     source.addEventListener("error", () => {
       if (state) renderBanner(state); else { $("banner").textContent = "Cannot reach the web server: retrying…"; $("banner").classList.remove("hidden"); }
       renderAge();
     });
   }
-  $("agents-prev").addEventListener("click", () => { agentsPage = Math.max(0, agentsPage - 1); clear($("log")); oldest = null; connect(); });
-  $("agents-next").addEventListener("click", () => { agentsPage += 1; clear($("log")); oldest = null; connect(); });
+  $("agents-prev").addEventListener("click", () => { agentsPage = Math.max(0, agentsPage - 1); connect(); });
+  $("agents-next").addEventListener("click", () => { agentsPage += 1; connect(); });
   $("log-older").addEventListener("click", olderEvents);
   setInterval(renderAge, 1000);
   connect();
