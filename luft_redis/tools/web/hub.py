@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -464,7 +465,10 @@ class RunHub:
                         viewer.sent_seq = max(0, self.seq - INITIAL_EVENTS)
                     else:
                         skipped = bool(self.ring) and self.ring[0][0] > viewer.sent_seq + 1
-                    pending = [_text(item) for item in self.ring if item[0] > viewer.sent_seq]
+                    # the ring's seqs are consecutive: the newest (seq - sent) items, O(that)
+                    fresh = min(self.seq - viewer.sent_seq, len(self.ring))
+                    newest = list(itertools.islice(reversed(self.ring), fresh))
+                    pending = [_text(item) for item in reversed(newest)]
                     viewer.sent_seq = self.seq
                 state = None
                 if self.state_seq > viewer.sent_state:
