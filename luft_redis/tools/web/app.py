@@ -490,9 +490,9 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             return JSONResponse({"error": f"run {run_id} not found"}, 404)
         viewer = hub.new_viewer(_int_arg(request, "agents_page"))
 
-        async def stream() -> AsyncIterator[str]:
+        async def stream() -> AsyncIterator[bytes]:
             try:
-                yield "retry: 2000\n\n"
+                yield b"retry: 2000\n\n"
                 async for chunk in hub.messages(viewer):
                     yield chunk
             finally:

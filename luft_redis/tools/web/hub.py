@@ -190,6 +190,7 @@ class RunHub:
         self._agent_order: list[uuid.UUID] = []
         self._rows: list[dict[str, Any]] = []
         self._texts: dict[int, str] = {}
+        self._chunks: dict[tuple[int, int, int, int, bool], bytes] = {}
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe: Callable[[], None] | None = None
@@ -320,6 +321,7 @@ class RunHub:
             async with self.cond:
                 self.state_seq += 1
                 self._texts = {}
+                self._chunks = {}
                 self.cond.notify_all()
             await asyncio.sleep(MIN_INTERVAL)
 
@@ -448,9 +450,10 @@ class RunHub:
         of the log once the hub has read it)."""
         return Viewer(page=page, sent_seq=-1)
 
-    async def messages(self, viewer: Viewer) -> AsyncIterator[str]:
+    async def messages(self, viewer: Viewer) -> AsyncIterator[bytes]:
         """The SSE messages for one viewer: events it has not seen, then the state when it
-        changed (coalesced: a slow viewer gets the newest state once)."""
+        changed (coalesced: a slow viewer gets the newest state once). Viewers at the same
+        place share one encoded chunk."""
         while True:
             async with self.cond:
                 def ready() -> bool:
@@ -458,32 +461,42 @@ class RunHub:
                             or self.state_seq > viewer.sent_state or self.gone)  # fmt: skip
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.cond.wait_for(ready), KEEPALIVE)
-                pending: list[str] = []
-                skipped = False
+                first, last, skipped = viewer.sent_seq, viewer.sent_seq, False
                 if self.caught_up:
-                    if viewer.sent_seq < 0:  # a new viewer: the newest events, no gap notice
-                        viewer.sent_seq = max(0, self.seq - INITIAL_EVENTS)
+                    if first < 0:  # a new viewer: the newest events, no gap notice
+                        first = max(0, self.seq - INITIAL_EVENTS)
                     else:
-                        skipped = bool(self.ring) and self.ring[0][0] > viewer.sent_seq + 1
-                    # the ring's seqs are consecutive: the newest (seq - sent) items, O(that)
-                    fresh = min(self.seq - viewer.sent_seq, len(self.ring))
-                    newest = list(itertools.islice(reversed(self.ring), fresh))
-                    pending = [_text(item) for item in reversed(newest)]
-                    viewer.sent_seq = self.seq
-                state = None
-                if self.state_seq > viewer.sent_state:
-                    viewer.sent_state = self.state_seq
-                    state = self.state_text(viewer.page)
+                        skipped = bool(self.ring) and self.ring[0][0] > first + 1
+                    last = self.seq
+                state = self.state_seq if self.state_seq > viewer.sent_state else -1
+                key = (first, last, state, viewer.page if state >= 0 else -1, skipped)
+                chunk = self._chunks.get(key)
+                if chunk is None:
+                    chunk = self._chunk(first, last, state >= 0, viewer.page, skipped)
+                    if len(self._chunks) > 256:
+                        self._chunks.clear()
+                    self._chunks[key] = chunk
+                viewer.sent_seq = last
+                if state >= 0:
+                    viewer.sent_state = state
                 gone = self.gone
-            chunks: list[str] = []
-            if skipped:
-                chunks.append("event: skipped\ndata: {}\n\n")
-            chunks.extend(f"event: event\ndata: {text}\n\n" for text in pending)
-            if state is not None:
-                chunks.append(f"event: state\ndata: {state}\n\n")
-            yield "".join(chunks) if chunks else ": keepalive\n\n"
+            yield chunk
             if gone:
                 return
+
+    def _chunk(self, first: int, last: int, with_state: bool, page: int,
+               skipped: bool) -> bytes:  # fmt: skip
+        """The encoded messages: events ``first`` < seq <= ``last`` (the ring's seqs are
+        consecutive: taken from its end), then the state."""
+        parts: list[str] = []
+        if skipped:
+            parts.append("event: skipped\ndata: {}\n\n")
+        fresh = min(max(0, last - first), len(self.ring))
+        newest = list(itertools.islice(reversed(self.ring), fresh))
+        parts.extend(f"event: event\ndata: {_text(item)}\n\n" for item in reversed(newest))
+        if with_state:
+            parts.append(f"event: state\ndata: {self.state_text(page)}\n\n")
+        return ("".join(parts) if parts else ": keepalive\n\n").encode()
 
     def acquired(self) -> None:
         self.viewers += 1
