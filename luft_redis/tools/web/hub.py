@@ -507,6 +507,8 @@ class RunHub:
     def released(self) -> None:
         self.viewers -= 1
         if self.viewers <= 0:
+            if self._closing is not None:  # LINGER counts from the last viewer's leaving
+                self._closing.cancel()
             loop = asyncio.get_running_loop()
             self._closing = loop.call_later(LINGER, self.hubs.retire, self)
 
