@@ -567,3 +567,37 @@ def test_agents_are_paged_on_the_server(
     expect(page.locator("#log li").last).to_contain_text("agent_done")
     ids = page.locator("#log li").evaluate_all("items => items.map(i => i.dataset.id)")
     assert len(ids) == len(set(ids)) > 0
+
+
+def test_the_state_says_when_the_log_was_trimmed_and_when_the_run_expires(
+    start_web: Callable[..., WebServer], redis_url: str,
+) -> None:  # fmt: skip
+    import datetime as dt
+
+    client = redis.Redis.from_url(redis_url)
+    writer = RedisCheckpointBackend(client, prefix=PREFIX, max_events=5,
+                                    expire_finished_after=dt.timedelta(hours=1))  # fmt: skip
+    try:
+        run_id = uuid.uuid4()
+        writer.init_run(run_id, "short memory", "/tmp/run")
+        for start in range(0, 400, 50):  # XTRIM ~ drops whole stream nodes (100 entries)
+            writer.append_events([t.Log(run_id=run_id, level=t.LogLevel.INFO, msg=f"line {i}")
+                                  for i in range(start, start + 50)])  # fmt: skip
+        writer.cancel()
+        assert writer.log_trimmed
+        server = start_web()
+        status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+        state = json.loads(body)
+        assert status == 200 and state["log_trimmed"] is True and state["status"] == "cancelled"
+        assert 3500 < state["view"]["ttl_s"] <= 3600
+        assert state["events"] < 400
+        # the log API pages backwards from the newest event
+        status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?count=2")
+        page = json.loads(body)
+        assert [e["msg"] for e in page["events"]] == ["line 398", "line 399"] and page["more"]
+        before = page["events"][0]["id"]
+        status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?count=2&before={before}")
+        assert [e["msg"] for e in json.loads(body)["events"]] == ["line 396", "line 397"]
+    finally:
+        writer.close()
+        client.close()
