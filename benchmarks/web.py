@@ -301,6 +301,8 @@ def _open_run(url: str, prefix: str, run_id: uuid.UUID) -> tuple[float, float, i
     finally:
         proc.terminate()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _get(port: int, path: str) -> float:
@@ -349,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             web.terminate()
             web.wait()
+            if web.stdout is not None:
+                web.stdout.close()
         rows.append(f"write -> page update (1 client, {args.writes} writes): "
                     f"p50 {_pct(lat, 0.5) * 1000:.1f} ms, p99 {_pct(lat, 0.99) * 1000:.1f} ms")
         fan: dict[int, dict[str, float]] = {}
@@ -360,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 web.terminate()
                 web.wait()
+                if web.stdout is not None:
+                    web.stdout.close()
             one = fan[clients]
             rows.append(f"fan-out {clients:>3} client(s), {args.writers} writers x "
                         f"{args.rate:g}/s, {one['changes']:.0f} changes: server CPU "
@@ -395,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
             for proc, _ in servers.values():
                 proc.terminate()
                 proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
     print()
     for row in rows:
         print(row)

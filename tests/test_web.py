@@ -95,12 +95,18 @@ def start_web(redis_url: str) -> Iterator[Callable[..., WebServer]]:
 
     yield start
     for server in servers:
-        server.proc.terminate()
-        try:
-            server.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+        _stop(server)
+
+
+def _stop(server: WebServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+    if server.proc.stdout is not None:
+        server.proc.stdout.close()
 
 
 @pytest.fixture
@@ -509,8 +515,7 @@ def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
             one.close()
             one.client.close()
         if web is not None:
-            web.proc.terminate()
-            web.proc.wait(10)
+            _stop(web)
         server.stop()
 
 

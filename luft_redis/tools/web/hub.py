@@ -294,7 +294,7 @@ class RunHub:
                 await asyncio.wait_for(self._dirty.wait(), TICK)
             fresh = self.backend.cache_is_fresh
             now = time.time()
-            if fresh:
+            if fresh and self.redis_ok:  # the view's age: how old the newest vouched data is
                 self.as_of = now
             elif now - self.as_of > STALE_RELOAD or not self.redis_ok:
                 try:
@@ -346,7 +346,7 @@ class RunHub:
         cp = self.backend.get_checkpoint()
         now = time.time()
         self._fresh = self.backend.cache_is_fresh
-        if self._fresh:
+        if self._fresh and self.redis_ok:
             self.as_of = now
         live = {"fresh": self._fresh, "as_of": self.as_of, "redis_ok": self.redis_ok,
                 "redis_error": self.redis_error, "server_time": now}  # fmt: skip
