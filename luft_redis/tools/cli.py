@@ -221,6 +221,36 @@ def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
     }
 
 
+def run_row_json(row: index.IndexRow) -> dict[str, Any]:
+    """One run as ``runs --json`` prints it (also the rows of the web view's ``/api/runs``)."""
+    return {
+        "run_id": str(row.run_id), "status": row.status, "task": row.task,
+        "current_phase": row.current_phase, "total_tokens": row.total_tokens,
+        "agents": row.agents, "created_at": _timestamp(row.created_at),
+        "updated_at": _timestamp(row.updated_at),
+    }  # fmt: skip
+
+
+def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
+    """A run as ``show --json`` prints it (also the web view's ``state`` message):
+    ``events`` is the length of its log (None when unknown)."""
+    summary = _summary(cp)
+    summary["events"] = events
+    summary["log_trimmed"] = log_trimmed  # retention: the log lost its oldest events
+    return summary
+
+
+def event_json(entry_id: str, event: t.AgentEvent) -> dict[str, Any]:
+    """One event as ``show`` prints it: its stream entry id, then luft's JSON form (the web
+    view's ``event`` message)."""
+    return {"id": entry_id, **event.to_json()}
+
+
+def dumps(value: Any) -> str:
+    """JSON text as the CLI prints it (UUIDs, datetimes and frozen containers included)."""
+    return _dumps(value)
+
+
 def _one_line(text: str, limit: int = 60) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
@@ -272,12 +302,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         client.close()
     if args.json:
         for row in page.rows:
-            print(_dumps({
-                "run_id": str(row.run_id), "status": row.status, "task": row.task,
-                "current_phase": row.current_phase, "total_tokens": row.total_tokens,
-                "agents": row.agents, "created_at": _timestamp(row.created_at),
-                "updated_at": _timestamp(row.updated_at),
-            }))  # fmt: skip
+            print(_dumps(run_row_json(row)))
     else:
         table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
         table.add_column("run id", no_wrap=True, min_width=36)
@@ -337,12 +362,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
         cp = backend.open_run(run_id)
         if cp is None:
             raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
-        summary = _summary(cp)
+        count: int | None
         try:
-            summary["events"] = backend.client.xlen(run_keys(args.prefix, run_id).events)
+            count = backend.client.xlen(run_keys(args.prefix, run_id).events)
         except redis.exceptions.RedisError:
-            summary["events"] = None
-        summary["log_trimmed"] = backend.log_trimmed  # retention: the log lost its oldest events
+            count = None
+        summary = show_json(cp, count, backend.log_trimmed)
         events = _last_events(backend, run_id, args.events)
     if args.json:
         print(_dumps(summary))
@@ -359,7 +384,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         if events:
             print(f"--- last {len(events)} event(s), oldest first")
     for eid, event in events:
-        print(_dumps({"id": eid, **event.to_json()}))
+        print(_dumps(event_json(eid, event)))
     return EXIT_OK
 
 
@@ -518,6 +543,35 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------- web
+
+
+_WEB_TOKEN_ENV: Final = "LUFT_REDIS_WEB_TOKEN"
+
+
+def _port(text: str) -> int:
+    value = _positive_or_zero(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError("must be at most 65535")
+    return value
+
+
+def _cmd_web(args: argparse.Namespace) -> int:
+    """``luft-redis web``: imports the web view only now (it needs the ``web`` extra)."""
+    try:
+        web = importlib.import_module("luft_redis.tools.web.server")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] in ("starlette", "uvicorn", "sse_starlette"):
+            raise CommandFailed(
+                f"the web view needs the 'web' extra (missing module {exc.name}): "
+                "pip install 'luft-redis[web]'", EXIT_UNREACHABLE,
+            ) from exc  # fmt: skip
+        raise
+    token = args.token if args.token is not None else os.environ.get(_WEB_TOKEN_ENV) or None
+    serve: Callable[..., int] = web.serve
+    return serve(args, token=token)
+
+
 # ---------------------------------------------------------------------------- demo
 
 
@@ -670,6 +724,26 @@ def build_parser() -> argparse.ArgumentParser:
         "does not ask.", _cmd_delete, run_id=True,
     )  # fmt: skip
     delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+    web = _add_command(
+        sub, "web", "a live web view of the runs (needs the 'web' extra)",
+        "Serve a live web view of the runs under the prefix: the runs page (from the run\n"
+        "index) and one page per run, updated by server-sent events driven by the run's\n"
+        "change notices. Binds 127.0.0.1 by default; any other address needs --token (or env\n"
+        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel. Needs: pip install "
+        "'luft-redis[web]'.", _cmd_web,
+    )  # fmt: skip
+    web.add_argument("--host", default="127.0.0.1",
+                     help="address to bind (default 127.0.0.1; others need --token)")
+    web.add_argument("--port", type=_port, default=8470, help="port to bind (default 8470)")
+    web.add_argument("--token", default=None,
+                     help=f"the access token (default: env {_WEB_TOKEN_ENV}); required to bind "
+                          "an address other than loopback")  # fmt: skip
+    web.add_argument("--allow-cancel", action="store_true",
+                     help="show a Cancel button on running runs (POST, CSRF token)")
+    web.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                     help="another name the browser may use for this server (Host header "
+                          "check); repeat for several")  # fmt: skip
 
     # -- more subcommands register here: add_commands(sub) from their own modules
     cli_retention.add_commands(sub)  # gc

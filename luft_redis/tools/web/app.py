@@ -1,0 +1,591 @@
+"""The web view's ASGI app (Starlette): pages, the JSON API, the event stream, the guards.
+
+Routes::
+
+    GET  /                          the runs page (server-rendered, from the run index)
+    GET  /runs/{id}                 one run's page (filled and kept live by static/web.js)
+    GET  /api/runs                  runs as ``runs --json`` rows, with counts by status
+    GET  /api/runs/{id}             the run's state (``show --json`` plus ``view``)
+    GET  /api/runs/{id}/events      text/event-stream: ``event`` and ``state`` messages
+    GET  /api/runs/{id}/log         older events, paged (``?before=ID&count=N``)
+    POST /api/runs/{id}/cancel      only with --allow-cancel and the page's CSRF token
+    GET  /static/...                web.js, web.css (shipped in the wheel)
+
+Guards (:class:`Guard`, on every request, the event stream included): the ``Host`` header
+must name the bound address (or an ``--allowed-host``), which defeats DNS rebinding; with a
+token, a request needs ``Authorization: Bearer <token>`` or the session cookie that
+``?token=<token>`` on a page sets (HttpOnly, SameSite=Strict); every response carries a
+strict Content-Security-Policy (scripts only from /static, no inline script).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import html
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ... import codec, index
+from ... import types as t
+from ...keys import run_index_key, run_keys
+from ..cli import _timestamp, dumps, event_json, run_row_json
+from .hub import Hubs, RunHub
+
+__all__ = ["STATIC", "WebConfig", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+STATIC: Final = Path(__file__).parent / "static"
+COOKIE: Final = "luft_web_session"
+PAGE_SIZE: Final = 50
+"""Runs per page of the runs page."""
+MAX_ROWS: Final = 10_000
+"""The deepest row the runs page pages to (read_page reads up to page * size rows)."""
+SEARCH_DEPTH: Final = 1000
+"""A text search looks at the newest this many runs (of the status filter)."""
+COUNTS_MAX_AGE: Final = 15.0
+"""Seconds the counts by status are reused before they are counted again (in the
+background: a page load never waits for a count)."""
+LOG_PAGE: Final = 200
+
+_Scope = MutableMapping[str, Any]
+_Message = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[_Message]]
+_Send = Callable[[_Message], Awaitable[None]]
+_ASGI = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
+
+CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+              "connect-src 'self'; base-uri 'none'; form-action 'self'; "
+              "frame-ancestors 'none'")  # fmt: skip
+
+
+@dataclass
+class WebConfig:
+    """What ``luft-redis web`` was started with."""
+
+    prefix: str
+    host: str = "127.0.0.1"
+    port: int = 8470
+    token: str | None = None
+    allow_cancel: bool = False
+    allowed_hosts: Sequence[str] = ()
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    def session_value(self) -> str:
+        """The cookie value that stands for the token (not the token itself)."""
+        assert self.token is not None
+        return hmac.new(self.token.encode(), b"luft-web-session", hashlib.sha256).hexdigest()
+
+    def csrf_token(self) -> str:
+        return hmac.new(self.secret, b"luft-web-csrf", hashlib.sha256).hexdigest()
+
+    def host_names(self) -> set[str]:
+        names = {self.host.lower().strip("[]"), *(h.lower() for h in self.allowed_hosts)}
+        if names & {"127.0.0.1", "localhost", "::1"}:
+            names |= {"127.0.0.1", "localhost", "::1"}
+        if names & {"0.0.0.0", "::"}:  # every address of this machine: its names
+            import socket
+
+            names |= {socket.gethostname().lower(), socket.getfqdn().lower(), "127.0.0.1",
+                      "localhost", "::1"}  # fmt: skip
+            with contextlib.suppress(OSError):
+                for info in socket.getaddrinfo(socket.gethostname(), None):
+                    names.add(str(info[4][0]).lower())
+        return names
+
+
+def _host_of(header: str) -> str:
+    """The host name of a Host header (without the port, IPv6 brackets removed)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class Guard:
+    """Host check, token check and security headers around the app (pure ASGI, so the
+    event stream is guarded like any request)."""
+
+    def __init__(self, app: _ASGI, config: WebConfig) -> None:
+        self.app = app
+        self.config = config
+        self.names = config.host_names()
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}  # fmt: skip
+
+        async def secured(message: _Message) -> None:
+            if message["type"] == "http.response.start":
+                extra = [(b"content-security-policy", CSP.encode()),
+                         (b"x-content-type-options", b"nosniff"),
+                         (b"referrer-policy", b"no-referrer"),
+                         (b"x-frame-options", b"DENY"),
+                         (b"cache-control", b"no-store")]  # fmt: skip
+                message["headers"] = list(message.get("headers", [])) + extra
+            await send(message)
+
+        if _host_of(headers.get("host", "")) not in self.names:
+            await PlainTextResponse("unknown Host: this server answers only to its own "
+                                    "address (see --allowed-host)", 421)(scope, receive, secured)
+            return
+        token = self.config.token
+        if token is not None and not self._authorized(headers):
+            query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+            given = query.get("token")
+            if (given is not None and scope["method"] == "GET"
+                    and hmac.compare_digest(given.encode(), token.encode())):  # fmt: skip
+                rest = urlencode([(k, v) for k, v in query.items() if k != "token"])
+                target = scope["path"] + (f"?{rest}" if rest else "")
+                response: Response = RedirectResponse(target, 303)
+                response.set_cookie(COOKIE, self.config.session_value(), httponly=True,
+                                    samesite="strict", path="/")  # fmt: skip
+                await response(scope, receive, secured)
+                return
+            if scope["path"].startswith("/api/"):
+                response = JSONResponse({"error": "unauthorized: send Authorization: Bearer "
+                                         "<token>"}, 401, headers={"WWW-Authenticate": "Bearer"})
+            else:
+                response = HTMLResponse(_page("Token needed", "<p>This view needs its token: "
+                                              "open the URL that <code>luft-redis web</code> "
+                                              "printed (it ends in <code>?token=...</code>)."
+                                              "</p>"), 401)  # fmt: skip
+            await response(scope, receive, secured)
+            return
+        if scope["method"] not in ("GET", "HEAD") and not self.config.allow_cancel:
+            await JSONResponse({"error": "read-only: start luft-redis web with --allow-cancel "
+                                "to cancel runs"}, 403)(scope, receive, secured)  # fmt: skip
+            return
+        await self.app(scope, receive, secured)
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        token = self.config.token
+        assert token is not None
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer " and hmac.compare_digest(auth[7:].strip().encode(),
+                                                                 token.encode()):  # fmt: skip
+            return True
+        cookie: SimpleCookie = SimpleCookie()
+        with contextlib.suppress(Exception):
+            cookie.load(headers.get("cookie", ""))
+        morsel = cookie.get(COOKIE)
+        return morsel is not None and hmac.compare_digest(
+            morsel.value.encode(), self.config.session_value().encode())
+
+
+# ------------------------------------------------------------------------------- HTML
+
+
+def _e(value: object) -> str:
+    """Escaped text for HTML (every value that came from Redis goes through here)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _page(title: str, body: str, *, meta: str = "", script: bool = False) -> str:
+    js = '<script src="/static/web.js" defer></script>' if script else ""
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_e(title)} · luft-redis</title>"
+            f"<link rel=\"stylesheet\" href=\"/static/web.css\">{meta}{js}</head><body>"
+            "<header class=\"top\"><a href=\"/\" class=\"brand\">luft-redis</a></header>"
+            f"<main>{body}</main></body></html>")  # fmt: skip
+
+
+_STATUSES: Final = tuple(s.value for s in t.CheckpointStatus)
+
+
+@dataclass
+class _Counts:
+    counts: dict[str, int] = field(default_factory=dict)
+    at: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+
+def _count_statuses(client: Any, prefix: str) -> dict[str, int]:
+    """Runs by status, over the whole index (ZSCAN-free: ZRANGE in pages, HGET pipelined).
+    Runs in a worker thread, in the background of the runs page."""
+    key = run_index_key(prefix)
+    counts = dict.fromkeys(_STATUSES, 0)
+    start = 0
+    while True:
+        members = client.zrange(key, start, start + 999)
+        if not members:
+            break
+        pipe = client.pipeline(transaction=False)
+        for raw in members:
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                pipe.hget(run_keys(prefix, uuid.UUID(text)).run, "status")
+            except ValueError:
+                continue
+        for status in pipe.execute():
+            if status is not None:
+                name = status.decode("utf-8", "replace")
+                counts[name] = counts.get(name, 0) + 1
+        start += len(members)
+        if len(members) < 1000:
+            break
+    return counts
+
+
+class _Runs:
+    """The runs page's reads: ``index.read_page`` on a sync client in a worker thread."""
+
+    def __init__(self, sync_client: Any, prefix: str) -> None:
+        self.client = sync_client
+        self.prefix = prefix
+        self.counts = _Counts()
+
+    async def page(self, statuses: Sequence[str], text: str, page: int) -> tuple[
+            list[index.IndexRow], int, bool]:  # fmt: skip
+        """(rows of page ``page``, runs indexed, whether a next page exists)."""
+        if text:
+            found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
+                                            limit=SEARCH_DEPTH, statuses=statuses)  # fmt: skip
+            needle = text.casefold()
+            rows = [r for r in found.rows if needle in r.task.casefold()]
+            chunk = rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
+            return chunk, found.indexed, len(rows) > (page + 1) * PAGE_SIZE
+        limit = min(MAX_ROWS, (page + 1) * PAGE_SIZE + 1)
+        found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
+                                        limit=limit, statuses=statuses)  # fmt: skip
+        chunk = found.rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
+        return chunk, found.indexed, len(found.rows) > (page + 1) * PAGE_SIZE
+
+    def status_counts(self) -> tuple[dict[str, int], float | None]:
+        """The counts by status and their age in seconds (None: not counted yet); starts a
+        background count when they are older than :data:`COUNTS_MAX_AGE`."""
+        now = time.monotonic()
+        state = self.counts
+        if now - state.at > COUNTS_MAX_AGE and (state.task is None or state.task.done()):
+            async def count() -> None:
+                try:
+                    state.counts = await asyncio.to_thread(_count_statuses, self.client,
+                                                           self.prefix)  # fmt: skip
+                    state.at = time.monotonic()
+                except Exception as exc:
+                    logger.warning("counting runs by status failed: %s", exc)
+
+            state.task = asyncio.get_running_loop().create_task(count())
+        return state.counts, (now - state.at if state.at else None)
+
+    async def wait_counts(self) -> None:
+        task = self.counts.task
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await task
+
+
+def _int_arg(request: Request, name: str, default: int = 0) -> int:
+    try:
+        return max(0, int(request.query_params.get(name, default)))
+    except ValueError:
+        return default
+
+
+def _parse_run(request: Request) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(request.path_params["run_id"])
+    except ValueError:
+        return None
+
+
+def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
+    """The guarded ASGI app for ``config`` on the two clients (one asyncio client shared by
+    every run's hub, one sync client for the run index)."""
+    hubs = Hubs(async_client, config.prefix)
+    runs = _Runs(sync_client, config.prefix)
+    host_names = config.host_names()
+    warming: set[asyncio.Task[None]] = set()
+
+    async def warm_up(run_id: uuid.UUID) -> None:
+        """Start the run's hub (it lingers for the page's event stream)."""
+        hub = await acquire(run_id)
+        if isinstance(hub, RunHub):
+            hub.released()
+
+    async def acquire(run_id: uuid.UUID) -> RunHub | Response | None:
+        """The run's hub; None when the run does not exist; a 503 when Redis is away."""
+        try:
+            return await hubs.acquire(run_id)
+        except Exception as exc:
+            logger.warning("opening run %s failed: %s", run_id, exc)
+            return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
+
+    async def runs_page(request: Request) -> Response:
+        status = request.query_params.get("status", "")
+        statuses = [status] if status in _STATUSES else []
+        text = request.query_params.get("q", "").strip()[:200]
+        page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+        if request.query_params.get("wait_counts") == "1":  # tests: counts before the page
+            runs.status_counts()
+            await runs.wait_counts()
+        try:
+            rows, indexed, more = await runs.page(statuses, text, page)
+            banner = ""
+            code = 200
+        except Exception as exc:
+            rows, indexed, more = [], 0, False
+            banner = (f"<div class=\"banner\" id=\"banner\">Redis is unreachable: {_e(exc)}. "
+                      "Reload to try again.</div>")
+            code = 503
+        counts, age = runs.status_counts()
+        parts = [banner, "<h1>Runs</h1><ul class=\"counts\" id=\"counts\">"]
+        parts.append(f"<li><a href=\"/\" data-status=\"all\">all <b>{indexed}</b></a></li>")
+        for name in _STATUSES:
+            current = " class=\"current\"" if name == status else ""
+            shown = counts.get(name, "…") if counts else "…"
+            parts.append(f"<li{current}><a href=\"/?status={name}\" data-status=\"{name}\" "
+                         f"class=\"st-{name}\">{name} <b>{shown}</b></a></li>")
+        parts.append("</ul>")
+        if age is not None:
+            parts.append(f"<p class=\"note\">counts as of {age:.0f} s ago</p>")
+        parts.append("<form class=\"filter\" method=\"get\" action=\"/\">"
+                     "<label>status <select name=\"status\"><option value=\"\">any</option>")
+        for name in _STATUSES:
+            selected = " selected" if name == status else ""
+            parts.append(f"<option{selected}>{name}</option>")
+        parts.append(f"</select></label> <label>task contains <input name=\"q\" "
+                     f"value=\"{_e(text)}\"></label> <button>Filter</button></form>")
+        parts.append("<table class=\"runs\" id=\"runs\"><thead><tr><th>task</th><th>status</th>"
+                     "<th>phase</th><th>agents</th><th>tokens</th><th>started (UTC)</th>"
+                     "<th>last change (UTC)</th></tr></thead><tbody>")
+        for row in rows:
+            parts.append(
+                f"<tr data-run=\"{row.run_id}\"><td><a href=\"/runs/{row.run_id}\">"
+                f"{_e(_short(row.task)) or '(no task)'}</a></td>"
+                f"<td class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
+                f"<td>{row.current_phase}</td><td>{row.agents}</td>"
+                f"<td>{row.total_tokens:,}</td><td>{_timestamp(row.created_at)}</td>"
+                f"<td>{_timestamp(row.updated_at)}</td></tr>")  # fmt: skip
+        parts.append("</tbody></table>")
+        if not rows:
+            parts.append("<p class=\"note\">No runs here.</p>")
+        nav = []
+        query = {"status": status, "q": text}
+        if page > 0:
+            nav.append(f"<a href=\"/?{urlencode({**query, 'page': page - 1})}\">← newer</a>")
+        if more:
+            nav.append(f"<a href=\"/?{urlencode({**query, 'page': page + 1})}\" "
+                       f"id=\"older\">older →</a>")
+        if text:
+            nav.append(f"<span class=\"note\">the search looks at the newest {SEARCH_DEPTH} "
+                       "runs</span>")
+        parts.append(f"<nav class=\"pager\">{' '.join(nav)}</nav>")
+        return HTMLResponse(_page("Runs", "".join(parts)), code)
+
+    async def run_page(request: Request) -> Response:
+        run_id = _parse_run(request)
+        if run_id is None:
+            return HTMLResponse(_page("Not found", "<p>Not a run id.</p>"), 404)
+        # one HMGET, not the hub: a run of 10,000 agents answers as fast as a small one; its
+        # hub starts meanwhile, for the page's event stream
+        try:
+            raw_task, raw_status = await async_client.hmget(
+                run_keys(config.prefix, run_id).run, ["task", "status"])  # fmt: skip
+        except Exception as exc:
+            return HTMLResponse(_page("Redis unreachable", "<div class=\"banner\" "
+                                      f"id=\"banner\">Redis is unreachable ({_e(exc)}): "
+                                      "reload to try again.</div>"), 503)  # fmt: skip
+        if raw_status is None:
+            return HTMLResponse(_page("Not found", f"<p>No run {run_id} under prefix "
+                                      f"{_e(config.prefix)}.</p>"), 404)  # fmt: skip
+        warm = asyncio.get_running_loop().create_task(warm_up(run_id))
+        warming.add(warm)
+        warm.add_done_callback(warming.discard)
+        state = {"task": _text(raw_task), "status": _text(raw_status)}
+        meta = f"<meta name=\"luft-run\" content=\"{run_id}\">"
+        if config.allow_cancel:
+            meta += f"<meta name=\"luft-csrf\" content=\"{config.csrf_token()}\">"
+        task = state.get("task", "")
+        body = f"""
+<div class="banner hidden" id="banner"></div>
+<h1 id="title">{_e(_short(task, 120)) or '(no task)'}</h1>
+<p class="age" id="age">connecting…</p>
+<section class="head"><dl id="head">
+<dt>status</dt><dd id="status" class="st-{_e(state.get('status'))}">{_e(state.get('status'))}</dd>
+</dl><div id="actions"></div></section>
+<section><h2>Phases</h2><div id="phases"></div></section>
+<section class="charts"><div><h2>Tokens over time</h2><div id="chart-tokens"></div></div>
+<div><h2>Agents finished over time</h2><div id="chart-agents"></div></div></section>
+<section><h2>Agents <span id="agents-count" class="note"></span></h2>
+<table class="agents" id="agents"><thead><tr><th>agent</th><th>phase</th><th>status</th>
+<th>model</th><th>role</th><th>tokens</th><th>elapsed</th><th>retries</th><th>holder</th>
+<th>attempt</th><th>lease expires</th></tr></thead><tbody></tbody></table>
+<nav class="pager"><button id="agents-prev" type="button">← previous</button>
+<span id="agents-page"></span><button id="agents-next" type="button">next →</button></nav>
+</section>
+<section><h2>Findings</h2><div id="findings"><p class="note">none yet</p></div></section>
+<section><h2>Event log</h2><p class="note hidden" id="trimmed"></p>
+<button id="log-older" type="button">older events</button>
+<ol class="log" id="log"></ol></section>
+<details><summary>task</summary><pre id="task">{_e(task)}</pre></details>
+"""
+        return HTMLResponse(_page(f"Run {run_id}", body, meta=meta, script=True))
+
+    async def api_runs(request: Request) -> Response:
+        status = request.query_params.get("status", "")
+        statuses = [status] if status in _STATUSES else []
+        text = request.query_params.get("q", "").strip()[:200]
+        page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+        try:
+            rows, indexed, more = await runs.page(statuses, text, page)
+        except Exception as exc:
+            return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
+        counts, age = runs.status_counts()
+        body = {"runs": [run_row_json(r) for r in rows], "indexed": indexed, "more": more,
+                "page": page, "counts": counts, "counts_age_s": age}  # fmt: skip
+        return Response(dumps(body), media_type="application/json")
+
+    async def api_run(request: Request) -> Response:
+        run_id = _parse_run(request)
+        if run_id is None:
+            return JSONResponse({"error": "not a run id"}, 404)
+        hub = await acquire(run_id)
+        if isinstance(hub, Response):
+            return hub
+        if hub is None:
+            return JSONResponse({"error": f"run {run_id} not found"}, 404)
+        try:
+            text = hub.state_text(_int_arg(request, "agents_page"))
+        finally:
+            hub.released()
+        return Response(text, media_type="application/json")
+
+    async def api_events(request: Request) -> Response:
+        run_id = _parse_run(request)
+        if run_id is None:
+            return JSONResponse({"error": "not a run id"}, 404)
+        hub = await acquire(run_id)
+        if isinstance(hub, Response):
+            return hub
+        if hub is None:
+            return JSONResponse({"error": f"run {run_id} not found"}, 404)
+        viewer = hub.new_viewer(_int_arg(request, "agents_page"))
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                yield b"retry: 2000\n\n"
+                async for chunk in hub.messages(viewer):
+                    yield chunk
+            finally:
+                hub.released()
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"X-Accel-Buffering": "no"})  # fmt: skip
+
+    async def api_log(request: Request) -> Response:
+        run_id = _parse_run(request)
+        if run_id is None:
+            return JSONResponse({"error": "not a run id"}, 404)
+        before = request.query_params.get("before", "+")
+        if before != "+" and not all(part.isdigit() for part in before.split("-", 1)):
+            return JSONResponse({"error": "before: not a stream entry id"}, 400)
+        count = min(max(1, _int_arg(request, "count", LOG_PAGE)), 1000)
+        key = run_keys(config.prefix, run_id).events
+        upper = before if before == "+" else f"({before}"
+        try:
+            page = await async_client.xrevrange(key, max=upper, min="-", count=count)
+        except Exception as exc:
+            return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
+        events = []
+        for raw_id, fields in reversed(page):
+            eid = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+            type_raw, blob = fields.get(b"type"), fields.get(b"data")
+            if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
+                continue
+            event = codec.decode_event(type_raw.decode("utf-8", "replace"), blob, run_id,
+                                       key=key, entry_id=eid)  # fmt: skip
+            events.append(event_json(eid, event))
+        return Response(dumps({"events": events, "more": len(page) == count}),
+                        media_type="application/json")
+
+    async def api_cancel(request: Request) -> Response:
+        if not config.allow_cancel:
+            return JSONResponse({"error": "read-only: start luft-redis web with "
+                                 "--allow-cancel to cancel runs"}, 403)  # fmt: skip
+        given = request.headers.get("x-csrf-token", "")
+        if not hmac.compare_digest(given.encode(), config.csrf_token().encode()):
+            return JSONResponse({"error": "missing or wrong CSRF token"}, 403)
+        origin = request.headers.get("origin")
+        if origin is not None and _host_of(origin.split("://", 1)[-1]) not in host_names:
+            return JSONResponse({"error": "cross-origin request refused"}, 403)
+        run_id = _parse_run(request)
+        if run_id is None:
+            return JSONResponse({"error": "not a run id"}, 404)
+        hub = await acquire(run_id)
+        if isinstance(hub, Response):
+            return hub
+        if hub is None:
+            return JSONResponse({"error": f"run {run_id} not found"}, 404)
+        try:
+            await hub.backend.cancel()
+            cp = hub.backend.get_checkpoint()
+        except Exception as exc:
+            return JSONResponse({"error": f"cancel failed: {exc}"}, 503)
+        finally:
+            hub.released()
+        status = cp.status.value if cp is not None else "gone"
+        return JSONResponse({"run_id": str(run_id), "status": status},
+                            200 if status == "cancelled" else 409)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await hubs.close()
+            await runs.wait_counts()
+
+    app = Starlette(
+        routes=[
+            Route("/", runs_page, methods=["GET"]),
+            Route("/runs/{run_id}", run_page, methods=["GET"]),
+            Route("/api/runs", api_runs, methods=["GET"]),
+            Route("/api/runs/{run_id}", api_run, methods=["GET"]),
+            Route("/api/runs/{run_id}/events", api_events, methods=["GET"]),
+            Route("/api/runs/{run_id}/log", api_log, methods=["GET"]),
+            Route("/api/runs/{run_id}/cancel", api_cancel, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.hubs = hubs
+    guarded = Guard(app, config)
+    return guarded
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
+
+
+def _short(text: str, limit: int = 80) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"

@@ -1,0 +1,608 @@
+"""``luft-redis web``: the guards over HTTP, and what a person sees in a real headless Chromium.
+
+Each test starts ``luft-redis web`` as a subprocess on a free port against the session's
+private redis-server, writes runs with the sync backend (another process's writes, as the
+page sees them: through Redis and its change notices), and drives the page with Playwright's
+Python API pointed at Debian's ``/usr/bin/chromium`` (Playwright's own browser download is
+never used). The browser tests are marked ``slow`` and skip, saying why, when the ``web``
+extra, ``playwright`` or Chromium is missing; ``.ci/run`` installs all three.
+
+Screenshots of the runs page and a run page go to ``$LUFT_WEB_ARTIFACTS`` (default: the
+pytest temp dir's ``web-artifacts``), never into the repository.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from luft_redis import RedisCheckpointBackend
+from luft_redis import types as t
+
+pytest.importorskip("starlette", reason="the web view needs the 'web' extra (starlette)")
+pytest.importorskip("uvicorn", reason="the web view needs the 'web' extra (uvicorn)")
+
+CHROMIUM = os.environ.get("LUFT_WEB_CHROMIUM", "/usr/bin/chromium")
+PREFIX = "webtest"
+LIVE_WAIT_MS = 10_000
+XSS = "<img src=x onerror=alert(1)>"
+SCRIPT = "<script>alert('output')</script>"
+
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class WebServer:
+    """A running ``luft-redis web``."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    url: str
+    """The URL it printed (with ``?token=`` when it has one)."""
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _start(redis_url: str, *extra: str) -> WebServer:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "luft_redis", "web", "--redis", redis_url, "--prefix", PREFIX,
+           "--port", str(port), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "open http" not in line:
+        proc.kill()
+        rest = proc.stdout.read()
+        raise AssertionError(f"luft-redis web did not start: {line}{rest}")
+    return WebServer(proc, port, line.rsplit("open ", 1)[1].strip())
+
+
+@pytest.fixture
+def start_web(redis_url: str) -> Iterator[Callable[..., WebServer]]:
+    """Start ``luft-redis web`` with extra options; every one is stopped at the end."""
+    servers: list[WebServer] = []
+
+    def start(*extra: str) -> WebServer:
+        server = _start(redis_url, *extra)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        _stop(server)
+
+
+def _stop(server: WebServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+    if server.proc.stdout is not None:
+        server.proc.stdout.close()
+
+
+@pytest.fixture
+def backend(redis_url: str) -> Iterator[Callable[[], RedisCheckpointBackend]]:
+    """Sync backends on their own clients (the 'workers'), closed at the end."""
+    made: list[tuple[RedisCheckpointBackend, Any]] = []
+
+    def make() -> RedisCheckpointBackend:
+        client = redis.Redis.from_url(redis_url)
+        made.append((RedisCheckpointBackend(client, prefix=PREFIX), client))
+        return made[-1][0]
+
+    yield make
+    for one, client in made:
+        one.close()
+        client.close()
+
+
+def _new_run(make: Callable[[], RedisCheckpointBackend], task: str) -> uuid.UUID:
+    run_id = uuid.uuid4()
+    writer = make()
+    writer.init_run(run_id, task, "/tmp/run")
+    writer.append_event(t.PhaseStarted(run_id=run_id, phase_id=1, label="review", planned=2))
+    return run_id
+
+
+def _agent(writer: RedisCheckpointBackend, run_id: uuid.UUID, *, model: str = "model-a",
+           tokens: t.TokenUsage | None = None, finding: t.Finding | None = None,
+           output: Any = "done",
+           status: t.AgentStatus = t.AgentStatus.OK) -> uuid.UUID:  # fmt: skip
+    """One agent as a worker writes it: agent_started, agent_done, its result."""
+    agent_id = uuid.uuid4()
+    usage = tokens or t.TokenUsage(input=1200, output=345)
+    findings = (finding,) if finding else ()
+    writer.append_event(t.AgentStarted(run_id=run_id, phase_id=1, agent_id=agent_id,
+                                       prompt_preview=SCRIPT, model=model, role="reviewer",
+                                       name="reviewer-1"))  # fmt: skip
+    writer.append_event(t.AgentDone(run_id=run_id, agent_id=agent_id, status=status,
+                                    tokens=usage, elapsed_ms=2500, output=output,
+                                    findings=findings, name="reviewer-1"))  # fmt: skip
+    writer.upsert_agent_result(t.AgentResultCache(
+        agent_id=agent_id, phase_id=1, status=status.as_str(), output=output,
+        findings=findings, tokens=usage.total(), completed_at=int(time.time()), role="reviewer",
+    ))  # fmt: skip
+    return agent_id
+
+
+def _request(server: WebServer, method: str, path: str, *,
+             headers: dict[str, str] | None = None, host: str | None = None,
+             read: bool = True) -> tuple[int, dict[str, str], str]:  # fmt: skip
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        all_headers = {"Host": host or f"127.0.0.1:{server.port}", **(headers or {})}
+        conn.request(method, path, headers=all_headers)
+        response = conn.getresponse()
+        if response.status == 200 and response.getheader("content-type", "").startswith(
+                "text/event-stream"):  # fmt: skip
+            body = response.fp.readline().decode() if read else ""
+        else:
+            body = response.read().decode() if read else ""
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------------------ HTTP only
+
+
+def test_refuses_a_public_address_without_a_token(redis_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LUFT_REDIS_WEB_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "luft_redis", "web", "--redis", redis_url, "--host", "0.0.0.0",
+         "--port", str(_free_port())], capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "refusing to bind 0.0.0.0 without a token" in done.stderr
+    assert "--token" in done.stderr
+
+
+def test_without_the_extra_it_names_the_extra(redis_url: str) -> None:
+    code = ("import sys; sys.modules['starlette'] = None; from luft_redis.tools.cli import main; "
+            f"sys.exit(main(['web', '--redis', {redis_url!r}]))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert done.returncode == 2
+    assert "pip install 'luft-redis[web]'" in done.stderr
+
+
+def test_a_token_guards_every_request_the_event_stream_included(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend]
+) -> None:
+    run_id = _new_run(backend, "guarded")
+    server = start_web("--host", "0.0.0.0", "--token", "s3cret-token")
+    assert server.url.endswith("?token=s3cret-token")
+    for path in ("/", f"/runs/{run_id}", "/api/runs", f"/api/runs/{run_id}",
+                 f"/api/runs/{run_id}/events", f"/api/runs/{run_id}/log"):  # fmt: skip
+        status, _, _ = _request(server, "GET", path)
+        assert status == 401, path
+        status, _, _ = _request(server, "GET", path,
+                                headers={"Authorization": "Bearer wrong"})  # fmt: skip
+        assert status == 401, path
+    status, headers, body = _request(server, "GET", f"/api/runs/{run_id}/events",
+                                     headers={"Authorization": "Bearer s3cret-token"})  # fmt: skip
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    # the token, once, for an HttpOnly SameSite=Strict cookie (what a browser's EventSource
+    # sends); the cookie is not the token
+    status, headers, _ = _request(server, "GET", "/?token=s3cret-token")
+    assert status == 303 and headers["location"] == "/"
+    cookie = headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    assert "s3cret-token" not in cookie
+    pair = cookie.split(";", 1)[0]
+    status, _, _ = _request(server, "GET", f"/api/runs/{run_id}/events",
+                            headers={"Cookie": pair})  # fmt: skip
+    assert status == 200
+    status, _, body = _request(server, "GET", "/api/runs", headers={"Cookie": pair})
+    assert status == 200 and str(run_id) in body
+
+
+def test_a_foreign_host_header_is_refused(start_web: Callable[..., WebServer]) -> None:
+    server = start_web()
+    status, _, _ = _request(server, "GET", "/", host=f"attacker.example:{server.port}")
+    assert status == 421
+    status, headers, _ = _request(server, "GET", "/", host=f"localhost:{server.port}")
+    assert status == 200
+    csp = headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+
+
+def test_api_shapes_are_the_cli_json(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    redis_url: str,
+) -> None:  # fmt: skip
+    run_id = _new_run(backend, "shapes")
+    writer = backend()
+    writer.open_run(run_id)
+    _agent(writer, run_id)
+    server = start_web()
+    cli = subprocess.run([sys.executable, "-m", "luft_redis", "--redis", redis_url, "--prefix",
+                          PREFIX, "show", str(run_id), "--json", "--events", "0"],
+                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    shown = json.loads(cli.stdout)
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+    assert status == 200
+    state = json.loads(body)
+    assert {k: state[k] for k in shown} == shown
+    cli = subprocess.run([sys.executable, "-m", "luft_redis", "--redis", redis_url, "--prefix",
+                          PREFIX, "runs", "--json"], capture_output=True, text=True,
+                         timeout=30, check=True)  # fmt: skip
+    rows = [json.loads(line) for line in cli.stdout.splitlines()]
+    status, _, body = _request(server, "GET", "/api/runs")
+    assert json.loads(body)["runs"] == rows
+    # POST without --allow-cancel: refused, nothing changed
+    for path in (f"/api/runs/{run_id}/cancel", "/", f"/runs/{run_id}"):
+        status, _, _ = _request(server, "POST", path)
+        assert status == 403, path
+    assert writer.sync() is not None and writer.get_checkpoint().status.value == "running"  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------ in Chromium
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="the browser tests need playwright")  # fmt: skip
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        pytest.skip(f"the browser tests need Chromium at {CHROMIUM} (Debian: apt-get install "
+                    "chromium; or set LUFT_WEB_CHROMIUM)")  # fmt: skip
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                              headless=True)  # fmt: skip
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh page that fails the test when any dialog (alert, confirm) opens."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    one = context.new_page()
+    dialogs: list[str] = []
+    errors: list[str] = []
+
+    def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    one.on("dialog", on_dialog)
+    one.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield one
+    context.close()
+    assert dialogs == [], f"a dialog opened: {dialogs}"
+    assert errors == [], f"the page raised: {errors}"
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(os.environ.get("LUFT_WEB_ARTIFACTS")
+                  or tmp_path_factory.getbasetemp() / "web-artifacts")  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _expect() -> Any:
+    return pytest.importorskip("playwright.sync_api").expect
+
+
+@pytest.mark.slow
+def test_runs_page_counts_and_status_filter(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any, artifacts: Path,
+) -> None:  # fmt: skip
+    expect = _expect()
+    running = [_new_run(backend, f"running task {i}") for i in range(3)]
+    cancelled = _new_run(backend, "a cancelled task")
+    closer = backend()
+    closer.open_run(cancelled)
+    closer.cancel()
+    server = start_web()
+    page.goto(server.base + "/?wait_counts=1")
+    expect(page.locator("#runs tbody tr")).to_have_count(4)
+    expect(page.locator('#counts a[data-status="all"] b')).to_have_text("4")
+    expect(page.locator('#counts a[data-status="running"] b')).to_have_text("3")
+    expect(page.locator('#counts a[data-status="cancelled"] b')).to_have_text("1")
+    expect(page.locator('#counts a[data-status="completed"] b')).to_have_text("0")
+    page.screenshot(path=str(artifacts / "runs-page.png"), full_page=True)
+    page.select_option('select[name="status"]', "cancelled")
+    page.click("form.filter button")
+    rows = page.locator("#runs tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("a cancelled task")
+    expect(rows.first).to_have_attribute("data-run", str(cancelled))
+    page.click('#counts a[data-status="running"]')
+    expect(page.locator("#runs tbody tr")).to_have_count(3)
+    shown = {page.locator("#runs tbody tr").nth(i).get_attribute("data-run") for i in range(3)}
+    assert shown == {str(r) for r in running}
+    page.fill('input[name="q"]', "task 1")
+    page.select_option('select[name="status"]', "")
+    page.click("form.filter button")
+    expect(page.locator("#runs tbody tr")).to_have_count(1)
+    expect(page.locator("#runs tbody tr").first).to_contain_text("running task 1")
+
+
+@pytest.mark.slow
+def test_run_page_shows_a_new_agent_its_tokens_and_a_finding_live(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any, artifacts: Path,
+) -> None:  # fmt: skip
+    expect = _expect()
+    run_id = _new_run(backend, "review the parser")
+    server = start_web()
+    page.goto(f"{server.base}/runs/{run_id}")
+    expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#agents tbody tr")).to_have_count(0)
+    version = page.locator("body").get_attribute("data-version")
+    # a worker writes after the page opened
+    writer = backend()
+    writer.open_run(run_id)
+    finding = t.Finding(kind="bug", severity=t.Severity.HIGH, title="off-by-one in lexer",
+                        detail="the last token is dropped",
+                        location=t.Location(file="lexer.py", line=42))  # fmt: skip
+    _agent(writer, run_id, model="model-live", tokens=t.TokenUsage(input=4000, output=321),
+           finding=finding)  # fmt: skip
+    row = page.locator("#agents tbody tr")
+    expect(row).to_have_count(1, timeout=LIVE_WAIT_MS)
+    expect(row.first).to_contain_text("model-live")
+    expect(row.first).to_contain_text("4,321")
+    expect(page.locator("#findings")).to_contain_text("off-by-one in lexer",
+                                                      timeout=LIVE_WAIT_MS)  # fmt: skip
+    expect(page.locator("#findings")).to_contain_text("lexer.py:42")
+    expect(page.locator("#head")).to_contain_text("input 4,000, output 321")
+    expect(page.locator("#log")).to_contain_text("agent_done")
+    expect(page.locator("#phases")).to_contain_text("1 ok, 0 failed, 0 running of 2 planned")
+    expect(page.locator("#chart-tokens svg polyline")).to_have_count(1)
+    assert page.locator("body").get_attribute("data-version") != version
+    page.screenshot(path=str(artifacts / "run-page.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_a_cancel_from_another_process_shows_live(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any, redis_url: str,
+) -> None:  # fmt: skip
+    expect = _expect()
+    run_id = _new_run(backend, "to be cancelled elsewhere")
+    server = start_web()
+    page.goto(f"{server.base}/runs/{run_id}")
+    expect(page.locator("#status")).to_have_text("running", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#cancel")).to_have_count(0)  # read-only: no button
+    subprocess.run([sys.executable, "-m", "luft_redis", "--redis", redis_url, "--prefix",
+                    PREFIX, "cancel", str(run_id)], check=True, capture_output=True,
+                   timeout=30)  # fmt: skip
+    expect(page.locator("#status")).to_have_text("cancelled", timeout=LIVE_WAIT_MS)
+
+
+@pytest.mark.slow
+def test_the_cancel_button_with_allow_cancel(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    expect = _expect()
+    run_id = _new_run(backend, "cancel me from the page")
+    server = start_web("--allow-cancel")
+    # without the page's CSRF token, a POST is refused even with --allow-cancel
+    status, _, _ = _request(server, "POST", f"/api/runs/{run_id}/cancel")
+    assert status == 403
+    page.goto(f"{server.base}/runs/{run_id}")
+    button = page.locator("#cancel")
+    expect(button).to_be_visible(timeout=LIVE_WAIT_MS)
+    button.click()
+    expect(page.locator("#status")).to_have_text("cancelled", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#cancel")).to_have_count(0)
+    reader = backend()
+    checkpoint = reader.open_run(run_id)
+    assert checkpoint is not None and checkpoint.status is t.CheckpointStatus.CANCELLED
+
+
+@pytest.mark.slow
+def test_html_and_script_payloads_render_as_text(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    expect = _expect()
+    run_id = _new_run(backend, f"task {XSS}")
+    server = start_web("--allow-cancel")
+    page.goto(f"{server.base}/runs/{run_id}")
+    expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+    writer = backend()
+    writer.open_run(run_id)
+    finding = t.Finding(kind=f"<b>{XSS}</b>", severity=t.Severity.CRITICAL, title=XSS,
+                        detail=SCRIPT, location=t.Location(file=f"{XSS}.py"))  # fmt: skip
+    _agent(writer, run_id, model=SCRIPT, output={"html": SCRIPT, "img": XSS}, finding=finding)
+    findings = page.locator("#findings")
+    expect(findings.locator(".title")).to_have_text(XSS, timeout=LIVE_WAIT_MS)
+    expect(findings.locator(".detail")).to_have_text(SCRIPT)
+    expect(page.locator("#agents tbody tr").first).to_contain_text(SCRIPT)
+    expect(page.locator("#log")).to_contain_text(SCRIPT)
+    expect(page.locator("#title")).to_have_text(f"task {XSS}")
+    # the payloads stayed text: no element was made from them
+    assert page.locator("main img").count() == 0
+    assert page.locator("main b").count() == 0
+    assert page.locator("script").count() == 1  # /static/web.js, nothing else
+    page.wait_for_timeout(500)  # an onerror would have fired by now: the page fixture checks
+
+
+@pytest.mark.slow
+def test_the_token_cookie_carries_the_browser(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    expect = _expect()
+    run_id = _new_run(backend, "behind a token")
+    server = start_web("--token", "browser-token")
+    response = page.goto(f"{server.base}/runs/{run_id}")
+    assert response is not None and response.status == 401
+    page.goto(f"{server.base}/runs/{run_id}?token=browser-token")
+    assert "token" not in page.url
+    expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+    writer = backend()
+    writer.open_run(run_id)
+    _agent(writer, run_id, model="model-behind-token")
+    first_row = page.locator("#agents tbody tr").first
+    expect(first_row).to_contain_text("model-behind-token", timeout=LIVE_WAIT_MS)
+
+
+@pytest.mark.slow
+def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
+    redis_server_binary: str, page: Any, artifacts: Path,
+) -> None:  # fmt: skip
+    from luft_redis.tools.server import LocalRedisServer
+
+    expect = _expect()
+    server = LocalRedisServer(binary=redis_server_binary, appendonly=True, appendfsync="always")
+    server.start()
+    web: WebServer | None = None
+    made: list[RedisCheckpointBackend] = []
+
+    def make() -> RedisCheckpointBackend:
+        made.append(RedisCheckpointBackend(redis.Redis.from_url(server.url), prefix=PREFIX))
+        return made[-1]
+
+    try:
+        run_id = _new_run(make, "survives a restart of Redis")
+        web = _start(server.url)
+        page.goto(f"{web.base}/runs/{run_id}")
+        expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+        expect(page.locator("#banner")).to_be_hidden()
+        server.kill()
+        expect(page.locator("#banner")).to_contain_text("Redis is unreachable",
+                                                        timeout=LIVE_WAIT_MS)  # fmt: skip
+        expect(page.locator("#age")).to_contain_text("not live: data as of")
+        page.screenshot(path=str(artifacts / "run-page-redis-down.png"))
+        server.start()
+        expect(page.locator("#banner")).to_be_hidden(timeout=LIVE_WAIT_MS)
+        expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
+        writer = make()
+        writer.open_run(run_id)
+        _agent(writer, run_id, model="model-after-restart")
+        first_row = page.locator("#agents tbody tr").first
+        expect(first_row).to_contain_text("model-after-restart", timeout=LIVE_WAIT_MS)
+    finally:
+        for one in made:
+            one.close()
+            one.client.close()
+        if web is not None:
+            _stop(web)
+        server.stop()
+
+
+def test_the_page_assets_are_in_the_installed_package() -> None:
+    """CI installs the wheel: the page's script and style must be inside the package."""
+    from luft_redis.tools.web.app import STATIC
+
+    script = (STATIC / "web.js").read_text()
+    assert (STATIC / "web.css").is_file()
+    assert "innerHTML" not in script and "eval(" not in script
+
+
+@pytest.mark.slow
+def test_web_benchmark_smoke(redis_server_binary: str) -> None:
+    """``benchmarks.web --smoke`` runs and prints every row with numbers (no timing is
+    asserted)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.web", "--smoke"], cwd=root,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "write -> page update (1 client, 5 writes): p50" in out, out
+    assert out.count("fan-out ") >= 3 and "missed 0.0%" in out, out
+    assert "runs page GET /          " in out and "runs page GET /api/runs" in out, out
+
+
+@pytest.mark.slow
+def test_agents_are_paged_on_the_server(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    from luft_redis.tools.web.hub import AGENTS_PAGE
+
+    expect = _expect()
+    run_id = _new_run(backend, "many agents")
+    writer = backend()
+    writer.open_run(run_id)
+    for i in range(AGENTS_PAGE + 7):
+        _agent(writer, run_id, model=f"model-{i}")
+    server = start_web()
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}?agents_page=1")
+    view = json.loads(body)["view"]
+    assert status == 200 and view["agents_total"] == AGENTS_PAGE + 7
+    assert [a["model"] for a in view["agents"]] == [f"model-{AGENTS_PAGE + i}" for i in range(7)]
+    page.goto(f"{server.base}/runs/{run_id}")
+    rows = page.locator("#agents tbody tr")
+    expect(rows).to_have_count(AGENTS_PAGE, timeout=LIVE_WAIT_MS)
+    expect(page.locator("#agents-page")).to_have_text("page 1 of 2")
+    page.click("#agents-next")
+    expect(rows).to_have_count(7, timeout=LIVE_WAIT_MS)
+    expect(rows.first).to_contain_text(f"model-{AGENTS_PAGE}")
+    expect(page.locator("#agents-next")).to_be_disabled()
+    # the new stream starts the log afresh: no event twice
+    expect(page.locator("#log li").last).to_contain_text("agent_done")
+    ids = page.locator("#log li").evaluate_all("items => items.map(i => i.dataset.id)")
+    assert len(ids) == len(set(ids)) > 0
+
+
+def test_the_state_says_when_the_log_was_trimmed_and_when_the_run_expires(
+    start_web: Callable[..., WebServer], redis_url: str,
+) -> None:  # fmt: skip
+    import datetime as dt
+
+    client = redis.Redis.from_url(redis_url)
+    writer = RedisCheckpointBackend(client, prefix=PREFIX, max_events=5,
+                                    expire_finished_after=dt.timedelta(hours=1))  # fmt: skip
+    try:
+        run_id = uuid.uuid4()
+        writer.init_run(run_id, "short memory", "/tmp/run")
+        for start in range(0, 400, 50):  # XTRIM ~ drops whole stream nodes (100 entries)
+            writer.append_events([t.Log(run_id=run_id, level=t.LogLevel.INFO, msg=f"line {i}")
+                                  for i in range(start, start + 50)])  # fmt: skip
+        writer.cancel()
+        assert writer.log_trimmed
+        server = start_web()
+        status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+        state = json.loads(body)
+        assert status == 200 and state["log_trimmed"] is True and state["status"] == "cancelled"
+        assert 3500 < state["view"]["ttl_s"] <= 3600
+        assert state["events"] < 400
+        # the log API pages backwards from the newest event
+        status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?count=2")
+        page = json.loads(body)
+        assert [e["msg"] for e in page["events"]] == ["line 398", "line 399"] and page["more"]
+        before = page["events"][0]["id"]
+        status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?count=2&before={before}")
+        assert [e["msg"] for e in json.loads(body)["events"]] == ["line 396", "line 397"]
+    finally:
+        writer.close()
+        client.close()
