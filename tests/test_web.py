@@ -318,6 +318,7 @@ def _expect() -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_runs_page_counts_and_status_filter(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any, artifacts: Path,
@@ -354,6 +355,7 @@ def test_runs_page_counts_and_status_filter(
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_run_page_shows_a_new_agent_its_tokens_and_a_finding_live(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any, artifacts: Path,
@@ -389,6 +391,7 @@ def test_run_page_shows_a_new_agent_its_tokens_and_a_finding_live(
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_a_cancel_from_another_process_shows_live(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any, redis_url: str,
@@ -406,6 +409,7 @@ def test_a_cancel_from_another_process_shows_live(
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_the_cancel_button_with_allow_cancel(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any,
@@ -428,6 +432,7 @@ def test_the_cancel_button_with_allow_cancel(
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_html_and_script_payloads_render_as_text(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any,
@@ -456,6 +461,7 @@ def test_html_and_script_payloads_render_as_text(
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_the_token_cookie_carries_the_browser(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any,
@@ -476,6 +482,7 @@ def test_the_token_cookie_carries_the_browser(
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
     redis_server_binary: str, page: Any, artifacts: Path,
 ) -> None:  # fmt: skip
@@ -529,6 +536,7 @@ def test_the_page_assets_are_in_the_installed_package() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_web_benchmark_smoke(redis_server_binary: str) -> None:
     """``benchmarks.web --smoke`` runs and prints every row with numbers (no timing is
     asserted)."""
@@ -543,6 +551,7 @@ def test_web_benchmark_smoke(redis_server_binary: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
 def test_agents_are_paged_on_the_server(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     page: Any,

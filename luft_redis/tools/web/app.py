@@ -49,9 +49,11 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ... import codec, index
+from ... import index
 from ... import types as t
+from ...errors import LuftRedisError
 from ...keys import run_index_key, run_keys
+from ...wire import decode_entry, entry_id
 from ..cli import _timestamp, dumps, event_json, run_row_json
 from .hub import Hubs, RunHub
 
@@ -517,12 +519,11 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
         events = []
         for raw_id, fields in reversed(page):
-            eid = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-            type_raw, blob = fields.get(b"type"), fields.get(b"data")
-            if not isinstance(type_raw, bytes) or not isinstance(blob, bytes):
-                continue
-            event = codec.decode_event(type_raw.decode("utf-8", "replace"), blob, run_id,
-                                       key=key, entry_id=eid)  # fmt: skip
+            eid = entry_id(raw_id)
+            try:  # every stored format (a log upgraded in flight holds two)
+                event = decode_entry(run_id, key, eid, fields)
+            except LuftRedisError as exc:
+                return JSONResponse({"error": str(exc)}, 500)
             events.append(event_json(eid, event))
         return Response(dumps({"events": events, "more": len(page) == count}),
                         media_type="application/json")
