@@ -1,6 +1,6 @@
 """Generate the sync I/O modules of luft-redis from their hand-written asyncio sources.
 
-    python .ci/unasync.py           # write luft_redis/{backend,listener,fcall}.py
+    python .ci/unasync.py           # write luft_redis/{backend,listener,fcall,lease}.py
     python .ci/unasync.py --check   # exit 1 when a generated file differs (CI runs this)
 
 The asyncio code in ``luft_redis/asyncio/`` is the only hand-written source of the backend, the
