@@ -113,7 +113,7 @@ local function main()
   redis.call('ZADD', K_QUEUE, expires, aid)
   redis.call('HSET', K_RUN, 'lease_token', token) -- a counter, not a checkpoint field
   local delta = commit(run, now_seconds(), 'claim')
-  local inc = redis.call('HGET', K_RUN, 'incarnation')
+  local inc = run[3] or (WRITER .. '-' .. WRITER_SEQ) -- as commit() set it for a 0.1.0 run
   redis.call('HSET', K_WRITERS, memo_field,
     WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc)
   return lease_reply(delta, aid, token, attempt, expires, inc)
