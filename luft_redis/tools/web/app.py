@@ -341,6 +341,17 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             logger.warning("opening run %s failed: %s", run_id, exc)
             return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
 
+    async def hub_of(request: Request) -> RunHub | Response:
+        """The hub of the run the request names, or the error response (404 for a bad or
+        unknown run id, 503 when Redis is away)."""
+        run_id = _parse_run(request)
+        if run_id is None:
+            return JSONResponse({"error": "not a run id"}, 404)
+        hub = await acquire(run_id)
+        if hub is None:
+            return JSONResponse({"error": f"run {run_id} not found"}, 404)
+        return hub
+
     async def runs_page(request: Request) -> Response:
         status = request.query_params.get("status", "")
         statuses = [status] if status in _STATUSES else []
@@ -467,14 +478,9 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         return Response(dumps(body), media_type="application/json")
 
     async def api_run(request: Request) -> Response:
-        run_id = _parse_run(request)
-        if run_id is None:
-            return JSONResponse({"error": "not a run id"}, 404)
-        hub = await acquire(run_id)
+        hub = await hub_of(request)
         if isinstance(hub, Response):
             return hub
-        if hub is None:
-            return JSONResponse({"error": f"run {run_id} not found"}, 404)
         try:
             text = hub.state_text(_int_arg(request, "agents_page"))
         finally:
@@ -482,14 +488,9 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         return Response(text, media_type="application/json")
 
     async def api_events(request: Request) -> Response:
-        run_id = _parse_run(request)
-        if run_id is None:
-            return JSONResponse({"error": "not a run id"}, 404)
-        hub = await acquire(run_id)
+        hub = await hub_of(request)
         if isinstance(hub, Response):
             return hub
-        if hub is None:
-            return JSONResponse({"error": f"run {run_id} not found"}, 404)
         viewer = hub.new_viewer(_int_arg(request, "agents_page"))
 
         async def stream() -> AsyncIterator[bytes]:
@@ -538,14 +539,9 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         origin = request.headers.get("origin")
         if origin is not None and _host_of(origin.split("://", 1)[-1]) not in host_names:
             return JSONResponse({"error": "cross-origin request refused"}, 403)
-        run_id = _parse_run(request)
-        if run_id is None:
-            return JSONResponse({"error": "not a run id"}, 404)
-        hub = await acquire(run_id)
+        hub = await hub_of(request)
         if isinstance(hub, Response):
             return hub
-        if hub is None:
-            return JSONResponse({"error": f"run {run_id} not found"}, 404)
         try:
             await hub.backend.cancel()
             cp = hub.backend.get_checkpoint()
@@ -554,7 +550,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         finally:
             hub.released()
         status = cp.status.value if cp is not None else "gone"
-        return JSONResponse({"run_id": str(run_id), "status": status},
+        return JSONResponse({"run_id": str(hub.run_id), "status": status},
                             200 if status == "cancelled" else 409)
 
     @contextlib.asynccontextmanager
