@@ -26,7 +26,9 @@ Runs against the session's private redis-server (marked ``server``).
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -45,10 +47,12 @@ from luft_redis import (
     AgentSessionCheckpoint,
     AgentStatus,
     AgentTask,
+    Durability,
     Finding,
     LeaseLostError,
     Log,
     LogLevel,
+    NotDurableError,
     NotResumableError,
     RedisCheckpointBackend,
     RunDone,
@@ -65,7 +69,7 @@ from luft_redis import types as t
 from luft_redis.keys import run_keys
 from luft_redis.listener import ChangeListener
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
-from luft_redis.tools.server import LOOPBACK, LocalRedisServer
+from luft_redis.tools.server import LOOPBACK, LocalRedisServer, packaged_server
 
 pytestmark = pytest.mark.server
 
@@ -967,3 +971,74 @@ def test_async_lease_cycles_under_lost_and_late_replies(
     for kind in (t.AgentStarted, AgentDone):
         assert sorted(e.agent_id for e in log if isinstance(e, kind)) == sorted(agents)
     assert reader.version == 2 + n * 4
+
+
+# ------------------------------------------------ a replayed durable write waits for replicas
+
+
+@pytest.fixture(params=["default", "redis-8.2", "valkey-9"])
+def primary_and_replica(request: pytest.FixtureRequest, redis_server_binary: str
+                        ) -> Iterator[tuple[LocalRedisServer, LocalRedisServer]]:  # fmt: skip
+    """A private primary and one replica of it, in sync, on the default server and on the
+    packaged ones (which count a connection's writes for ``WAIT`` differently: see below)."""
+    binary = redis_server_binary
+    if request.param != "default":
+        try:
+            binary = packaged_server(request.param)
+        except FileNotFoundError as exc:
+            pytest.skip(f"{request.param}: {exc}")
+    primary = LocalRedisServer(binary=binary).start()
+    replica = LocalRedisServer(
+        binary=binary, extra_args=["--replicaof", LOOPBACK, str(primary.port)]
+    ).start()
+    try:
+        with redis.Redis(host=LOOPBACK, port=replica.port) as conn:
+            deadline = time.monotonic() + 15
+            while conn.info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline, "the replica did not sync"
+                time.sleep(0.05)
+        yield primary, replica
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+def test_a_replayed_durable_write_is_only_acknowledged_once_replicated(
+    primary_and_replica: tuple[LocalRedisServer, LocalRedisServer],
+) -> None:
+    """A durable write applied on the primary whose reply was lost is retried on a new
+    connection, where the script replays it without applying it again. ``WAIT`` counts the
+    replicas that caught up with *that connection's* last write: the replay must make one, or
+    a replica that never received the write acknowledges it at once (Redis 8.2 and Valkey 9
+    did, before the replay wrote; Redis 7.0 moves a connection's offset on every command).
+    With the replica stopped the retried write is reported NotDurableError, never
+    acknowledged; once the replica resumes, the write is there exactly once."""
+    primary, replica = primary_and_replica
+    assert replica.pid is not None
+    with FaultProxy(primary.port, seed=7) as proxy:
+        client = _proxied_client(proxy)
+        durable = Durability(replicas=1, timeout_ms=300)
+        backend = RedisCheckpointBackend(client, watch=False, retry=GENEROUS, durability=durable)
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "durable replay", "/tmp/durable")
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            proxy.fail_next(1, "reply")
+            with pytest.raises(NotDurableError) as caught:
+                backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="replayed"))
+            assert caught.value.acked == 0
+            assert backend.stats().replays_total == 1
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        with redis.Redis(host=LOOPBACK, port=replica.port) as conn:
+            reader = RedisCheckpointBackend(conn, watch=False)
+            deadline = time.monotonic() + 15
+            while True:
+                assert reader.open_run(run_id) is not None
+                msgs = [e.msg for e in reader.get_event_log() if isinstance(e, Log)]
+                if msgs or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert msgs == ["replayed"]
+        backend.close()
+        client.close()

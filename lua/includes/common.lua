@@ -358,6 +358,11 @@ local function dedup()
     fail('CORRUPT', K_WRITERS .. ' ' .. WRITER .. ' is not "<seq> <inc> <v> <inc> <v>"')
   end
   if seq == WRITER_SEQ then
+    -- A write, though it changes nothing: a WAIT after this reply (durability=) counts the
+    -- replicas that caught up with this connection's last write, and a retry comes on a new
+    -- connection, which has none on Redis >= 7.2 and Valkey: the replicas would acknowledge
+    -- a write they may never have received.
+    redis.call('HSET', K_WRITERS, WRITER, last)
     if ib == '-' then ib = '' end
     if ia == '-' then ia = '' end
     return delta_bytes(ib, vb, ia, va, 'replay')
