@@ -35,7 +35,7 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
-from .fcall import call_function, index_add, index_remove, raise_lost_redirect
+from .fcall import call_durably, call_function, index_add, index_remove, raise_lost_redirect
 from .frontend import (
     _UNBOUND,
     DEFAULT_PAGE_SIZE,
@@ -67,7 +67,7 @@ from .runtime import (
     sync_run_callback,
     sync_sleep,
 )
-from .scripts import Function, is_function_missing, translate_error
+from .scripts import Function, translate_error
 from .tasks import (
     DEFAULT_MAX_ATTEMPTS,
     AgentTask,
@@ -456,22 +456,11 @@ class RedisCheckpointBackend(FrontEnd):
                 reply = self._call(fn, full, keys, run_id)
                 self._counters.writes += 1
                 return reply, None
-            command = fn.command(keys, full)
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
 
-            def send() -> tuple[Any, Any]:
-                pipe = self._client.pipeline(transaction=False)
-                pipe.execute_command(*command)
-                pipe.execute_command(*wait)
-                result, count = pipe.execute(raise_on_error=False)
-                return result, count
-
             def attempt() -> tuple[Any, int]:
-                result, count = send()
-                if is_function_missing(result):  # nothing ran; the WAIT waited for nothing
-                    logger.info("loading the Redis Functions library %s", self._library.name)
-                    self._client.execute_command(*self._library.load_command)
-                    result, count = send()
+                result, count = call_durably(self._client, fn, keys, full, wait,
+                                                   cluster=self._cluster)  # fmt: skip
                 for reply in (result, count):
                     if isinstance(reply, Exception):
                         raise reply

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio.cluster
@@ -54,11 +55,13 @@ __all__ = [
     "TopologyChanged",
     "async_add_node",
     "async_cluster_nodes",
+    "async_node_pipeline",
     "is_lost_redirect",
     "loaded_nodes",
     "missing_primaries",
     "sync_add_node",
     "sync_cluster_nodes",
+    "sync_node_pipeline",
     "topology_changed",
 ]
 
@@ -123,6 +126,26 @@ async def async_cluster_nodes(client: Any, node: Any) -> Any:
 def sync_cluster_nodes(client: Any, node: Any) -> Any:
     """``CLUSTER NODES`` asked of ``node`` (a sync cluster node has a client of its own)."""
     return client.get_redis_connection(node).execute_command("CLUSTER", "NODES")
+
+
+async def async_node_pipeline(client: Any, node: Any,
+                              commands: Sequence[Sequence[Any]]) -> list[Any]:  # fmt: skip
+    """``commands`` sent to ``node`` in one write on one of its connections, every reply read
+    (an error reply as its exception): a ``WAIT`` among them then counts that connection's
+    writes. An asyncio cluster node runs a pipeline itself."""
+    stack = [redis.asyncio.cluster.PipelineCommand(i, *command)
+             for i, command in enumerate(commands)]  # fmt: skip
+    await node.execute_pipeline(stack)
+    return [command.result for command in stack]
+
+
+def sync_node_pipeline(client: Any, node: Any, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """``commands`` sent to ``node`` in one write on one of its connections, every reply read
+    (an error reply as its exception). A sync cluster node has a client of its own."""
+    pipe = client.get_redis_connection(node).pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(pipe.execute(raise_on_error=False))
 
 
 def async_add_node(manager: Any, host: str, port: int) -> str:

@@ -28,11 +28,13 @@ from typing import Any
 import redis.exceptions
 
 from .cluster import (
+    TopologyChanged,
     is_lost_redirect,
     loaded_nodes,
     missing_primaries,
     sync_add_node,
     sync_cluster_nodes,
+    sync_node_pipeline,
     topology_changed,
 )
 from .connect import is_cluster
@@ -43,6 +45,7 @@ from .runtime import sync_cluster_ready
 from .scripts import Function, cluster_route, library
 
 __all__ = [
+    "call_durably",
     "call_function",
     "index_add",
     "index_remove",
@@ -100,6 +103,52 @@ def call_function(client: Any, fn: Function, keys: Sequence[Any], args: Sequence
                 route["target_nodes"].name)  # fmt: skip
     client.execute_command(*lib.load_command, **route)
     return client.execute_command(*command, **route)
+
+
+def call_durably(client: Any, fn: Function, keys: Sequence[Any], args: Sequence[Any],
+                       wait: Sequence[Any], *, cluster: bool) -> tuple[Any, Any]:  # fmt: skip
+    """One attempt of ``fn`` followed by ``wait`` (``WAIT <replicas> <ms>``) in one round trip
+    on one connection, since ``WAIT`` counts the replicas that caught up with that
+    connection's writes: the two replies, an error reply as its exception (the caller raises
+    them). On "Function not found" the library is loaded and both are sent once more.
+
+    On Redis Cluster both go to the primary owning the run's slot, on one of its connections.
+    A redirect (``MOVED``/``ASK``: the slot moved or is moving) or a slot missing from the
+    client's table refreshes the topology and raises :class:`TopologyChanged` (transient:
+    nothing was acknowledged; if the write ran, the retry replays it, and a replay writes, so
+    its ``WAIT`` still counts the write's replication).
+    """
+    lib = library()
+    command = fn.command(keys, args)
+    route: dict[str, Any] = {}
+    if cluster:
+        sync_cluster_ready(client)
+        if client not in _PRIMED:
+            prime_cluster(client)
+        route = cluster_route(client, keys)
+        if not route:
+            refresh_topology(client, lib.load_command)
+            raise TopologyChanged("no primary serves the run's slot in the client's slot table "
+                                  "(a failover?); the topology was refreshed")  # fmt: skip
+
+    def send() -> list[Any]:
+        if cluster:
+            return sync_node_pipeline(client, route["target_nodes"], (command, wait))
+        pipe = client.pipeline(transaction=False)
+        pipe.execute_command(*command)
+        pipe.execute_command(*wait)
+        return list(pipe.execute(raise_on_error=False))
+
+    result, count = send()
+    if is_function_missing(result):  # nothing ran; the WAIT waited for nothing
+        logger.info("loading the Redis Functions library %s", lib.name)
+        client.execute_command(*lib.load_command, **route)
+        result, count = send()
+    if isinstance(result, (redis.exceptions.MovedError, redis.exceptions.AskError)):
+        refresh_topology(client, lib.load_command)
+        raise TopologyChanged(f"Redis Cluster redirected a durable write ({result}): the run's "
+                              "slot moved; nothing acknowledged; topology refreshed")
+    return result, count
 
 
 def index_add(client: Any, retry: RetryPolicy, prefix: str, run_id: uuid.UUID,

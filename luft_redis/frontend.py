@@ -105,8 +105,6 @@ class FrontEnd:
         self._scripts = self._library.ops
         self._cluster = is_cluster(client)
         self._retry = retry if retry is not None else NO_RETRY
-        if durability is not None and self._cluster:
-            raise ConfigurationError("durability= is not supported on Redis Cluster clients")
         self._durability = durability
         if max_payload_size < 1:
             raise ConfigurationError("max_payload_size must be positive")

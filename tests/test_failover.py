@@ -7,7 +7,9 @@ replicas, so that the promoted primary still has one to acknowledge ``WAIT``).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -20,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio.cluster
 from redis.crc import key_slot
 
 from luft_redis import (
@@ -40,6 +43,7 @@ from luft_redis.errors import LuftRedisError
 from luft_redis.keys import run_keys
 from luft_redis.retry import RetryPolicy
 from luft_redis.tools.server import (
+    LOOPBACK,
     LocalRedisCluster,
     LocalRedisServer,
     find_free_port,
@@ -367,9 +371,10 @@ def test_a_fleet_through_a_sentinel_failover_finishes_every_agent_once(
 def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
     redis_cluster_replicas: LocalRedisCluster,
 ) -> None:
-    """On Cluster (where ``durability=`` is refused: WAIT is per node) a planned
-    ``CLUSTER FAILOVER`` of the run's primary, which waits for the replica to catch up, in
-    the middle of the fleet's work: the same guarantees as through Sentinel."""
+    """On Cluster, with ``durability=Durability(replicas=1)``, a ``CLUSTER FAILOVER FORCE``
+    of the run's primary (the replica takes over without waiting for its primary to agree or
+    to hand over what it has not replicated) in the middle of the fleet's work: the same
+    guarantees as through Sentinel."""
     cluster = redis_cluster_replicas
     cluster.wait_ready(timeout=30)  # an earlier test may have failed over
     made: list[RedisCheckpointBackend] = []
@@ -378,7 +383,8 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
 
     def make() -> RedisCheckpointBackend:
         clients.append(cluster.client())
-        backend = RedisCheckpointBackend(clients[-1], retry=retry, max_attempts=20)
+        backend = RedisCheckpointBackend(clients[-1], retry=retry, max_attempts=20,
+                                         durability=Durability(1, 2000))  # fmt: skip
         made.append(backend)
         return backend
 
@@ -389,7 +395,7 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
         old = cluster.primary_for_slot(slot)
         (replica,) = cluster.replicas_of(old)
         with redis.Redis(host=replica.host, port=replica.port) as conn:
-            conn.execute_command("CLUSTER", "FAILOVER")
+            conn.execute_command("CLUSTER", "FAILOVER", "FORCE")
         _wait(lambda: cluster.primary_for_slot(slot).port == replica.port, 30, "the failover")
 
     try:
@@ -398,3 +404,60 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
         for client in clients:
             client.close()
         cluster.wait_ready(timeout=30)  # the demoted primary follows its replacement
+
+
+# ------------------------------------------------------------ durable writes on Redis Cluster
+
+
+@pytest.mark.full  # Cluster with replicas: pytest --full (CI) only
+def test_durable_writes_on_cluster_wait_on_the_slot_owner(
+    redis_cluster_replicas: LocalRedisCluster,
+    frontend: str,
+    frontend_backend_type: Callable[..., Any],
+    request: pytest.FixtureRequest,
+) -> None:
+    """``durability=`` on Redis Cluster: the write and its ``WAIT`` go to the run's primary on
+    one connection. A write its replica acknowledged returns; with the replica stopped it is
+    applied and reported NotDurableError; after a failover the client's stale slot table sends
+    the next write to the demoted primary, whose MOVED refreshes the table, and the retry is
+    acknowledged by the new primary's replica. Every write is in the log once."""
+    cluster = redis_cluster_replicas
+    cluster.wait_ready(timeout=30)  # an earlier test may have failed over
+    node = cluster.primaries()[0]
+    if frontend == "sync":
+        client: Any = cluster.client()
+    else:
+        loop = request.getfixturevalue("async_loop")
+        client = loop.open_client(
+            lambda: redis.asyncio.cluster.RedisCluster(host=LOOPBACK, port=node.port))
+    retry = RetryPolicy(max_attempts=200, deadline=30.0, initial_delay=0.05, max_delay=0.5)
+    backend = frontend_backend_type(client, watch=False, retry=retry,
+                                    durability=Durability(replicas=1, timeout_ms=1000))  # fmt: skip
+    try:
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "durable on cluster", "/d")
+        backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="replicated"))
+        slot = key_slot(run_keys("luft", run_id).run.encode())
+        primary = cluster.primary_for_slot(slot)
+        (replica,) = cluster.replicas_of(primary)
+        assert replica.pid is not None
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(NotDurableError) as caught:
+                backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="unreplicated"))
+            assert caught.value.acked == 0
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        with redis.Redis(host=replica.host, port=replica.port) as conn:
+            conn.execute_command("CLUSTER", "FAILOVER")
+        _wait(lambda: cluster.primary_for_slot(slot).port == replica.port, 30, "the failover")
+        cluster.wait_ready(timeout=30)  # the demoted primary follows its replacement
+        retries = backend.stats().write_retries_total
+        backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="after the failover"))
+        assert backend.stats().write_retries_total > retries  # the MOVED, followed
+        msgs = [e.msg for e in backend.get_event_log() if isinstance(e, Log)]
+        assert msgs == ["replicated", "unreplicated", "after the failover"]
+    finally:
+        backend.close()
+        if frontend == "sync":
+            client.close()

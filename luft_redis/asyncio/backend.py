@@ -64,7 +64,7 @@ from ..runtime import (
     async_run_callback,
     async_sleep,
 )
-from ..scripts import Function, is_function_missing, translate_error
+from ..scripts import Function, translate_error
 from ..tasks import (
     DEFAULT_MAX_ATTEMPTS,
     AgentTask,
@@ -85,7 +85,7 @@ from ..wire import (
     page_after,
     xread_entries,
 )
-from .fcall import call_function, index_add, index_remove, raise_lost_redirect
+from .fcall import call_durably, call_function, index_add, index_remove, raise_lost_redirect
 from .lease import AsyncAgentLease
 from .listener import AsyncChangeListener, AsyncRefresher, weak_work
 
@@ -455,22 +455,11 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 reply = await self._call(fn, full, keys, run_id)
                 self._counters.writes += 1
                 return reply, None
-            command = fn.command(keys, full)
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
 
-            async def send() -> tuple[Any, Any]:
-                pipe = self._client.pipeline(transaction=False)
-                pipe.execute_command(*command)
-                pipe.execute_command(*wait)
-                result, count = await pipe.execute(raise_on_error=False)
-                return result, count
-
             async def attempt() -> tuple[Any, int]:
-                result, count = await send()
-                if is_function_missing(result):  # nothing ran; the WAIT waited for nothing
-                    logger.info("loading the Redis Functions library %s", self._library.name)
-                    await self._client.execute_command(*self._library.load_command)
-                    result, count = await send()
+                result, count = await call_durably(self._client, fn, keys, full, wait,
+                                                   cluster=self._cluster)  # fmt: skip
                 for reply in (result, count):
                     if isinstance(reply, Exception):
                         raise reply
