@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 from . import types as t
 from .backend import RedisCheckpointBackend
@@ -98,6 +98,8 @@ BATCH: Final = 500
 
 STAGING_TTL: Final = 3600
 """Seconds the staging keys of an import live if the importing process dies half way."""
+
+_R = TypeVar("_R")
 
 Progress = Callable[[int, "int | None"], None]
 """``progress(done, total)``: events copied so far, and in all (None when unknown)."""
@@ -246,44 +248,26 @@ def _scalar(value: Any) -> str:
 
 
 def _write(value: Any, out: list[str], indent: str | None, level: int) -> None:
+    """Append ``value``'s JSON to ``out``: compact (``indent`` None) or one item a line."""
     if isinstance(value, Mapping):
-        if not value:
-            out.append("{}")
-            return
-        if indent is None:
-            out.append("{")
-            for i, (k, v) in enumerate(value.items()):
-                out.append(("," if i else "") + _scalar(str(k)) + ":")
-                _write(v, out, None, 0)
-            out.append("}")
-            return
-        inner = "\n" + indent * (level + 1)
-        out.append("{")
-        for i, (k, v) in enumerate(value.items()):
-            out.append(("," if i else "") + inner + _scalar(str(k)) + ": ")
-            _write(v, out, indent, level + 1)
-        out.append("\n" + indent * level + "}")
+        items: Iterable[tuple[str | None, Any]] = ((str(k), v) for k, v in value.items())
+        brackets = "{}"
+    elif isinstance(value, (list, tuple)):
+        items = ((None, v) for v in value)
+        brackets = "[]"
+    else:
+        out.append(_scalar(value))
         return
-    if isinstance(value, (list, tuple)):
-        if not value:
-            out.append("[]")
-            return
-        if indent is None:
-            out.append("[")
-            for i, v in enumerate(value):
-                if i:
-                    out.append(",")
-                _write(v, out, None, 0)
-            out.append("]")
-            return
-        inner = "\n" + indent * (level + 1)
-        out.append("[")
-        for i, v in enumerate(value):
-            out.append(("," if i else "") + inner)
-            _write(v, out, indent, level + 1)
-        out.append("\n" + indent * level + "]")
+    if not value:
+        out.append(brackets)
         return
-    out.append(_scalar(value))
+    inner = "" if indent is None else "\n" + indent * (level + 1)
+    colon = ":" if indent is None else ": "
+    out.append(brackets[0])
+    for i, (key, item) in enumerate(items):
+        out.append(("," if i else "") + inner + ("" if key is None else _scalar(key) + colon))
+        _write(item, out, indent, level + 1)
+    out.append(("" if indent is None else "\n" + indent * level) + brackets[1])
 
 
 def dumps_compact(value: Any) -> str:
@@ -395,9 +379,11 @@ def _loads_struct(text: str | bytes) -> Any:
     return value
 
 
-def _loads(text: str, path: Path, line: int | None) -> Any:
+def _load(text: str, path: Path, line: int | None, record: Callable[[Any], _R]) -> _R:
+    """``record(json)`` of a checkpoint file or an event line; :class:`RunFileError` naming
+    ``path`` and ``line`` when it is not JSON or breaks the contract."""
     try:
-        return _loads_struct(text)
+        return record(_loads_struct(text))
     except json.JSONDecodeError as exc:
         raise RunFileError(path, line if line is not None else exc.lineno,
                            f"not JSON: {exc.msg} (column {exc.colno})") from None  # fmt: skip
@@ -421,11 +407,7 @@ def read_checkpoint_file(path: str | os.PathLike[str]) -> t.RunCheckpoint:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise RunFileError(p, line, "not UTF-8") from None
-    obj = _loads(text, p, None)
-    try:
-        return t.RunCheckpoint.from_json(obj)
-    except ValidationError as exc:
-        raise RunFileError(p, None, exc.message, exc.field) from None
+    return _load(text, p, None, t.RunCheckpoint.from_json)
 
 
 def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.AgentEvent]]:
@@ -445,12 +427,7 @@ def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.Agent
                 raise RunFileError(p, number, "not UTF-8") from None
             if not text.strip():
                 raise RunFileError(p, number, "empty line (one event per line expected)")
-            obj = _loads(text, p, number)
-            try:
-                event = t.AgentEvent.from_json(obj)
-            except ValidationError as exc:
-                raise RunFileError(p, number, exc.message, exc.field) from None
-            yield number, event
+            yield number, _load(text, p, number, t.AgentEvent.from_json)
 
 
 def _count_lines(path: Path) -> int | None:
