@@ -106,6 +106,14 @@ def _backend(args: argparse.Namespace) -> Iterator[RedisCheckpointBackend]:
         client.close()
 
 
+def _open_run(backend: RedisCheckpointBackend, args: argparse.Namespace) -> t.RunCheckpoint:
+    """Bind ``backend`` to the run ``args.run_id``; :class:`CommandFailed` when there is none."""
+    cp = backend.open_run(args.run_id)
+    if cp is None:
+        raise CommandFailed(str(RunNotFoundError(args.run_id, args.prefix)))
+    return cp
+
+
 def _timestamp(seconds: int) -> str:
     """Unix seconds as ISO 8601 UTC (``2025-01-31T12:00:00Z``)."""
     try:
@@ -359,9 +367,7 @@ def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int)
 def _cmd_show(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        cp = backend.open_run(run_id)
-        if cp is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        cp = _open_run(backend, args)
         count: int | None
         try:
             count = backend.client.xlen(run_keys(args.prefix, run_id).events)
@@ -410,8 +416,7 @@ def _event_type(text: str) -> str:
 def _cmd_events(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        if backend.open_run(run_id) is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        _open_run(backend, args)
         if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
             print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
         try:
@@ -437,8 +442,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     try:
         # watch=True: the change listener keeps the cache current from the run's notices
         with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
-            if backend.open_run(run_id) is None:
-                raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+            _open_run(backend, args)
             try:
                 final = live.watch_run(backend, _console())
             except KeyboardInterrupt:
@@ -466,8 +470,7 @@ def _server_time(backend: RedisCheckpointBackend) -> float:
 def _cmd_agents(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        if backend.open_run(run_id) is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        _open_run(backend, args)
         tasks = backend.agent_tasks()
         now = _server_time(backend)
     if args.json:
@@ -490,9 +493,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
 def _cmd_cancel(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        cp = backend.open_run(run_id)
-        if cp is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        cp = _open_run(backend, args)
         before = cp.status
         backend.cancel()
         after = backend.get_checkpoint()
