@@ -1002,11 +1002,8 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
         "ORDER BY rowid", (rid,)), 1):  # fmt: skip
         aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id", f"{of_run}, row {n}"))
         _check_text(r, session_columns, path, "agent_sessions", f"{of_run}, agent {aid}")
-        sessions[aid] = {
-            "agent_id": aid, "backend_id": r[1], "protocol_session_id": r[2],
-            "session_id": r[3], "status": r[4], "updated_at": r[5],
-            "resumable": bool(r[6]) if isinstance(r[6], int) else r[6],
-        }  # fmt: skip
+        sessions[aid] = {**dict(zip(session_columns, r, strict=True)), "agent_id": aid,
+                         "resumable": bool(r[6]) if isinstance(r[6], int) else r[6]}  # fmt: skip
     obj = {
         "run_id": str(run_id), "task": run[0], "status": ck[0], "current_phase": ck[1],
         "completed_phases": phases, "agent_results": results, "agent_sessions": sessions,
@@ -1209,11 +1206,9 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
 
     for p in cp.completed_phases:
         ts_pair = phase_ts.get(p.phase_id, [None, None])
-        _insert(conn, "phases", {
-            "run_id": rid, "phase_id": p.phase_id, "label": p.label, "planned": p.planned,
-            "ok": p.ok, "failed": p.failed, "description": p.description, "role": p.role,
-            "started_ts": ts_pair[0], "done_ts": ts_pair[1],
-        })  # fmt: skip
+        # a PhaseSummary's (an AgentSessionCheckpoint's) fields are its table's columns
+        _insert(conn, "phases", {"run_id": rid, **p.to_json(), "started_ts": ts_pair[0],
+                                 "done_ts": ts_pair[1]})  # fmt: skip
     agent_cols = _columns(conn, "agents")
     for aid in sorted(cp.agent_results):
         r = cp.agent_results[aid]
@@ -1247,11 +1242,8 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
             }, verb="INSERT OR REPLACE")  # fmt: skip
     for aid in sorted(cp.agent_sessions):
         s = cp.agent_sessions[aid]
-        _insert(conn, "agent_sessions", {
-            "run_id": rid, "agent_id": aid.bytes, "backend_id": s.backend_id,
-            "protocol_session_id": s.protocol_session_id, "session_id": s.session_id,
-            "status": s.status, "updated_at": s.updated_at, "resumable": int(s.resumable),
-        })  # fmt: skip
+        _insert(conn, "agent_sessions", {"run_id": rid, **s.to_json(), "agent_id": aid.bytes,
+                                         "resumable": int(s.resumable)})  # fmt: skip
     return count
 
 

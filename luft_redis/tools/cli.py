@@ -42,6 +42,7 @@ import re
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
 
@@ -209,9 +210,7 @@ def _print(renderable: Any) -> None:
 
 
 def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
-    statuses: dict[str, int] = {}
-    for result in cp.agent_results.values():
-        statuses[result.status] = statuses.get(result.status, 0) + 1
+    statuses = dict(Counter(result.status for result in cp.agent_results.values()))
     return {
         "run_id": str(cp.run_id),
         "status": cp.status.value,

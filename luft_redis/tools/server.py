@@ -200,13 +200,13 @@ def find_redis_server() -> str | None:
         except (FileNotFoundError, ValueError) as exc:
             logger.warning("%s=%s: %s", SERVER_ENV, chosen, exc)
             return None
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    fallback = Path("/usr/bin/redis-server")
-    if _executable(fallback):
-        return str(fallback)
-    return None
+    return _on_path(("redis-server",), "/usr/bin/redis-server")
+
+
+def _on_path(names: Sequence[str], fallback: str) -> str | None:
+    """The first of ``names`` on PATH, else ``fallback`` if it is an executable file."""
+    found = next((path for name in names if (path := shutil.which(name))), None)
+    return found or (fallback if _executable(fallback) else None)
 
 
 def find_redis_cli(server_binary: str | None = None) -> str | None:
@@ -218,14 +218,7 @@ def find_redis_cli(server_binary: str | None = None) -> str | None:
             sibling = Path(server_binary).with_name(name)
             if _executable(sibling):
                 return str(sibling)
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    fallback = Path("/usr/bin/redis-cli")
-    if _executable(fallback):
-        return str(fallback)
-    return None
+    return _on_path(names, "/usr/bin/redis-cli")
 
 
 def no_server_message() -> str:
