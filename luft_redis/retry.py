@@ -100,17 +100,20 @@ def tls_failure(exc: BaseException) -> bool:
     return False
 
 
+_ACCESS_ERRORS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+                  redis.exceptions.AuthenticationWrongNumberOfArgsError,
+                  redis.exceptions.NoPermissionError)  # fmt: skip
+
+# the script cache was emptied again between SCRIPT LOAD and EVALSHA (NoScriptError): not applied
+_TRANSIENT_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                     redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError,
+                     redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+                     redis.exceptions.NoScriptError)  # fmt: skip
+
+
 def is_access_error(exc: BaseException) -> bool:
     """The server refused this client: authentication, ACL permission or TLS. Never transient."""
-    if isinstance(
-        exc,
-        (
-            redis.exceptions.AuthenticationError,
-            redis.exceptions.AuthorizationError,
-            redis.exceptions.AuthenticationWrongNumberOfArgsError,
-            redis.exceptions.NoPermissionError,
-        ),
-    ):
+    if isinstance(exc, _ACCESS_ERRORS):
         return True
     if isinstance(exc, redis.exceptions.RedisError) and str(exc).startswith(
         ("NOPERM", *_AUTH_TEXTS)
@@ -123,19 +126,7 @@ def is_transient(exc: BaseException) -> bool:
     """True for a Redis failure that a later attempt may not meet."""
     if is_access_error(exc):
         return False
-    if isinstance(
-        exc,
-        (
-            redis.exceptions.ConnectionError,
-            redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError,
-            redis.exceptions.ReadOnlyError,
-            redis.exceptions.ClusterDownError,
-            redis.exceptions.TryAgainError,
-            # the script cache was emptied again between SCRIPT LOAD and EVALSHA: not applied
-            redis.exceptions.NoScriptError,
-        ),
-    ):
+    if isinstance(exc, _TRANSIENT_ERRORS):
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
         # "Function not found": nothing ran; the next attempt loads the library again
