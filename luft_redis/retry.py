@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_RETRY",
     "REDIS_ERRORS",
     "RetryPolicy",
+    "exception_chain",
     "is_access_error",
     "is_function_missing",
     "is_transient",
@@ -73,7 +74,7 @@ _AUTH_TEXTS = ("NOAUTH", "WRONGPASS", "HELLO must be called", "AUTH failed",
                "invalid username-password", "Authentication required")  # fmt: skip
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and the exceptions it was raised from or during (redis-py wraps OS errors)."""
     seen: list[BaseException] = []
     current: BaseException | None = exc
@@ -90,7 +91,7 @@ _TLS_REFUSALS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRON
 def tls_failure(exc: BaseException) -> bool:
     """A TLS handshake was refused: a certificate that did not verify (on either side), or TLS
     spoken to a plain port. A connection lost during a handshake stays transient."""
-    for item in _chain(exc):
+    for item in exception_chain(exc):
         if isinstance(item, ssl.SSLCertVerificationError):
             return True
         if isinstance(item, (ssl.SSLError, redis.exceptions.ConnectionError)) and any(

@@ -58,7 +58,7 @@ from ..backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
-from ..retry import NO_RETRY, is_access_error
+from ..retry import NO_RETRY, exception_chain, is_access_error
 from ..scripts import translate_error
 from ..tasks import TaskState
 from ..wire import decode_entry
@@ -782,16 +782,12 @@ def _split_demo(argv: Sequence[str]) -> list[str] | None:
 
 def _auth_failure(exc: BaseException) -> BaseException | None:
     """The authentication or permission error in ``exc``'s chain, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, redis.exceptions.AuthenticationError) or (
             isinstance(current, redis.exceptions.ResponseError)
             and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
         ) or type(current).__name__ in ("AuthenticationError", "PermissionDeniedError"):
             return current
-        current = current.__cause__ or current.__context__
     return None
 
 

@@ -68,6 +68,7 @@ from ..errors import ConnectionError as LuftConnectionError
 from ..keys import run_keys
 from ..lease import AgentLease
 from ..listener import POLL_SECONDS as LISTENER_POLL_SECONDS
+from ..retry import exception_chain
 from ..tasks import AgentTask, TaskInfo, TaskState
 from ..types import (
     AgentDone,
@@ -352,17 +353,12 @@ class Target:
 
 def _refused(exc: BaseException) -> bool:
     """``exc`` (or its cause) is a refused password or ACL permission."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
+    return any(
+        isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
             isinstance(current, redis.exceptions.ResponseError)
-            and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
-        ):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+            and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
+        for current in exception_chain(exc)
+    )  # fmt: skip
 
 
 def _preflight(url: str) -> None:
