@@ -897,6 +897,9 @@ class _DeltaKind(_Kind):
 
 _UUID = _UuidKind()
 _KIND_BY_META = {"u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX)}
+_PLAIN_KINDS: dict[Any, _Kind] = {
+    str: _StrKind(), bool: _BoolKind(), uuid.UUID: _UUID, _dt.datetime: _TsKind()
+}
 
 
 def _kind_for(tp: Any) -> _Kind:
@@ -917,14 +920,8 @@ def _kind_for(tp: Any) -> _Kind:
         item = _kind_for(get_args(tp)[1])
         assert isinstance(item, _RecordKind)
         return _MapKind(item)
-    if tp is str:
-        return _StrKind()
-    if tp is bool:
-        return _BoolKind()
-    if tp is uuid.UUID:
-        return _UUID
-    if tp is _dt.datetime:
-        return _TsKind()
+    if tp in _PLAIN_KINDS:
+        return _PLAIN_KINDS[tp]
     if isinstance(tp, type) and issubclass(tp, _StrEnum):
         return _EnumKind(tp)
     if isinstance(tp, type) and issubclass(tp, ProgressDelta):

@@ -513,21 +513,15 @@ def check_runs(
     except (_Refused, errors.BackendError) as exc:
         return [Check("runs-without-ttl", "unknown", f"cannot read the runs ({exc})")]
     at_least = "at least " if capped else ""
+    where = f"{at_least}{runs} run(s) under prefix {prefix!r}"
     if no_ttl:
-        ttl_check = Check(
-            "runs-without-ttl",
-            "warn",
-            f"{at_least}{no_ttl} of {finished} finished run(s) ({at_least}{runs} run(s) under "
-            f"prefix {prefix!r}) have no TTL and stay until deleted: give the backends "
-            "expire_finished_after=, or run luft-redis gc --older-than 7d",
-        )
+        ttl_check = Check("runs-without-ttl", "warn", (
+            f"{at_least}{no_ttl} of {finished} finished run(s) ({where}) have no TTL and stay "
+            "until deleted: give the backends expire_finished_after=, or run luft-redis gc "
+            "--older-than 7d"))  # fmt: skip
     else:
-        ttl_check = Check(
-            "runs-without-ttl",
-            "ok",
-            f"every finished run expires ({finished} finished of {at_least}{runs} run(s) under "
-            f"prefix {prefix!r})",
-        )
+        ttl_check = Check("runs-without-ttl", "ok",
+                          f"every finished run expires ({finished} finished of {where})")
     return [_run_memory(client, prefix, sampled), ttl_check]
 
 

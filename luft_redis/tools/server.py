@@ -938,23 +938,14 @@ class LocalRedisCluster:
         if server not in self._nodes:
             raise ValueError(f"{server!r} is not a node of this cluster")
         primary_id = self._node_id(server)
-        found: list[LocalRedisServer] = []
-        for node in self._nodes:
-            if node is server:
-                continue
-            view = self._view(node)
-            if view is not None and not view.is_primary and view.primary_id == primary_id:
-                found.append(node)
-        return found
+        return [node for node in self._nodes if node is not server
+                and (view := self._view(node)) is not None
+                and not view.is_primary and view.primary_id == primary_id]  # fmt: skip
 
     def primaries(self) -> list[LocalRedisServer]:
         """The running nodes that are primaries now, in start order."""
-        found: list[LocalRedisServer] = []
-        for node in self._nodes:
-            view = self._view(node)
-            if view is not None and view.is_primary:
-                found.append(node)
-        return found
+        return [node for node in self._nodes
+                if (view := self._view(node)) is not None and view.is_primary]
 
     # ------------------------------------------------------------ clients, data, lifecycle
 
