@@ -135,7 +135,8 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialize {type(value).__name__}")
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
+    """JSON text as the CLI prints it (UUIDs, datetimes and frozen containers included)."""
     return json.dumps(value, default=_json_default, ensure_ascii=False, sort_keys=False)
 
 
@@ -253,11 +254,6 @@ def event_json(entry_id: str, event: t.AgentEvent) -> dict[str, Any]:
     return {"id": entry_id, **event.to_json()}
 
 
-def dumps(value: Any) -> str:
-    """JSON text as the CLI prints it (UUIDs, datetimes and frozen containers included)."""
-    return _dumps(value)
-
-
 def _one_line(text: str, limit: int = 60) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
@@ -309,7 +305,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         client.close()
     if args.json:
         for row in page.rows:
-            print(_dumps(run_row_json(row)))
+            print(dumps(run_row_json(row)))
     else:
         table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
         table.add_column("run id", no_wrap=True, min_width=36)
@@ -375,21 +371,21 @@ def _cmd_show(args: argparse.Namespace) -> int:
         summary = show_json(cp, count, backend.log_trimmed)
         events = _last_events(backend, run_id, args.events)
     if args.json:
-        print(_dumps(summary))
+        print(dumps(summary))
     else:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         for name, value in summary.items():
             multiline = isinstance(value, str) and not value.isprintable()
-            shown = _dumps(value) if isinstance(value, dict) or multiline else str(value)
+            shown = dumps(value) if isinstance(value, dict) or multiline else str(value)
             style = _STATUS_STYLE.get(shown, "") if name == "status" else ""
             grid.add_row(name + ":", Text(shown, style=style))
         _print(grid)
         if events:
             print(f"--- last {len(events)} event(s), oldest first")
     for eid, event in events:
-        print(_dumps(event_json(eid, event)))
+        print(dumps(event_json(eid, event)))
     return EXIT_OK
 
 
@@ -473,7 +469,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         tasks = backend.agent_tasks()
         now = _server_time(backend)
     if args.json:
-        print(_dumps([task.to_json() for task in tasks]))
+        print(dumps([task.to_json() for task in tasks]))
         return EXIT_OK
     if tasks:
         _print(live.task_table(tasks, now))

@@ -280,9 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+def _tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of what ``path`` holds past ``offset`` ("" if unreadable)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -479,8 +482,8 @@ class LocalRedisServer:
         while True:
             if proc.poll() is not None:
                 self._proc = None
-                log = self._new_log(log_path, log_offset)
-                details = "\n".join(x for x in (log, _tail(out_path, 10)) if x)
+                log = _tail(log_path, log_offset)
+                details = "\n".join(x for x in (log, _tail(out_path, lines=10)) if x)
                 if "Address already in use" in details:
                     raise _PortInUse(port, details)
                 raise RuntimeError(
@@ -492,23 +495,12 @@ class LocalRedisServer:
                 return
             if time.monotonic() >= deadline:
                 self._terminate(kill_first=True)
-                details = self._new_log(log_path, log_offset)
+                details = _tail(log_path, log_offset)
                 raise RuntimeError(
                     f"redis-server did not answer PING within {self.startup_timeout:.1f}s "
                     f"(port {port}, dir {workdir}); log tail:\n{details}"
                 )
             time.sleep(0.02)
-
-    @staticmethod
-    def _new_log(log_path: Path, offset: int) -> str:
-        """The tail of what the log gained since *offset* (this run only)."""
-        try:
-            with log_path.open("rb") as fh:
-                fh.seek(offset)
-                text = fh.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
     @staticmethod
     def _log_says_ready(log_path: Path, offset: int) -> bool:
