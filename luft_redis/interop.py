@@ -542,20 +542,16 @@ def export_run_dir(
             raise InteropError(f"cannot write {out}: {exc.strerror or exc}; nothing was "
                                "replaced") from exc  # fmt: skip
         raise
-    try:
-        os.replace(tmp_events, targets[0])
-    except OSError as exc:
-        _remove(temps)
-        raise InteropError(f"cannot replace {targets[0]}: {exc.strerror or exc}; nothing was "
-                           "replaced") from exc  # fmt: skip
-    try:
-        os.replace(tmp_cp, targets[1])
-    except OSError as exc:
-        _remove(temps)
-        raise InteropError(
-            f"cannot replace {targets[1]}: {exc.strerror or exc}; {targets[0]} already holds "
-            f"the new log: export again once {targets[1].name} can be written"
-        ) from exc
+    for tmp, target, state in (
+        (tmp_events, targets[0], "nothing was replaced"),
+        (tmp_cp, targets[1], f"{targets[0]} already holds the new log: export again once "
+                             f"{targets[1].name} can be written"),
+    ):  # fmt: skip
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            _remove(temps)
+            raise InteropError(f"cannot replace {target}: {exc.strerror or exc}; {state}") from exc
     if progress is not None:
         progress(count, count)
     return ExportResult(rid, count, str(out), trimmed)
@@ -633,10 +629,11 @@ def _import(
     max_payload_size: int,
     progress: Progress | None,
     total: int | None,
-    where: Callable[[str, LuftRedisError], LuftRedisError],
+    where: Callable[[str, LuftRedisError], LuftRedisError] | None = None,
 ) -> ImportResult:
     """Stage ``cp`` and ``events`` (``(position, event)``; ``where`` turns an error about one
-    event into one that names its position) under the run's hash tag, then swap them in."""
+    event into one that names its position; without it the error is raised as it is) under
+    the run's hash tag, then swap them in."""
     check_prefix(prefix)
     rid = cp.run_id
     target = run_keys(prefix, rid)
@@ -706,7 +703,7 @@ def _stage_events(
     events: Iterable[tuple[str, t.AgentEvent]],
     progress: Progress | None,
     total: int | None,
-    where: Callable[[str, LuftRedisError], LuftRedisError],
+    where: Callable[[str, LuftRedisError], LuftRedisError] | None,
 ) -> tuple[int, dict[uuid.UUID, int]]:
     """XADD the events to the staging stream in pipelined batches; returns their number and
     the phase of each agent's latest agent_started (kept as the normal write path keeps it)."""
@@ -732,7 +729,7 @@ def _stage_events(
         try:
             args = encoder.event(event, "event", rid)
         except LuftRedisError as exc:
-            raise where(position, exc) from None
+            raise (exc if where is None else where(position, exc)) from None
         entry = args[1 : 1 + int(args[0])]  # the stream entry's field-value pairs
         pipe.xadd(key, dict(zip(entry[::2], entry[1::2], strict=True)))
         if isinstance(event, t.AgentStarted):
@@ -774,13 +771,9 @@ def import_run(
     once, in order), atomically. The run must not exist unless ``replace``
     (:class:`RunExistsError`). Timestamps are kept as given."""
     cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
-
-    def where(position: str, exc: LuftRedisError) -> LuftRedisError:
-        return exc
-
     return _import(client, cp, ((str(i), e) for i, e in enumerate(events)), prefix=prefix,
                    run_dir=run_dir, replace=replace, max_payload_size=max_payload_size,
-                   progress=progress, total=total, where=where)  # fmt: skip
+                   progress=progress, total=total)  # fmt: skip
 
 
 def import_run_dir(
