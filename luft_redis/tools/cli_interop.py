@@ -28,7 +28,7 @@ from typing import Any, TextIO, TypeVar
 from .. import interop
 from ..connect import make_client
 from ..retention import LOG_TRIMMED_NOTE
-from .cli_common import TIMEOUT, add_connection, parse_run_id
+from .cli_common import add_connection, client_kwargs, parse_run_id
 
 __all__ = ["add_commands", "progress_reporter"]
 
@@ -44,10 +44,7 @@ def _add_connection(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _client(args: argparse.Namespace) -> Iterator[Any]:
-    kwargs: dict[str, Any] = {"socket_connect_timeout": TIMEOUT, "socket_timeout": TIMEOUT}
-    if args.tls_ca_cert:
-        kwargs["ssl_ca_certs"] = args.tls_ca_cert
-    client = make_client(args.redis, cluster=args.cluster, **kwargs)
+    client = make_client(args.redis, cluster=args.cluster, **client_kwargs(args))
     try:
         yield client
     finally:
