@@ -480,10 +480,7 @@ class Timestamp(_Immutable, _dt.datetime):
             raise ValueError("datetime must be timezone-aware")
         if value.tzinfo is not _dt.UTC:
             value = value.astimezone(_dt.UTC)
-        return cls(
-            value.year, value.month, value.day, value.hour, value.minute, value.second,
-            value.microsecond, _dt.UTC, nanosecond=nanosecond,
-        )  # fmt: skip
+        return cls(*_fields(value), _dt.UTC, nanosecond=nanosecond)
 
     @classmethod
     def from_unix_nanos(cls, nanos: int) -> Timestamp:
@@ -545,10 +542,7 @@ class Timestamp(_Immutable, _dt.datetime):
         return self._with(_dt.datetime.astimezone(self, tz), self._nanosecond)
 
     def _with(self, base: _dt.datetime, nanosecond: int) -> Self:
-        return type(self)(
-            base.year, base.month, base.day, base.hour, base.minute, base.second,
-            base.microsecond, base.tzinfo, fold=base.fold, nanosecond=nanosecond,
-        )  # fmt: skip
+        return type(self)(*_fields(base), base.tzinfo, fold=base.fold, nanosecond=nanosecond)
 
     # comparisons: equal microseconds are ordered by the nanoseconds below them
 
@@ -592,11 +586,13 @@ class Timestamp(_Immutable, _dt.datetime):
         return base if not self._nanosecond else hash((base, self._nanosecond))
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return (_make_timestamp, (
-            self.year, self.month, self.day, self.hour, self.minute, self.second,
-            self.microsecond, self.tzinfo, self.fold, self._nanosecond,
-        ))  # fmt: skip
+        return (_make_timestamp, (*_fields(self), self.tzinfo, self.fold, self._nanosecond))
 
+
+
+def _fields(d: _dt.datetime) -> tuple[int, int, int, int, int, int, int]:
+    """Year, month, day, hour, minute, second and microsecond of ``d``."""
+    return (d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond)
 
 
 def _make_timestamp(

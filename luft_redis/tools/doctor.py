@@ -444,10 +444,8 @@ def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
     sizes: list[tuple[int, Any]] = []
     try:
         for run_id in sample:
-            total = 0
-            for key in run_keys(prefix, run_id):
-                used = _ask("MEMORY USAGE", client.memory_usage, key)
-                total += int(used or 0)
+            total = sum(int(_ask("MEMORY USAGE", client.memory_usage, key) or 0)
+                        for key in run_keys(prefix, run_id))  # fmt: skip
             sizes.append((total, run_id))
     except _Refused as exc:
         return Check(name, "unknown", f"cannot measure the runs ({exc})")
