@@ -82,10 +82,12 @@ def _connection_kwargs(client: Any) -> dict[str, Any] | None:
     return kwargs if isinstance(kwargs, dict) else None
 
 
-def _check_decoding(client: Any) -> None:
+def _check_usable(client: Any) -> None:
+    """Refuse a client that decodes responses, or a fakeredis that cannot run Lua."""
     kwargs = _connection_kwargs(client)
     if kwargs:
         _check_decoding_kwargs(kwargs)
+    _check_scripting(client)
 
 
 def _check_decoding_kwargs(kwargs: dict[str, Any]) -> None:
@@ -139,8 +141,7 @@ def check_sync_client(client: Any) -> None:
             "luft_redis.AsyncRedisCheckpointBackend with it, or pass a redis.Redis / "
             "redis.cluster.RedisCluster to RedisCheckpointBackend"
         )
-    _check_decoding(client)
-    _check_scripting(client)
+    _check_usable(client)
 
 
 def check_async_client(client: Any) -> None:
@@ -152,8 +153,7 @@ def check_async_client(client: Any) -> None:
             "luft_redis.RedisCheckpointBackend with it, or pass a redis.asyncio.Redis / "
             "redis.asyncio.cluster.RedisCluster to AsyncRedisCheckpointBackend"
         )
-    _check_decoding(client)
-    _check_scripting(client)
+    _check_usable(client)
 
 
 def _sentinel_parts(url: str, client_kwargs: dict[str, Any]) -> tuple[list[tuple[str, int]],
@@ -183,9 +183,8 @@ def no_retry(*, asyncio: bool = False) -> Any:
     """A redis-py ``Retry`` that never retries: luft-redis' own :class:`RetryPolicy` is the one
     retry layer of the clients ``from_url`` makes (redis-py 6+ retries 3-10 times by itself,
     which multiplied the policy's deadline)."""
-    if asyncio:
-        return redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0)
-    return redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+    retry = redis.asyncio.retry.Retry if asyncio else redis.retry.Retry
+    return retry(redis.backoff.NoBackoff(), 0)
 
 
 def sentinel_client(url: str, *, asyncio: bool = False, **client_kwargs: Any) -> Any:
@@ -197,15 +196,9 @@ def sentinel_client(url: str, *, asyncio: bool = False, **client_kwargs: Any) ->
     hosts, service, _ = _sentinel_parts(url, client_kwargs)
     timeout = client_kwargs.get("socket_timeout")
     sentinel_kwargs = {"retry": no_retry(asyncio=asyncio), "socket_timeout": timeout}
-    if asyncio:
-        async_sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-            hosts, socket_timeout=timeout, sentinel_kwargs=sentinel_kwargs
-        )
-        return async_sentinel.master_for(service, **client_kwargs)
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        hosts, socket_timeout=timeout, sentinel_kwargs=sentinel_kwargs
-    )
-    return sentinel.master_for(service, **client_kwargs)  # type: ignore[no-untyped-call]
+    module: Any = redis.asyncio.sentinel if asyncio else redis.sentinel
+    sentinel = module.Sentinel(hosts, socket_timeout=timeout, sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(service, **client_kwargs)
 
 
 def make_client(url: str, *, cluster: bool = False, asyncio: bool = False,
@@ -221,13 +214,11 @@ def make_client(url: str, *, cluster: bool = False, asyncio: bool = False,
     client_kwargs.setdefault("retry", no_retry(asyncio=asyncio))
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
         return sentinel_client(url, asyncio=asyncio, **client_kwargs)
-    if asyncio:
-        if cluster:
-            return redis.asyncio.cluster.RedisCluster.from_url(url, **client_kwargs)
-        return redis.asyncio.Redis.from_url(url, **client_kwargs)
-    if cluster:
-        return redis.cluster.RedisCluster.from_url(url, **client_kwargs)
-    return redis.Redis.from_url(url, **client_kwargs)
+    client_type: Any = (
+        (redis.asyncio.cluster.RedisCluster if cluster else redis.asyncio.Redis) if asyncio
+        else (redis.cluster.RedisCluster if cluster else redis.Redis)
+    )  # fmt: skip
+    return client_type.from_url(url, **client_kwargs)
 
 
 def make_async_client(url: str, *, cluster: bool = False, **client_kwargs: Any) -> Any:

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 from . import types as t
 from .backend import RedisCheckpointBackend
@@ -98,6 +98,8 @@ BATCH: Final = 500
 
 STAGING_TTL: Final = 3600
 """Seconds the staging keys of an import live if the importing process dies half way."""
+
+_R = TypeVar("_R")
 
 Progress = Callable[[int, "int | None"], None]
 """``progress(done, total)``: events copied so far, and in all (None when unknown)."""
@@ -246,44 +248,26 @@ def _scalar(value: Any) -> str:
 
 
 def _write(value: Any, out: list[str], indent: str | None, level: int) -> None:
+    """Append ``value``'s JSON to ``out``: compact (``indent`` None) or one item a line."""
     if isinstance(value, Mapping):
-        if not value:
-            out.append("{}")
-            return
-        if indent is None:
-            out.append("{")
-            for i, (k, v) in enumerate(value.items()):
-                out.append(("," if i else "") + _scalar(str(k)) + ":")
-                _write(v, out, None, 0)
-            out.append("}")
-            return
-        inner = "\n" + indent * (level + 1)
-        out.append("{")
-        for i, (k, v) in enumerate(value.items()):
-            out.append(("," if i else "") + inner + _scalar(str(k)) + ": ")
-            _write(v, out, indent, level + 1)
-        out.append("\n" + indent * level + "}")
+        items: Iterable[tuple[str | None, Any]] = ((str(k), v) for k, v in value.items())
+        brackets = "{}"
+    elif isinstance(value, (list, tuple)):
+        items = ((None, v) for v in value)
+        brackets = "[]"
+    else:
+        out.append(_scalar(value))
         return
-    if isinstance(value, (list, tuple)):
-        if not value:
-            out.append("[]")
-            return
-        if indent is None:
-            out.append("[")
-            for i, v in enumerate(value):
-                if i:
-                    out.append(",")
-                _write(v, out, None, 0)
-            out.append("]")
-            return
-        inner = "\n" + indent * (level + 1)
-        out.append("[")
-        for i, v in enumerate(value):
-            out.append(("," if i else "") + inner)
-            _write(v, out, indent, level + 1)
-        out.append("\n" + indent * level + "]")
+    if not value:
+        out.append(brackets)
         return
-    out.append(_scalar(value))
+    inner = "" if indent is None else "\n" + indent * (level + 1)
+    colon = ":" if indent is None else ": "
+    out.append(brackets[0])
+    for i, (key, item) in enumerate(items):
+        out.append(("," if i else "") + inner + ("" if key is None else _scalar(key) + colon))
+        _write(item, out, indent, level + 1)
+    out.append(("" if indent is None else "\n" + indent * level) + brackets[1])
 
 
 def dumps_compact(value: Any) -> str:
@@ -395,9 +379,11 @@ def _loads_struct(text: str | bytes) -> Any:
     return value
 
 
-def _loads(text: str, path: Path, line: int | None) -> Any:
+def _load(text: str, path: Path, line: int | None, record: Callable[[Any], _R]) -> _R:
+    """``record(json)`` of a checkpoint file or an event line; :class:`RunFileError` naming
+    ``path`` and ``line`` when it is not JSON or breaks the contract."""
     try:
-        return _loads_struct(text)
+        return record(_loads_struct(text))
     except json.JSONDecodeError as exc:
         raise RunFileError(path, line if line is not None else exc.lineno,
                            f"not JSON: {exc.msg} (column {exc.colno})") from None  # fmt: skip
@@ -421,11 +407,7 @@ def read_checkpoint_file(path: str | os.PathLike[str]) -> t.RunCheckpoint:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise RunFileError(p, line, "not UTF-8") from None
-    obj = _loads(text, p, None)
-    try:
-        return t.RunCheckpoint.from_json(obj)
-    except ValidationError as exc:
-        raise RunFileError(p, None, exc.message, exc.field) from None
+    return _load(text, p, None, t.RunCheckpoint.from_json)
 
 
 def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.AgentEvent]]:
@@ -445,12 +427,7 @@ def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.Agent
                 raise RunFileError(p, number, "not UTF-8") from None
             if not text.strip():
                 raise RunFileError(p, number, "empty line (one event per line expected)")
-            obj = _loads(text, p, number)
-            try:
-                event = t.AgentEvent.from_json(obj)
-            except ValidationError as exc:
-                raise RunFileError(p, number, exc.message, exc.field) from None
-            yield number, event
+            yield number, _load(text, p, number, t.AgentEvent.from_json)
 
 
 def _count_lines(path: Path) -> int | None:
@@ -565,20 +542,16 @@ def export_run_dir(
             raise InteropError(f"cannot write {out}: {exc.strerror or exc}; nothing was "
                                "replaced") from exc  # fmt: skip
         raise
-    try:
-        os.replace(tmp_events, targets[0])
-    except OSError as exc:
-        _remove(temps)
-        raise InteropError(f"cannot replace {targets[0]}: {exc.strerror or exc}; nothing was "
-                           "replaced") from exc  # fmt: skip
-    try:
-        os.replace(tmp_cp, targets[1])
-    except OSError as exc:
-        _remove(temps)
-        raise InteropError(
-            f"cannot replace {targets[1]}: {exc.strerror or exc}; {targets[0]} already holds "
-            f"the new log: export again once {targets[1].name} can be written"
-        ) from exc
+    for tmp, target, state in (
+        (tmp_events, targets[0], "nothing was replaced"),
+        (tmp_cp, targets[1], f"{targets[0]} already holds the new log: export again once "
+                             f"{targets[1].name} can be written"),
+    ):  # fmt: skip
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            _remove(temps)
+            raise InteropError(f"cannot replace {target}: {exc.strerror or exc}; {state}") from exc
     if progress is not None:
         progress(count, count)
     return ExportResult(rid, count, str(out), trimmed)
@@ -656,10 +629,11 @@ def _import(
     max_payload_size: int,
     progress: Progress | None,
     total: int | None,
-    where: Callable[[str, LuftRedisError], LuftRedisError],
+    where: Callable[[str, LuftRedisError], LuftRedisError] | None = None,
 ) -> ImportResult:
     """Stage ``cp`` and ``events`` (``(position, event)``; ``where`` turns an error about one
-    event into one that names its position) under the run's hash tag, then swap them in."""
+    event into one that names its position; without it the error is raised as it is) under
+    the run's hash tag, then swap them in."""
     check_prefix(prefix)
     rid = cp.run_id
     target = run_keys(prefix, rid)
@@ -729,7 +703,7 @@ def _stage_events(
     events: Iterable[tuple[str, t.AgentEvent]],
     progress: Progress | None,
     total: int | None,
-    where: Callable[[str, LuftRedisError], LuftRedisError],
+    where: Callable[[str, LuftRedisError], LuftRedisError] | None,
 ) -> tuple[int, dict[uuid.UUID, int]]:
     """XADD the events to the staging stream in pipelined batches; returns their number and
     the phase of each agent's latest agent_started (kept as the normal write path keeps it)."""
@@ -755,7 +729,7 @@ def _stage_events(
         try:
             args = encoder.event(event, "event", rid)
         except LuftRedisError as exc:
-            raise where(position, exc) from None
+            raise (exc if where is None else where(position, exc)) from None
         entry = args[1 : 1 + int(args[0])]  # the stream entry's field-value pairs
         pipe.xadd(key, dict(zip(entry[::2], entry[1::2], strict=True)))
         if isinstance(event, t.AgentStarted):
@@ -797,13 +771,9 @@ def import_run(
     once, in order), atomically. The run must not exist unless ``replace``
     (:class:`RunExistsError`). Timestamps are kept as given."""
     cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
-
-    def where(position: str, exc: LuftRedisError) -> LuftRedisError:
-        return exc
-
     return _import(client, cp, ((str(i), e) for i, e in enumerate(events)), prefix=prefix,
                    run_dir=run_dir, replace=replace, max_payload_size=max_payload_size,
-                   progress=progress, total=total, where=where)  # fmt: skip
+                   progress=progress, total=total)  # fmt: skip
 
 
 def import_run_dir(
@@ -1025,11 +995,8 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
         "ORDER BY rowid", (rid,)), 1):  # fmt: skip
         aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id", f"{of_run}, row {n}"))
         _check_text(r, session_columns, path, "agent_sessions", f"{of_run}, agent {aid}")
-        sessions[aid] = {
-            "agent_id": aid, "backend_id": r[1], "protocol_session_id": r[2],
-            "session_id": r[3], "status": r[4], "updated_at": r[5],
-            "resumable": bool(r[6]) if isinstance(r[6], int) else r[6],
-        }  # fmt: skip
+        sessions[aid] = {**dict(zip(session_columns, r, strict=True)), "agent_id": aid,
+                         "resumable": bool(r[6]) if isinstance(r[6], int) else r[6]}  # fmt: skip
     obj = {
         "run_id": str(run_id), "task": run[0], "status": ck[0], "current_phase": ck[1],
         "completed_phases": phases, "agent_results": results, "agent_sessions": sessions,
@@ -1232,11 +1199,9 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
 
     for p in cp.completed_phases:
         ts_pair = phase_ts.get(p.phase_id, [None, None])
-        _insert(conn, "phases", {
-            "run_id": rid, "phase_id": p.phase_id, "label": p.label, "planned": p.planned,
-            "ok": p.ok, "failed": p.failed, "description": p.description, "role": p.role,
-            "started_ts": ts_pair[0], "done_ts": ts_pair[1],
-        })  # fmt: skip
+        # a PhaseSummary's (an AgentSessionCheckpoint's) fields are its table's columns
+        _insert(conn, "phases", {"run_id": rid, **p.to_json(), "started_ts": ts_pair[0],
+                                 "done_ts": ts_pair[1]})  # fmt: skip
     agent_cols = _columns(conn, "agents")
     for aid in sorted(cp.agent_results):
         r = cp.agent_results[aid]
@@ -1270,11 +1235,8 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
             }, verb="INSERT OR REPLACE")  # fmt: skip
     for aid in sorted(cp.agent_sessions):
         s = cp.agent_sessions[aid]
-        _insert(conn, "agent_sessions", {
-            "run_id": rid, "agent_id": aid.bytes, "backend_id": s.backend_id,
-            "protocol_session_id": s.protocol_session_id, "session_id": s.session_id,
-            "status": s.status, "updated_at": s.updated_at, "resumable": int(s.resumable),
-        })  # fmt: skip
+        _insert(conn, "agent_sessions", {"run_id": rid, **s.to_json(), "agent_id": aid.bytes,
+                                         "resumable": int(s.resumable)})  # fmt: skip
     return count
 
 

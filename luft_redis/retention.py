@@ -19,6 +19,7 @@ See ``docs/operations.md`` ("Retention: keep Redis bounded") and ``docs/redis-la
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -378,38 +379,27 @@ def collect_garbage(
     size = _batch_size(batch_size)
     now = server_time(client)
     report = GarbageReport(dry_run=dry_run)
-    status_arg = ",".join(sorted(wanted))
+    args = [",".join(sorted(wanted)), str(int(older_than.total_seconds()))]
     gc_run = library().ops.gc_run
-    batch: list[FinishedRun] = []
-
-    def flush() -> None:
-        args = [status_arg, str(int(older_than.total_seconds()))]
-
-        def delete(keys: list[str]) -> Any:
-            return DEFAULT_RETRY.call(lambda: call_function(client, gc_run, keys, args))
-
-        for run in batch:
-            try:  # idempotent (it checks again what it deletes): safe to retry
-                done = delete(list(run_keys(prefix, run.run_id)))
-            except REDIS_ERRORS as exc:
-                raise translate_error(exc, run_id=run.run_id) from exc
-            if int(done) == 1:
-                report.deleted.append(run.run_id)
-                index_remove(client, DEFAULT_RETRY, prefix, run.run_id)  # `luft-redis runs`
-            else:
-                report.skipped.append(run.run_id)
-        logger.info("gc: deleted %d run(s) so far", len(report.deleted))
-        batch.clear()
-
     for run in iter_finished_runs(client, prefix, older_than=older_than, statuses=wanted,
                                   now=now, batch_size=size, use_index=use_index):  # fmt: skip
         report.found.append(run)
-        if not dry_run:
-            batch.append(run)
-            if len(batch) >= size:
-                flush()
-    if batch:
-        flush()
+        if dry_run:
+            continue
+        keys = list(run_keys(prefix, run.run_id))
+        try:  # idempotent (it checks again what it deletes): safe to retry
+            done = DEFAULT_RETRY.call(functools.partial(call_function, client, gc_run, keys, args))
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc, run_id=run.run_id) from exc
+        if int(done) == 1:
+            report.deleted.append(run.run_id)
+            index_remove(client, DEFAULT_RETRY, prefix, run.run_id)  # `luft-redis runs`
+        else:
+            report.skipped.append(run.run_id)
+        if len(report.found) % size == 0:
+            logger.info("gc: deleted %d run(s) so far", len(report.deleted))
+    if not dry_run and len(report.found) % size:
+        logger.info("gc: deleted %d run(s) so far", len(report.deleted))
     return report
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_RETRY",
     "REDIS_ERRORS",
     "RetryPolicy",
+    "exception_chain",
     "is_access_error",
     "is_function_missing",
     "is_transient",
@@ -73,7 +74,7 @@ _AUTH_TEXTS = ("NOAUTH", "WRONGPASS", "HELLO must be called", "AUTH failed",
                "invalid username-password", "Authentication required")  # fmt: skip
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and the exceptions it was raised from or during (redis-py wraps OS errors)."""
     seen: list[BaseException] = []
     current: BaseException | None = exc
@@ -90,7 +91,7 @@ _TLS_REFUSALS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRON
 def tls_failure(exc: BaseException) -> bool:
     """A TLS handshake was refused: a certificate that did not verify (on either side), or TLS
     spoken to a plain port. A connection lost during a handshake stays transient."""
-    for item in _chain(exc):
+    for item in exception_chain(exc):
         if isinstance(item, ssl.SSLCertVerificationError):
             return True
         if isinstance(item, (ssl.SSLError, redis.exceptions.ConnectionError)) and any(
@@ -100,17 +101,20 @@ def tls_failure(exc: BaseException) -> bool:
     return False
 
 
+_ACCESS_ERRORS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError,
+                  redis.exceptions.AuthenticationWrongNumberOfArgsError,
+                  redis.exceptions.NoPermissionError)  # fmt: skip
+
+# the script cache was emptied again between SCRIPT LOAD and EVALSHA (NoScriptError): not applied
+_TRANSIENT_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                     redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError,
+                     redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+                     redis.exceptions.NoScriptError)  # fmt: skip
+
+
 def is_access_error(exc: BaseException) -> bool:
     """The server refused this client: authentication, ACL permission or TLS. Never transient."""
-    if isinstance(
-        exc,
-        (
-            redis.exceptions.AuthenticationError,
-            redis.exceptions.AuthorizationError,
-            redis.exceptions.AuthenticationWrongNumberOfArgsError,
-            redis.exceptions.NoPermissionError,
-        ),
-    ):
+    if isinstance(exc, _ACCESS_ERRORS):
         return True
     if isinstance(exc, redis.exceptions.RedisError) and str(exc).startswith(
         ("NOPERM", *_AUTH_TEXTS)
@@ -123,19 +127,7 @@ def is_transient(exc: BaseException) -> bool:
     """True for a Redis failure that a later attempt may not meet."""
     if is_access_error(exc):
         return False
-    if isinstance(
-        exc,
-        (
-            redis.exceptions.ConnectionError,
-            redis.exceptions.TimeoutError,
-            redis.exceptions.BusyLoadingError,
-            redis.exceptions.ReadOnlyError,
-            redis.exceptions.ClusterDownError,
-            redis.exceptions.TryAgainError,
-            # the script cache was emptied again between SCRIPT LOAD and EVALSHA: not applied
-            redis.exceptions.NoScriptError,
-        ),
-    ):
+    if isinstance(exc, _TRANSIENT_ERRORS):
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
         # "Function not found": nothing ran; the next attempt loads the library again

@@ -62,26 +62,20 @@ def client_attributes(client: Any) -> dict[str, str | int]:
     attrs: dict[str, str | int] = {}
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)
-    if isinstance(kwargs, dict):
-        if kwargs.get("host") is not None:
-            attrs["server.address"] = str(kwargs["host"])
-        if kwargs.get("port") is not None:
-            attrs["server.port"] = int(kwargs["port"])
-        if kwargs.get("path"):
-            attrs["server.address"] = str(kwargs["path"])
+    if isinstance(kwargs, dict):  # a unix socket's path is its address
+        host, port = kwargs.get("path") or kwargs.get("host"), kwargs.get("port")
         if kwargs.get("db") is not None:
             attrs["db.namespace"] = str(kwargs["db"])
-        return attrs
-    nodes = getattr(client, "startup_nodes", None)
-    if isinstance(nodes, dict):
-        nodes = list(nodes.values())
-    if nodes:
-        first = nodes[0]
+    else:  # a cluster client: its first startup node
+        nodes = getattr(client, "startup_nodes", None)
+        if isinstance(nodes, dict):
+            nodes = list(nodes.values())
+        first = nodes[0] if nodes else None
         host, port = getattr(first, "host", None), getattr(first, "port", None)
-        if host is not None:
-            attrs["server.address"] = str(host)
-        if port is not None:
-            attrs["server.port"] = int(port)
+    if host is not None:
+        attrs["server.address"] = str(host)
+    if port is not None:
+        attrs["server.port"] = int(port)
     return attrs
 
 

@@ -122,7 +122,19 @@ def _readonly(self: object, *args: object, **kwargs: object) -> NoReturn:
     raise TypeError(f"{type(self).__name__} is read-only")
 
 
-class FrozenDict(dict[str, Any]):
+class _Immutable:
+    """A value that never changes: its copies (shallow or deep) are the value itself."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> Self:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Self:
+        return self
+
+
+class FrozenDict(_Immutable, dict[str, Any]):
     """A read-only ``dict``: a JSON object handed out by the cache. Equal to a plain dict."""
 
     __slots__ = ()
@@ -135,17 +147,11 @@ class FrozenDict(dict[str, Any]):
     def __repr__(self) -> str:
         return f"FrozenDict({dict.__repr__(self)})"
 
-    def __copy__(self) -> FrozenDict:
-        return self
-
-    def __deepcopy__(self, memo: object) -> FrozenDict:
-        return self
-
     def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, Any]]]:
         return (FrozenDict, (dict(self),))
 
 
-class FrozenList(list[Any]):
+class FrozenList(_Immutable, list[Any]):
     """A read-only ``list``: a JSON array handed out by the cache. Equal to a plain list."""
 
     __slots__ = ()
@@ -159,12 +165,6 @@ class FrozenList(list[Any]):
     def __repr__(self) -> str:
         return f"FrozenList({list.__repr__(self)})"
 
-    def __copy__(self) -> FrozenList:
-        return self
-
-    def __deepcopy__(self, memo: object) -> FrozenList:
-        return self
-
     def __reduce__(self) -> tuple[type[FrozenList], tuple[list[Any]]]:
         return (FrozenList, (list(self),))
 
@@ -173,7 +173,7 @@ _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
-class FrozenMap(Mapping[_K, _V]):
+class FrozenMap(_Immutable, Mapping[_K, _V]):
     """A read-only mapping over a persistent ``immutables.Map``: the checkpoint's
     ``agent_results`` and ``agent_sessions``.
 
@@ -240,12 +240,6 @@ class FrozenMap(Mapping[_K, _V]):
 
     def __repr__(self) -> str:
         return f"FrozenMap({dict(self._map)!r})"
-
-    def __copy__(self) -> FrozenMap[_K, _V]:
-        return self
-
-    def __deepcopy__(self, memo: object) -> FrozenMap[_K, _V]:
-        return self
 
     def __reduce__(self) -> tuple[type[FrozenMap[Any, Any]], tuple[dict[_K, _V]]]:
         return (FrozenMap, (dict(self._map),))
@@ -411,12 +405,8 @@ class ResultStatus(_StrEnum):
     TIMED_OUT = "timed_out"
 
 
-_AGENT_STATUS_CACHE: dict[AgentStatus, str] = {
-    AgentStatus.OK: ResultStatus.OK.value,
-    AgentStatus.ERROR: ResultStatus.ERROR.value,
-    AgentStatus.CANCELLED: ResultStatus.CANCELLED.value,
-    AgentStatus.TIMED_OUT: ResultStatus.TIMED_OUT.value,
-}
+# the members of AgentStatus and ResultStatus name the same outcomes, in the same order
+_AGENT_STATUS_CACHE = {a: r.value for a, r in zip(AgentStatus, ResultStatus, strict=True)}
 AGENT_RESULT_STATUSES = frozenset(s.value for s in ResultStatus)
 
 
@@ -446,7 +436,7 @@ _US = _dt.timedelta(microseconds=1)
 _PLAIN_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
 
-class Timestamp(_dt.datetime):
+class Timestamp(_Immutable, _dt.datetime):
     """An event's ``ts``: an aware datetime with nanoseconds, as luft's ``DateTime<Utc>``.
 
     A ``datetime`` holds microseconds; :attr:`nanosecond` (0..999) carries the three digits
@@ -490,10 +480,7 @@ class Timestamp(_dt.datetime):
             raise ValueError("datetime must be timezone-aware")
         if value.tzinfo is not _dt.UTC:
             value = value.astimezone(_dt.UTC)
-        return cls(
-            value.year, value.month, value.day, value.hour, value.minute, value.second,
-            value.microsecond, _dt.UTC, nanosecond=nanosecond,
-        )  # fmt: skip
+        return cls(*_fields(value), _dt.UTC, nanosecond=nanosecond)
 
     @classmethod
     def from_unix_nanos(cls, nanos: int) -> Timestamp:
@@ -555,10 +542,7 @@ class Timestamp(_dt.datetime):
         return self._with(_dt.datetime.astimezone(self, tz), self._nanosecond)
 
     def _with(self, base: _dt.datetime, nanosecond: int) -> Self:
-        return type(self)(
-            base.year, base.month, base.day, base.hour, base.minute, base.second,
-            base.microsecond, base.tzinfo, fold=base.fold, nanosecond=nanosecond,
-        )  # fmt: skip
+        return type(self)(*_fields(base), base.tzinfo, fold=base.fold, nanosecond=nanosecond)
 
     # comparisons: equal microseconds are ordered by the nanoseconds below them
 
@@ -602,16 +586,13 @@ class Timestamp(_dt.datetime):
         return base if not self._nanosecond else hash((base, self._nanosecond))
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        return (_make_timestamp, (
-            self.year, self.month, self.day, self.hour, self.minute, self.second,
-            self.microsecond, self.tzinfo, self.fold, self._nanosecond,
-        ))  # fmt: skip
+        return (_make_timestamp, (*_fields(self), self.tzinfo, self.fold, self._nanosecond))
 
-    def __copy__(self) -> Timestamp:
-        return self
 
-    def __deepcopy__(self, memo: object) -> Timestamp:
-        return self
+
+def _fields(d: _dt.datetime) -> tuple[int, int, int, int, int, int, int]:
+    """Year, month, day, hour, minute, second and microsecond of ``d``."""
+    return (d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond)
 
 
 def _make_timestamp(
@@ -912,6 +893,9 @@ class _DeltaKind(_Kind):
 
 _UUID = _UuidKind()
 _KIND_BY_META = {"u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX)}
+_PLAIN_KINDS: dict[Any, _Kind] = {
+    str: _StrKind(), bool: _BoolKind(), uuid.UUID: _UUID, _dt.datetime: _TsKind()
+}
 
 
 def _kind_for(tp: Any) -> _Kind:
@@ -932,14 +916,8 @@ def _kind_for(tp: Any) -> _Kind:
         item = _kind_for(get_args(tp)[1])
         assert isinstance(item, _RecordKind)
         return _MapKind(item)
-    if tp is str:
-        return _StrKind()
-    if tp is bool:
-        return _BoolKind()
-    if tp is uuid.UUID:
-        return _UUID
-    if tp is _dt.datetime:
-        return _TsKind()
+    if tp in _PLAIN_KINDS:
+        return _PLAIN_KINDS[tp]
     if isinstance(tp, type) and issubclass(tp, _StrEnum):
         return _EnumKind(tp)
     if isinstance(tp, type) and issubclass(tp, ProgressDelta):

@@ -42,6 +42,7 @@ import re
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, TextIO
 
@@ -57,7 +58,7 @@ from ..backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
-from ..retry import NO_RETRY, is_access_error
+from ..retry import NO_RETRY, exception_chain, is_access_error
 from ..scripts import translate_error
 from ..tasks import TaskState
 from ..wire import decode_entry
@@ -106,6 +107,14 @@ def _backend(args: argparse.Namespace) -> Iterator[RedisCheckpointBackend]:
         client.close()
 
 
+def _open_run(backend: RedisCheckpointBackend, args: argparse.Namespace) -> t.RunCheckpoint:
+    """Bind ``backend`` to the run ``args.run_id``; :class:`CommandFailed` when there is none."""
+    cp = backend.open_run(args.run_id)
+    if cp is None:
+        raise CommandFailed(str(RunNotFoundError(args.run_id, args.prefix)))
+    return cp
+
+
 def _timestamp(seconds: int) -> str:
     """Unix seconds as ISO 8601 UTC (``2025-01-31T12:00:00Z``)."""
     try:
@@ -126,7 +135,8 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialize {type(value).__name__}")
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
+    """JSON text as the CLI prints it (UUIDs, datetimes and frozen containers included)."""
     return json.dumps(value, default=_json_default, ensure_ascii=False, sort_keys=False)
 
 
@@ -201,9 +211,7 @@ def _print(renderable: Any) -> None:
 
 
 def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
-    statuses: dict[str, int] = {}
-    for result in cp.agent_results.values():
-        statuses[result.status] = statuses.get(result.status, 0) + 1
+    statuses = dict(Counter(result.status for result in cp.agent_results.values()))
     return {
         "run_id": str(cp.run_id),
         "status": cp.status.value,
@@ -244,11 +252,6 @@ def event_json(entry_id: str, event: t.AgentEvent) -> dict[str, Any]:
     """One event as ``show`` prints it: its stream entry id, then luft's JSON form (the web
     view's ``event`` message)."""
     return {"id": entry_id, **event.to_json()}
-
-
-def dumps(value: Any) -> str:
-    """JSON text as the CLI prints it (UUIDs, datetimes and frozen containers included)."""
-    return _dumps(value)
 
 
 def _one_line(text: str, limit: int = 60) -> str:
@@ -302,7 +305,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         client.close()
     if args.json:
         for row in page.rows:
-            print(_dumps(run_row_json(row)))
+            print(dumps(run_row_json(row)))
     else:
         table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
         table.add_column("run id", no_wrap=True, min_width=36)
@@ -359,9 +362,7 @@ def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int)
 def _cmd_show(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        cp = backend.open_run(run_id)
-        if cp is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        cp = _open_run(backend, args)
         count: int | None
         try:
             count = backend.client.xlen(run_keys(args.prefix, run_id).events)
@@ -370,21 +371,21 @@ def _cmd_show(args: argparse.Namespace) -> int:
         summary = show_json(cp, count, backend.log_trimmed)
         events = _last_events(backend, run_id, args.events)
     if args.json:
-        print(_dumps(summary))
+        print(dumps(summary))
     else:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
         for name, value in summary.items():
             multiline = isinstance(value, str) and not value.isprintable()
-            shown = _dumps(value) if isinstance(value, dict) or multiline else str(value)
+            shown = dumps(value) if isinstance(value, dict) or multiline else str(value)
             style = _STATUS_STYLE.get(shown, "") if name == "status" else ""
             grid.add_row(name + ":", Text(shown, style=style))
         _print(grid)
         if events:
             print(f"--- last {len(events)} event(s), oldest first")
     for eid, event in events:
-        print(_dumps(event_json(eid, event)))
+        print(dumps(event_json(eid, event)))
     return EXIT_OK
 
 
@@ -410,8 +411,7 @@ def _event_type(text: str) -> str:
 def _cmd_events(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        if backend.open_run(run_id) is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        _open_run(backend, args)
         if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
             print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
         try:
@@ -437,8 +437,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     try:
         # watch=True: the change listener keeps the cache current from the run's notices
         with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
-            if backend.open_run(run_id) is None:
-                raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+            _open_run(backend, args)
             try:
                 final = live.watch_run(backend, _console())
             except KeyboardInterrupt:
@@ -466,12 +465,11 @@ def _server_time(backend: RedisCheckpointBackend) -> float:
 def _cmd_agents(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        if backend.open_run(run_id) is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        _open_run(backend, args)
         tasks = backend.agent_tasks()
         now = _server_time(backend)
     if args.json:
-        print(_dumps([task.to_json() for task in tasks]))
+        print(dumps([task.to_json() for task in tasks]))
         return EXIT_OK
     if tasks:
         _print(live.task_table(tasks, now))
@@ -490,9 +488,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
 def _cmd_cancel(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
-        cp = backend.open_run(run_id)
-        if cp is None:
-            raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
+        cp = _open_run(backend, args)
         before = cp.status
         backend.cancel()
         after = backend.get_checkpoint()
@@ -782,16 +778,12 @@ def _split_demo(argv: Sequence[str]) -> list[str] | None:
 
 def _auth_failure(exc: BaseException) -> BaseException | None:
     """The authentication or permission error in ``exc``'s chain, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         if isinstance(current, redis.exceptions.AuthenticationError) or (
             isinstance(current, redis.exceptions.ResponseError)
             and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
         ) or type(current).__name__ in ("AuthenticationError", "PermissionDeniedError"):
             return current
-        current = current.__cause__ or current.__context__
     return None
 
 

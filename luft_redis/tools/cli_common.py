@@ -33,6 +33,7 @@ __all__ = [
     "URL_ENV",
     "CommandFailed",
     "add_connection",
+    "client_kwargs",
     "connect",
     "parse_run_id",
     "redact_url",
@@ -77,7 +78,8 @@ def redact_url(url: str) -> str:
         return "<unparsable URL>"
 
 
-def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The client options of the connection options in ``args`` (timeouts, CA; no retries)."""
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": TIMEOUT,
         "socket_timeout": TIMEOUT,
@@ -95,8 +97,8 @@ def connect(args: argparse.Namespace) -> Any:
     url: str = args.redis
     try:
         if args.cluster:
-            return redis.cluster.RedisCluster.from_url(url, **_client_kwargs(args))
-        client = redis.Redis.from_url(url, **_client_kwargs(args))
+            return redis.cluster.RedisCluster.from_url(url, **client_kwargs(args))
+        client = redis.Redis.from_url(url, **client_kwargs(args))
         warn_needless_password(url, args)
         return client
     except (
@@ -123,7 +125,7 @@ def warn_needless_password(url: str, args: argparse.Namespace | None = None) -> 
         return False
     _WARNED.add(url)
     bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    kwargs = _client_kwargs(args) if args is not None else {}
+    kwargs = client_kwargs(args) if args is not None else {}
     kwargs.update(socket_timeout=1.0, socket_connect_timeout=1.0)
     try:
         with redis.Redis.from_url(bare, **kwargs) as probe:

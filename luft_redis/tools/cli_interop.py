@@ -22,15 +22,17 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO, TypeVar
 
 from .. import interop
 from ..connect import make_client
 from ..retention import LOG_TRIMMED_NOTE
-from .cli_common import TIMEOUT, add_connection, parse_run_id
+from .cli_common import add_connection, client_kwargs, parse_run_id
 
 __all__ = ["add_commands", "progress_reporter"]
+
+_T = TypeVar("_T")
 
 
 
@@ -42,10 +44,7 @@ def _add_connection(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def _client(args: argparse.Namespace) -> Iterator[Any]:
-    kwargs: dict[str, Any] = {"socket_connect_timeout": TIMEOUT, "socket_timeout": TIMEOUT}
-    if args.tls_ca_cert:
-        kwargs["ssl_ca_certs"] = args.tls_ca_cert
-    client = make_client(args.redis, cluster=args.cluster, **kwargs)
+    client = make_client(args.redis, cluster=args.cluster, **client_kwargs(args))
     try:
         yield client
     finally:
@@ -115,71 +114,64 @@ def _columns() -> int:
 # ------------------------------------------------------------------------------- commands
 
 
-def _trimmed_warning(result: interop.ExportResult) -> None:
-    if result.log_trimmed:
-        print(f"warning: run {result.run_id}: {LOG_TRIMMED_NOTE}; the export holds only the "
-              "events that are left (--allow-trimmed)", file=sys.stderr)  # fmt: skip
-
-
 _ALLOW_TRIMMED_HELP = (
     "export a run whose event log was trimmed (max_events) with the events that are left; "
     "without it such a run is refused"
 )
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
-    with _client(args) as client, progress_reporter("export", enabled=not args.quiet) as bar:
-        result = interop.export_run_dir(
-            client, args.run_id, args.output, prefix=args.prefix, overwrite=args.force,
-            progress=bar, allow_trimmed=args.allow_trimmed,
-        )  # fmt: skip
-    _trimmed_warning(result)
+def _transfer(args: argparse.Namespace, label: str,
+              work: Callable[[Any, interop.Progress | None], _T]) -> _T:  # fmt: skip
+    """``work(client, progress)`` on a client of ``args``, with the progress display."""
+    with _client(args) as client, progress_reporter(label, enabled=not args.quiet) as bar:
+        return work(client, bar)
+
+
+def _exported(result: interop.ExportResult) -> int:
+    if result.log_trimmed:
+        print(f"warning: run {result.run_id}: {LOG_TRIMMED_NOTE}; the export holds only the "
+              "events that are left (--allow-trimmed)", file=sys.stderr)  # fmt: skip
     print(f"run {result.run_id}: exported to {result.target} ({result.events} events)")
     return 0
+
+
+def _imported(results: list[interop.ImportResult], source: str) -> int:
+    for result in results:
+        how = "replaced" if result.replaced else "imported"
+        print(f"run {result.run_id}: {how} from {source} ({result.events} events)")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    return _exported(_transfer(args, "export", lambda client, bar: interop.export_run_dir(
+        client, args.run_id, args.output, prefix=args.prefix, overwrite=args.force,
+        progress=bar, allow_trimmed=args.allow_trimmed,
+    )))  # fmt: skip
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    with _client(args) as client, progress_reporter("import", enabled=not args.quiet) as bar:
-        result = interop.import_run_dir(
-            client,
-            args.directory,
-            prefix=args.prefix,
-            replace=args.replace,
-            run_dir=args.run_dir,
-            progress=bar,
-        )
-    how = "replaced" if result.replaced else "imported"
-    print(f"run {result.run_id}: {how} from {args.directory} ({result.events} events)")
-    return 0
+    result = _transfer(args, "import", lambda client, bar: interop.import_run_dir(
+        client, args.directory, prefix=args.prefix, replace=args.replace,
+        run_dir=args.run_dir, progress=bar,
+    ))  # fmt: skip
+    return _imported([result], args.directory)
 
 
 def _cmd_import_sqlite(args: argparse.Namespace) -> int:
-    with _client(args) as client, progress_reporter("import", enabled=not args.quiet) as bar:
-        results = interop.import_sqlite(
-            client,
-            args.path,
-            run_id=args.run,
-            prefix=args.prefix,
-            replace=args.replace,
-            progress=bar,
-        )
-    for result in results:
-        how = "replaced" if result.replaced else "imported"
-        print(f"run {result.run_id}: {how} from {args.path} ({result.events} events)")
+    results = _transfer(args, "import", lambda client, bar: interop.import_sqlite(
+        client, args.path, run_id=args.run, prefix=args.prefix, replace=args.replace,
+        progress=bar,
+    ))  # fmt: skip
     if not results:
         print(f"no runs in {args.path}")
-    return 0
+    return _imported(results, args.path)
 
 
 def _cmd_export_sqlite(args: argparse.Namespace) -> int:
-    with _client(args) as client, progress_reporter("export", enabled=not args.quiet) as bar:
-        result = interop.export_sqlite(
-            client, args.path, args.run_id, prefix=args.prefix, replace=args.replace,
-            progress=bar, allow_trimmed=args.allow_trimmed,
-        )  # fmt: skip
-    _trimmed_warning(result)
-    print(f"run {result.run_id}: exported to {result.target} ({result.events} events)")
-    return 0
+    return _exported(_transfer(args, "export", lambda client, bar: interop.export_sqlite(
+        client, args.path, args.run_id, prefix=args.prefix, replace=args.replace,
+        progress=bar, allow_trimmed=args.allow_trimmed,
+    )))  # fmt: skip
 
 
 def add_commands(sub: Any) -> None:

@@ -68,6 +68,7 @@ from ..errors import ConnectionError as LuftConnectionError
 from ..keys import run_keys
 from ..lease import AgentLease
 from ..listener import POLL_SECONDS as LISTENER_POLL_SECONDS
+from ..retry import exception_chain
 from ..tasks import AgentTask, TaskInfo, TaskState
 from ..types import (
     AgentDone,
@@ -352,17 +353,12 @@ class Target:
 
 def _refused(exc: BaseException) -> bool:
     """``exc`` (or its cause) is a refused password or ACL permission."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
+    return any(
+        isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
             isinstance(current, redis.exceptions.ResponseError)
-            and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
-        ):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+            and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
+        for current in exception_chain(exc)
+    )  # fmt: skip
 
 
 def _preflight(url: str) -> None:
@@ -754,11 +750,13 @@ class Coordinator:
                 best = (task, worker)
         return best
 
-    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo]) -> tuple[TaskInfo, int, int] | None:
+    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo],
+                alive: int) -> tuple[TaskInfo, int, int] | None:  # fmt: skip
         """SIGSTOP the worker holding the newest lease and make sure it is mid-agent (its
         agent still leased with the same token once stopped): (task, worker, pid), or None
-        after a SIGCONT when it finished the agent just before the signal."""
-        picked = self._pick(tasks)
+        after a SIGCONT when it finished the agent just before the signal, and when fewer
+        than ``alive`` workers are alive."""
+        picked = self._pick(tasks) if self.alive() >= alive else None
         if picked is None:
             return None
         task, worker = picked
@@ -774,9 +772,7 @@ class Coordinator:
     def kill(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
         """SIGKILL the worker holding the newest lease, mid-agent; nothing else is done
         about it."""
-        if self.alive() < 3:
-            return
-        frozen = self._freeze(tasks)
+        frozen = self._freeze(tasks, alive=3)
         if frozen is None:
             return
         task, worker, pid = frozen
@@ -794,9 +790,7 @@ class Coordinator:
     def pause(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
         """SIGSTOP the worker holding the newest lease, mid-agent, until its agent is taken
         over (then :meth:`follow_victims` wakes it)."""
-        if self.alive() < 2:
-            return
-        frozen = self._freeze(tasks)
+        frozen = self._freeze(tasks, alive=2)
         if frozen is None:
             return
         task, worker, pid = frozen

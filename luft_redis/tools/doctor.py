@@ -33,9 +33,10 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import redis
 import redis.cluster
@@ -68,6 +69,7 @@ LEVELS: Final[tuple[Level, ...]] = ("ok", "unknown", "warn", "unsafe")
 MIN_REDIS_VERSION: Final = (7, 0)
 """The oldest Redis the Lua scripts run on (they use 7.0 features)."""
 
+_A = TypeVar("_A")
 _SAFE_POLICY: Final = "noeviction"
 _FSYNC_MODES: Final = ("always", "everysec", "no")
 
@@ -101,11 +103,7 @@ class ServerReport:
     @property
     def level(self) -> Level:
         """The worst level of any check (``"ok"`` for an empty report)."""
-        worst: Level = "ok"
-        for check in self.checks:
-            if LEVELS.index(check.level) > LEVELS.index(worst):
-                worst = check.level
-        return worst
+        return max((check.level for check in self.checks), key=LEVELS.index, default="ok")
 
     def by_level(self, level: Level) -> list[Check]:
         """The checks that came out as ``level``."""
@@ -158,14 +156,10 @@ def _config(client: redis.Redis, name: str) -> str:
 def _parse_version(text: str) -> tuple[int, ...] | None:
     parts: list[int] = []
     for piece in text.strip().split("."):
-        digits = ""
-        for char in piece:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
+        digits = re.match(r"\d+", piece)  # the leading digits of each dotted piece
+        if digits is None:
             break
-        parts.append(int(digits))
+        parts.append(int(digits[0]))
     return tuple(parts) if parts else None
 
 
@@ -178,23 +172,20 @@ class _Probe:
         self._configs: dict[str, str | _Refused] = {}
 
     def info(self, section: str) -> dict[str, str]:
-        if section not in self._infos:
-            try:
-                self._infos[section] = _info(self.client, section)
-            except _Refused as exc:
-                self._infos[section] = exc
-        answer = self._infos[section]
-        if isinstance(answer, _Refused):
-            raise answer
-        return answer
+        return self._once(self._infos, section, _info)
 
     def config(self, name: str) -> str:
-        if name not in self._configs:
+        return self._once(self._configs, name, _config)
+
+    def _once(self, answers: dict[str, _A | _Refused], key: str,
+              ask: Callable[[redis.Redis, str], _A]) -> _A:  # fmt: skip
+        """``ask(client, key)``, or the refusal it raised, the first time; then the same."""
+        if key not in answers:
             try:
-                self._configs[name] = _config(self.client, name)
+                answers[key] = ask(self.client, key)
             except _Refused as exc:
-                self._configs[name] = exc
-        answer = self._configs[name]
+                answers[key] = exc
+        answer = answers[key]
         if isinstance(answer, _Refused):
             raise answer
         return answer
@@ -303,54 +294,27 @@ def _check_persistence(probe: _Probe) -> list[Check]:
         save = probe.config("save").strip()
     except _Refused:
         save = None
-    checks: list[Check] = []
+    level: Level
     if aof:
-        checks.append(
-            Check(
-                name,
-                "ok",
-                "AOF on (appendonly yes)" + (f"; RDB save rules {save!r} as well" if save else ""),
-            )
-        )
+        level, message = "ok", "AOF on (appendonly yes)" + (
+            f"; RDB save rules {save!r} as well" if save else "")  # fmt: skip
     elif aof is None and save is None:
-        checks.append(
-            Check(
-                name,
-                "unknown",
-                "cannot read appendonly or save (CONFIG refused); make sure AOF (appendonly yes) "
-                "or RDB snapshots are on, or checkpoints are lost when Redis restarts",
-            )
-        )
+        level, message = "unknown", (
+            "cannot read appendonly or save (CONFIG refused); make sure AOF (appendonly yes) "
+            "or RDB snapshots are on, or checkpoints are lost when Redis restarts")  # fmt: skip
     elif save:
-        checks.append(
-            Check(
-                name,
-                "warn",
-                f"RDB snapshots only (save {save!r}): a crash loses every change since the last "
-                "snapshot; prefer appendonly yes",
-            )
-        )
+        level, message = "warn", (
+            f"RDB snapshots only (save {save!r}): a crash loses every change since the last "
+            "snapshot; prefer appendonly yes")  # fmt: skip
     elif save is None:
-        checks.append(
-            Check(
-                name,
-                "unknown",
-                "appendonly is off and the RDB save rules cannot be read (CONFIG GET save "
-                "refused): checkpoints may not survive a restart",
-            )
-        )
+        level, message = "unknown", (
+            "appendonly is off and the RDB save rules cannot be read (CONFIG GET save "
+            "refused): checkpoints may not survive a restart")  # fmt: skip
     else:
-        checks.append(
-            Check(
-                name,
-                "unsafe",
-                'no persistence (appendonly no, save ""): every checkpoint is lost when Redis '
-                "restarts; set appendonly yes",
-            )
-        )
-    checks.append(_check_fsync(probe, aof))
-    checks.extend(_check_last_writes(probe))
-    return checks
+        level, message = "unsafe", (
+            'no persistence (appendonly no, save ""): every checkpoint is lost when Redis '
+            "restarts; set appendonly yes")  # fmt: skip
+    return [Check(name, level, message), _check_fsync(probe, aof), *_check_last_writes(probe)]
 
 
 def _check_fsync(probe: _Probe, aof: bool | None) -> Check:
@@ -480,10 +444,8 @@ def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
     sizes: list[tuple[int, Any]] = []
     try:
         for run_id in sample:
-            total = 0
-            for key in run_keys(prefix, run_id):
-                used = _ask("MEMORY USAGE", client.memory_usage, key)
-                total += int(used or 0)
+            total = sum(int(_ask("MEMORY USAGE", client.memory_usage, key) or 0)
+                        for key in run_keys(prefix, run_id))  # fmt: skip
             sizes.append((total, run_id))
     except _Refused as exc:
         return Check(name, "unknown", f"cannot measure the runs ({exc})")
@@ -549,21 +511,15 @@ def check_runs(
     except (_Refused, errors.BackendError) as exc:
         return [Check("runs-without-ttl", "unknown", f"cannot read the runs ({exc})")]
     at_least = "at least " if capped else ""
+    where = f"{at_least}{runs} run(s) under prefix {prefix!r}"
     if no_ttl:
-        ttl_check = Check(
-            "runs-without-ttl",
-            "warn",
-            f"{at_least}{no_ttl} of {finished} finished run(s) ({at_least}{runs} run(s) under "
-            f"prefix {prefix!r}) have no TTL and stay until deleted: give the backends "
-            "expire_finished_after=, or run luft-redis gc --older-than 7d",
-        )
+        ttl_check = Check("runs-without-ttl", "warn", (
+            f"{at_least}{no_ttl} of {finished} finished run(s) ({where}) have no TTL and stay "
+            "until deleted: give the backends expire_finished_after=, or run luft-redis gc "
+            "--older-than 7d"))  # fmt: skip
     else:
-        ttl_check = Check(
-            "runs-without-ttl",
-            "ok",
-            f"every finished run expires ({finished} finished of {at_least}{runs} run(s) under "
-            f"prefix {prefix!r})",
-        )
+        ttl_check = Check("runs-without-ttl", "ok",
+                          f"every finished run expires ({finished} finished of {where})")
     return [_run_memory(client, prefix, sampled), ttl_check]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -164,9 +165,7 @@ def task_table(tasks: Sequence[TaskInfo], now: float, *, limit: int | None = Non
 
 def _fleet_line(tasks: Sequence[TaskInfo]) -> str:
     """``tasks 12: 3 ready, 4 leased (1 lapsed), 5 done, 0 dead``."""
-    counts = {state: 0 for state in TaskState}
-    for task in tasks:
-        counts[task.state] += 1
+    counts = Counter(task.state for task in tasks)
     lapsed = sum(1 for task in tasks if task.lapsed)
     leased = f"{counts[TaskState.LEASED]} leased" + (f" ({lapsed} lapsed)" if lapsed else "")
     return (f"{len(tasks)}: {counts[TaskState.READY]} ready, {leased}, "

@@ -200,13 +200,13 @@ def find_redis_server() -> str | None:
         except (FileNotFoundError, ValueError) as exc:
             logger.warning("%s=%s: %s", SERVER_ENV, chosen, exc)
             return None
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    fallback = Path("/usr/bin/redis-server")
-    if _executable(fallback):
-        return str(fallback)
-    return None
+    return _on_path(("redis-server",), "/usr/bin/redis-server")
+
+
+def _on_path(names: Sequence[str], fallback: str) -> str | None:
+    """The first of ``names`` on PATH, else ``fallback`` if it is an executable file."""
+    found = next((path for name in names if (path := shutil.which(name))), None)
+    return found or (fallback if _executable(fallback) else None)
 
 
 def find_redis_cli(server_binary: str | None = None) -> str | None:
@@ -218,14 +218,7 @@ def find_redis_cli(server_binary: str | None = None) -> str | None:
             sibling = Path(server_binary).with_name(name)
             if _executable(sibling):
                 return str(sibling)
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    fallback = Path("/usr/bin/redis-cli")
-    if _executable(fallback):
-        return str(fallback)
-    return None
+    return _on_path(names, "/usr/bin/redis-cli")
 
 
 def no_server_message() -> str:
@@ -287,9 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+def _tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of what ``path`` holds past ``offset`` ("" if unreadable)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -486,8 +482,8 @@ class LocalRedisServer:
         while True:
             if proc.poll() is not None:
                 self._proc = None
-                log = self._new_log(log_path, log_offset)
-                details = "\n".join(x for x in (log, _tail(out_path, 10)) if x)
+                log = _tail(log_path, log_offset)
+                details = "\n".join(x for x in (log, _tail(out_path, lines=10)) if x)
                 if "Address already in use" in details:
                     raise _PortInUse(port, details)
                 raise RuntimeError(
@@ -499,23 +495,12 @@ class LocalRedisServer:
                 return
             if time.monotonic() >= deadline:
                 self._terminate(kill_first=True)
-                details = self._new_log(log_path, log_offset)
+                details = _tail(log_path, log_offset)
                 raise RuntimeError(
                     f"redis-server did not answer PING within {self.startup_timeout:.1f}s "
                     f"(port {port}, dir {workdir}); log tail:\n{details}"
                 )
             time.sleep(0.02)
-
-    @staticmethod
-    def _new_log(log_path: Path, offset: int) -> str:
-        """The tail of what the log gained since *offset* (this run only)."""
-        try:
-            with log_path.open("rb") as fh:
-                fh.seek(offset)
-                text = fh.read().decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
     @staticmethod
     def _log_says_ready(log_path: Path, offset: int) -> bool:
@@ -945,23 +930,14 @@ class LocalRedisCluster:
         if server not in self._nodes:
             raise ValueError(f"{server!r} is not a node of this cluster")
         primary_id = self._node_id(server)
-        found: list[LocalRedisServer] = []
-        for node in self._nodes:
-            if node is server:
-                continue
-            view = self._view(node)
-            if view is not None and not view.is_primary and view.primary_id == primary_id:
-                found.append(node)
-        return found
+        return [node for node in self._nodes if node is not server
+                and (view := self._view(node)) is not None
+                and not view.is_primary and view.primary_id == primary_id]  # fmt: skip
 
     def primaries(self) -> list[LocalRedisServer]:
         """The running nodes that are primaries now, in start order."""
-        found: list[LocalRedisServer] = []
-        for node in self._nodes:
-            view = self._view(node)
-            if view is not None and view.is_primary:
-                found.append(node)
-        return found
+        return [node for node in self._nodes
+                if (view := self._view(node)) is not None and view.is_primary]
 
     # ------------------------------------------------------------ clients, data, lifecycle
 

@@ -37,7 +37,7 @@ A fixture whose requirement is missing skips its test and says what to install.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -59,6 +59,8 @@ __all__ = [
     "luft_server_backend",
 ]
 
+_B = TypeVar("_B", RedisCheckpointBackend, AsyncRedisCheckpointBackend)
+
 FAKEREDIS_HINT = "pip install 'fakeredis[lua]' (or 'luft-redis[fakeredis]')"
 """What to install for the fakeredis fixtures."""
 
@@ -72,10 +74,10 @@ def _fakeredis() -> Any:
     return fakeredis
 
 
-def _sync_backend(client: Any, **options: Any) -> RedisCheckpointBackend:
-    """A sync backend on ``client``, or a skip when its fakeredis has no Lua."""
+def _backend_or_skip(backend_type: type[_B], client: Any, **options: Any) -> _B:
+    """``backend_type(client, **options)``, or a skip when the client's fakeredis has no Lua."""
     try:
-        return RedisCheckpointBackend(client, **options)
+        return backend_type(client, **options)
     except ConfigurationError as exc:
         if "fakeredis[lua]" not in str(exc):
             raise
@@ -101,7 +103,7 @@ def luft_fakeredis(luft_fake_server: Any) -> Iterator[Any]:
 @pytest.fixture
 def luft_backend(luft_fakeredis: Any) -> Iterator[RedisCheckpointBackend]:
     """A :class:`~luft_redis.RedisCheckpointBackend` on fakeredis (closed after the test)."""
-    backend = _sync_backend(luft_fakeredis)
+    backend = _backend_or_skip(RedisCheckpointBackend, luft_fakeredis)
     try:
         yield backend
     finally:
@@ -118,7 +120,7 @@ def luft_make_backend(
 
     def make(**options: Any) -> RedisCheckpointBackend:
         client = _fakeredis().FakeRedis(server=luft_fake_server)
-        made.append((_sync_backend(client, **options), client))
+        made.append((_backend_or_skip(RedisCheckpointBackend, client, **options), client))
         return made[-1][0]
 
     try:
@@ -138,12 +140,7 @@ def luft_async_backend(luft_fake_server: Any) -> AsyncRedisCheckpointBackend:
     ``async with backend:``; tasks it left running end with that loop.
     """
     client = _fakeredis().FakeAsyncRedis(server=luft_fake_server)
-    try:
-        return AsyncRedisCheckpointBackend(client)
-    except ConfigurationError as exc:
-        if "fakeredis[lua]" not in str(exc):
-            raise
-        pytest.skip(f"this test needs fakeredis with Lua: {FAKEREDIS_HINT}")
+    return _backend_or_skip(AsyncRedisCheckpointBackend, client)
 
 
 @pytest.fixture(scope="session")
