@@ -117,10 +117,15 @@ def _phases(port: int, ops: int, expect_root: str) -> tuple[Any, dict[str, Calla
     def build(i: int) -> Any:
         built[i] = steps._encoder.events((step_events[i],), binding.run_id)
 
+    lane = getattr(steps, "_lane", None)  # the lean write path, where the version has one
+
     def fcall(i: int) -> Any:
         steps._op_seq += 1
         full = (steps._writer_id, str(steps._op_seq), *steps._with_retention(built[i]))
-        replies[i] = steps._fcall(fn, binding.key_list, full)
+        if lane is not None:
+            replies[i] = lane.call(fn, binding.key_list, full)
+        else:
+            replies[i] = steps._fcall(fn, binding.key_list, full)
 
     def parse(i: int) -> Any:
         deltas[i] = parse_delta(bytes(replies[i]))

@@ -25,7 +25,6 @@ is unpacked with size limits; nothing stored is ever evaluated or unpickled.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import operator
 import re
@@ -541,9 +540,12 @@ class _Recent:
     def add(self, blob: bytes | str, value: Any) -> None:
         items = self._items
         if len(items) >= self.size:
-            # the oldest; another thread may have got there first
-            with contextlib.suppress(StopIteration, KeyError, RuntimeError):
+            # the oldest; another thread may have got there first (a try costs less than
+            # contextlib.suppress, and this runs on every write once the memo is full)
+            try:  # noqa: SIM105
                 del items[next(iter(items))]
+            except (StopIteration, KeyError, RuntimeError):
+                pass
         items[blob] = value
 
     def get(self, blob: bytes | str, default: Any = None) -> Any:
@@ -556,11 +558,22 @@ _RECENT_IDS = _Recent(512)
 _MISSING = object()
 
 
+_last_id: tuple[Any, str] = (None, "")
+"""The last UUID :func:`id_text` was asked for and its text (one tuple: threads swap it
+whole)."""
+
+
 def id_text(value: uuid.UUID) -> str:
     """``str(value)``, the text a script argument names an agent by, remembered: the change
-    the write brings back names the agent by this very text (see :func:`recent_id`)."""
+    the write brings back names the agent by this very text (see :func:`recent_id`). An
+    event's agent id is asked for twice in a row (its entry, then the rule arguments)."""
+    global _last_id
+    last = _last_id
+    if last[0] is value:
+        return last[1]
     text = str(value)
     _RECENT_IDS.add(text, value)
+    _last_id = (value, text)
     return text
 
 
@@ -830,6 +843,8 @@ class _EntryPlan:
         if len(set(names)) != len(names):
             raise RuntimeError(f"{self.type}: two fields share a stream field name")
         self.nested_codec = [_kind_codec(by_name[n].kind, 3) for n in self.nested]
+        self.nested_packers = [(n, c[0]) for n, c in zip(self.nested, self.nested_codec,
+                                                         strict=True)]  # fmt: skip
         # the value of a nested field left out, and its packed form
         self.nested_values = [by_name[n].default if by_name[n].has_default
                               else (None if by_name[n].kind.nullable else _NO_DEFAULT)
@@ -848,16 +863,16 @@ class _EntryPlan:
         for name, short, text, default in self.scalars:
             value = getattr(event, name)
             if not short:  # a TokenUsage: its four fields, zeros left out
-                for sub, token_name in TOKEN_NAMES.items():
+                for sub, token_name in _TOKEN_ITEMS:
                     n = getattr(value, sub)
                     if n:
                         out += (token_name, str(n))
                 continue
-            if value is None or value == default:
+            # (a required field is never compared: a Timestamp's == is Python code)
+            if value is None or (default is not _NO_DEFAULT and value == default):
                 continue
             out += (short, text(value))
-        body = [pack(getattr(event, n)) for n, (pack, _) in
-                zip(self.nested, self.nested_codec, strict=True)]  # fmt: skip
+        body = [pack(getattr(event, n)) for n, pack in self.nested_packers]
         i = len(body)
         while i > self.first_optional and body[i - 1] == self.nested_defaults[i - 1]:
             i -= 1
@@ -912,6 +927,7 @@ class _EntryPlan:
         return self.cls._trusted(**values)
 
 
+_TOKEN_ITEMS = tuple(TOKEN_NAMES.items())
 _ENTRY_PLANS = {name: _EntryPlan(cls) for name, cls in t.EVENT_TYPES.items()}
 
 

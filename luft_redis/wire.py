@@ -106,9 +106,12 @@ class Encoder:
 
     def events(self, events: Any, run_id: uuid.UUID) -> list[Any]:
         """Arguments of append_events-11.lua for a batch (ValidationError naming the event)."""
-        if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
+        if type(events) is tuple or type(events) is list:
+            batch = events
+        elif isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
             raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
-        batch = list(events)
+        else:
+            batch = list(events)
         args: list[Any] = [str(len(batch))]
         for i, event in enumerate(batch):
             args += self.event(event, f"events[{i}]" if len(batch) > 1 else "event", run_id)
@@ -123,9 +126,12 @@ class Encoder:
         if event.run_id is None and not isinstance(event, t.SignalReceived):
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
         entry = codec.encode_entry(event)
-        size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
-        if size > self.max_payload_size:
-            raise PayloadTooLargeError(field, size, self.max_payload_size)
+        # an upper bound first (a character is at most 4 bytes), the exact size when it is
+        # not clearly within the limit
+        if 4 * sum(map(len, entry)) > self.max_payload_size:
+            size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
+            if size > self.max_payload_size:
+                raise PayloadTooLargeError(field, size, self.max_payload_size)
         stored = [str(len(entry)), *entry]  # the entry, as append_events-11.lua reads it
         # the rule arguments, packed as append_events-11.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)

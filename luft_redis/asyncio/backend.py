@@ -85,7 +85,7 @@ from ..wire import (
     page_after,
     xread_entries,
 )
-from .fcall import call_function, index_add, index_remove, raise_lost_redirect
+from .fcall import AsyncWriteLane, call_function, index_add, index_remove, raise_lost_redirect
 from .lease import AsyncAgentLease
 from .listener import AsyncChangeListener, AsyncRefresher, weak_work
 
@@ -200,6 +200,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError("max_attempts must be a positive integer")
         self._max_attempts = max_attempts
+        self._lane = None if self._cluster else AsyncWriteLane.for_client(client)
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
         self._waiting = 0
@@ -293,6 +294,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         client if :meth:`from_url` made it."""
         self._unbind()
         forked = self._fork != fork_generation()
+        if self._lane is not None:
+            await self._lane.aclose()
         if not forked:  # else the connections are the parent's: leave them alone
             listener = AsyncChangeListener.existing(self._client)
             if listener is not None:
@@ -452,7 +455,11 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             self._op_seq += 1
             full = (self._writer_id, str(self._op_seq), *args)
             if durability is None:
-                reply = await self._call(fn, full, keys, run_id)
+                lane = self._lane
+                if lane is None:
+                    reply = await self._call(fn, full, keys, run_id)
+                else:  # the lean path (its connection is this write lock's)
+                    reply = await self._retried(lambda: lane.call(fn, keys, full), run_id)
                 self._counters.writes += 1
                 return reply, None
             command = fn.command(keys, full)
