@@ -244,19 +244,13 @@ class WriteLane:
     def call(self, fn: Function, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """One attempt of ``fn`` (as :func:`call_function`)."""
         count, head = self._head(fn, keys)
-        parts = [b"*%d\r\n" % (count + len(args)), head]
-        encoder = None
-        for value in args:
-            kind = type(value)
-            if kind is str:
-                data = value.encode()
-            elif kind is bytes:
-                data = value
-            else:  # as redis-py encodes it (numbers; a bad type raises its DataError)
-                encoder = encoder or self._client.connection_pool.get_encoder()
-                data = encoder.encode(value)
-            parts += (b"$%d\r\n" % len(data), data, b"\r\n")
-        packed = b"".join(parts)
+        datas = [value.encode() if type(value) is str else value for value in args]
+        try:
+            bulks = [b"$%d\r\n%b\r\n" % (len(data), data) for data in datas]
+        except TypeError:  # a number: as redis-py encodes it (a bad type: its DataError)
+            encode = self._client.connection_pool.get_encoder().encode
+            bulks = [_bulk(encode(data)) for data in datas]
+        packed = b"".join([b"*%d\r\n" % (count + len(args)), head, *bulks])
         try:
             return self._send(packed)
         except redis.exceptions.ResponseError as exc:
