@@ -205,7 +205,7 @@ def _worker(tree: Path, port: int, ops: int, cpu_ops: int, client_cpu: int | Non
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={valgrind_out}", *cmd]
     if client_cpu is not None:
         cmd = ["taskset", "-c", str(client_cpu), *cmd]
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")  # steadier counts
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
     if done.returncode != 0 or not lines:

@@ -25,7 +25,6 @@ is refused as unknown rather than read with the ``L3`` rules.
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass
 
@@ -155,14 +154,6 @@ def parse_delta(payload: bytes) -> Delta:
     fmt = payload[2:4]
     if fmt not in READABLE_FORMATS:
         raise UnknownFormat(f"unknown change format {fmt!r}")
-    match = _HEAD.match(payload, 4)
-    if match is not None:  # the common header: each part's length checked below
-        n1, inc_before, n2, v_before, n3, inc_after, n4, v_after, n5, op = match.groups()
-        if (len(inc_before) == int(n1) and len(v_before) == int(n2)
-                and len(inc_after) == int(n3) and len(v_after) == int(n4)
-                and len(op) == int(n5)):  # fmt: skip
-            return Delta(inc_before.decode(), int(v_before), inc_after.decode(), int(v_after),
-                         op, payload, match.end(), fmt)  # fmt: skip
     head, pos = split(payload, 4, 5)
     if len(head) != 5:
         raise ValueError("truncated delta header")
@@ -171,12 +162,3 @@ def parse_delta(payload: bytes) -> Delta:
         raise ValueError("delta versions are not decimal numbers")
     return Delta(inc_before.decode(), int(v_before), inc_after.decode(), int(v_after), op,
                  payload, pos, fmt)  # fmt: skip
-
-
-_HEAD = re.compile(
-    rb"(\d{1,3}):([0-9a-zA-Z-]*)(\d{1,2}):(\d{1,20})(\d{1,3}):([0-9a-zA-Z-]*)"
-    rb"(\d{1,2}):(\d{1,20})(\d{1,2}):([a-z]*)"
-)
-"""The five header parts after the format, in their usual form (incarnations of hex digits,
-letters and "-", decimal versions, a lower-case op); a match is taken only when every part's
-length is the one its netstring gives, else :func:`split` reads the header."""
