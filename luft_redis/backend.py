@@ -540,8 +540,7 @@ class RedisCheckpointBackend(FrontEnd):
                 cache.mark_stale()
                 if binding.watch is not None:
                     self._on_work(binding.watch)
-        self._changed.notify()
-        return delta
+        return delta  # (the caller's _emit() wakes the waiters)
 
     def _wait(self, binding: Binding, predicate: Callable[[], bool],
                     timeout: float | None) -> bool:  # fmt: skip

@@ -123,7 +123,7 @@ class Encoder:
 
     def event(self, event: Any, field: str, run_id: uuid.UUID) -> list[Any]:
         event = check_type(event, t.AgentEvent, field)
-        if event.run_id is not None and event.run_id != run_id:
+        if event.run_id is not run_id and event.run_id is not None and event.run_id != run_id:
             raise RunMismatchError(
                 f"{field}.run_id", f"event of run {event.run_id} cannot go into run {run_id}"
             )

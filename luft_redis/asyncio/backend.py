@@ -539,8 +539,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 cache.mark_stale()
                 if binding.watch is not None:
                     self._on_work(binding.watch)
-        self._changed.notify()
-        return delta
+        return delta  # (the caller's _emit() wakes the waiters)
 
     async def _wait(self, binding: Binding, predicate: Callable[[], bool],
                     timeout: float | None) -> bool:  # fmt: skip
