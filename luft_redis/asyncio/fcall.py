@@ -178,6 +178,11 @@ _PLAIN_CONNECTIONS = ("redis.connection", "redis.asyncio.connection", "redis.sen
 """Modules of the connection classes whose sockets the lane writes to (not fakeredis')."""
 
 
+_PREFIXED = 2048
+_PREFIX = [b"$%d\r\n" % size for size in range(_PREFIXED)]
+"""The RESP length prefix of a bulk string, by its length (formatting one costs more)."""
+
+
 def _bulk(value: Any) -> bytes:
     if isinstance(value, int):
         value = str(value)
@@ -243,13 +248,21 @@ class AsyncWriteLane:
     async def call(self, fn: Function, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """One attempt of ``fn`` (as :func:`call_function`)."""
         count, head = self._head(fn, keys)
-        datas = [value.encode() if type(value) is str else value for value in args]
-        try:
-            bulks = [b"$%d\r\n%b\r\n" % (len(data), data) for data in datas]
-        except TypeError:  # a number: as redis-py encodes it (a bad type: its DataError)
-            encode = self._client.connection_pool.get_encoder().encode
-            bulks = [_bulk(encode(data)) for data in datas]
-        packed = b"".join([b"*%d\r\n" % (count + len(args)), head, *bulks])
+        parts = [b"*%d\r\n" % (count + len(args)), head]
+        prefix = _PREFIX
+        encode = None
+        for value in args:
+            kind = type(value)
+            if kind is str:
+                data = value.encode()
+            elif kind is bytes:
+                data = value
+            else:  # a number: as redis-py encodes it (a bad type: its DataError)
+                encode = encode or self._client.connection_pool.get_encoder().encode
+                data = encode(value)
+            size = len(data)
+            parts += (prefix[size] if size < _PREFIXED else b"$%d\r\n" % size, data, b"\r\n")
+        packed = b"".join(parts)
         try:
             return await self._send(packed)
         except redis.exceptions.ResponseError as exc:
