@@ -392,9 +392,12 @@ def capture_append(client: redis.Redis) -> tuple[Captured, RedisCheckpointBacken
     backend, run_id = new_run(client)
     backend.append_event(make_agent_done(run_id, 0))  # the library is loaded
     seen = recording(backend)
+    lane = getattr(backend, "_lane", None)  # the lean write path: off while recording
+    backend._lane = None  # type: ignore[attr-defined,unused-ignore]
     event = make_agent_done(run_id, 1)
     backend.append_event(event)
     del backend._fcall
+    backend._lane = lane  # type: ignore[attr-defined,unused-ignore]
     if len(seen) != 1:
         raise RuntimeError(f"append_event made {len(seen)} FCALLs, expected 1")
     fn, keys, args = seen[0]

@@ -38,9 +38,13 @@
 --- @include "includes/common"
 
 local function main()
-  local dup = dedup()
+  -- the wrong-type check: the keys read below before the first write (run, writers,
+  -- started, results, phases, tasks) fail with LUFT_CORRUPT as they are read (read_key); of
+  -- the keys written without a read, the log is probed here, the finding hash and list when
+  -- an event writes findings and the queue when the batch ends a lease (probe_once)
+  local dup = dedup({2, 'stream'})
   if dup then return dup end
-  local run = read_run('current_phase', 'total_tokens', 'phases')
+  local run = read_run('current_phase', 'total_tokens', 'phases', 'agents')
   local status = run[1]
   local current_phase = stored_uint(K_RUN, 'current_phase', run[4])
   local total = stored_uint(K_RUN, 'total_tokens', run[5])
@@ -48,6 +52,13 @@ local function main()
   local fenced = check_fence(run)
   local lease_end = nil -- {fields, score} when this batch ends the lease
   local now = now_seconds()
+  local probed = {}
+  local function probe_once(i, kind)
+    if not probed[i] then
+      probed[i] = true
+      probe_type(i, kind)
+    end
+  end
 
   -- 1. checks and reads, over a simulated state, collecting the writes
   local writes = {}
@@ -66,7 +77,7 @@ local function main()
   local function started_entry(aid)
     local entry = started[aid]
     if entry == nil then
-      local seen = redis.call('HGET', K_STARTED, aid)
+      local seen = read_key(6, 'hash', 'HGET', aid)
       if seen then
         local seq, phase = string.match(seen, '^(%d+) (%d+)$')
         if not seq then fail('CORRUPT', K_STARTED .. ' ' .. aid .. ' is not "<seq> <phase>"') end
@@ -83,7 +94,7 @@ local function main()
     local entry = results[aid]
     if entry == nil then
       local p = aid .. ':'
-      local found = redis.call('HMGET', K_RESULTS, p .. 'status', p .. 'output', p .. 'findings')
+      local found = read_key(4, 'hash', 'HMGET', p .. 'status', p .. 'output', p .. 'findings')
       entry = {exists = found[1] ~= false, output = found[2] ~= false, findings = found[3] ~= false}
       -- a result new in this batch holds exactly what the batch writes (its E record is
       -- built from that, with no read back)
@@ -105,7 +116,7 @@ local function main()
   local function phase_known(pid)
     local known = phases[pid]
     if known == nil then
-      known = redis.call('HEXISTS', K_PHASES, pid .. ':label') == 1
+      known = read_key(3, 'hash', 'HEXISTS', pid .. ':label') == 1
       phases[pid] = known
     end
     return known
@@ -140,7 +151,7 @@ local function main()
       if not entry then
         -- a new agent unless it already has a result (stored, or from this batch)
         if not result_entry(aid).exists then new_agents = new_agents + 1 end
-        if started_len == nil then started_len = redis.call('HLEN', K_STARTED) end
+        if started_len == nil then started_len = read_key(6, 'hash', 'HLEN') end
         started_len = started_len + 1
         entry = {seq = tostring(started_len)}
         started[aid] = entry
@@ -186,11 +197,14 @@ local function main()
         attrs.findings = findings
         new_findings = findings
         entry.findings = true
+        probe_once(7, 'hash')
+        probe_once(8, 'list')
       end
       if aid == fenced and lease_end == nil then
-        local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'failures', p .. 'max',
+        local t = read_key(10, 'hash', 'HMGET', p .. 'state', p .. 'failures', p .. 'max',
           p .. 'seq')
         if t[1] == 'leased' then
+          probe_once(11, 'zset')
           local ended, score = end_lease(aid, rstatus == 'ok', task_uint(aid, 'failures', t[2]),
             task_uint(aid, 'max', t[3]), task_uint(aid, 'seq', t[4]))
           lease_end = {ended, score}
@@ -275,7 +289,7 @@ local function main()
   end
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
   local agents = nil
-  if new_agents > 0 then agents = tostring(stored_agents() + new_agents) end
+  if new_agents > 0 then agents = tostring(stored_agents(run[7] or false) + new_agents) end
 
   -- 2. writes
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
@@ -321,6 +335,11 @@ local function main()
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
   if agents then fields[#fields + 1] = 'agents'; fields[#fields + 1] = agents end
   if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
+  if status == 'running' and run[1] == 'running' then
+    -- no retention rule to apply (no PTTL read): a running run holds no TTL, since every
+    -- script that leaves a run running (or makes it so) clears it (includes/retention)
+    return commit(run, now, 'append', fields)
+  end
   return retained(commit(run, now, 'append', fields), status)
 end
 

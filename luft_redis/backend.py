@@ -35,7 +35,14 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
-from .fcall import call_durably, call_function, index_add, index_remove, raise_lost_redirect
+from .fcall import (
+    WriteLane,
+    call_durably,
+    call_function,
+    index_add,
+    index_remove,
+    raise_lost_redirect,
+)
 from .frontend import (
     _UNBOUND,
     DEFAULT_PAGE_SIZE,
@@ -201,6 +208,7 @@ class RedisCheckpointBackend(FrontEnd):
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ConfigurationError("max_attempts must be a positive integer")
         self._max_attempts = max_attempts
+        self._lane = None if self._cluster else WriteLane.for_client(client)
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
         self._waiting = 0
@@ -294,6 +302,8 @@ class RedisCheckpointBackend(FrontEnd):
         client if :meth:`from_url` made it."""
         self._unbind()
         forked = self._fork != fork_generation()
+        if self._lane is not None:
+            self._lane.close()
         if not forked:  # else the connections are the parent's: leave them alone
             listener = ChangeListener.existing(self._client)
             if listener is not None:
@@ -453,7 +463,11 @@ class RedisCheckpointBackend(FrontEnd):
             self._op_seq += 1
             full = (self._writer_id, str(self._op_seq), *args)
             if durability is None:
-                reply = self._call(fn, full, keys, run_id)
+                lane = self._lane
+                if lane is None:
+                    reply = self._call(fn, full, keys, run_id)
+                else:  # the lean path (its connection is this write lock's)
+                    reply = self._retried(lambda: lane.call(fn, keys, full), run_id)
                 self._counters.writes += 1
                 return reply, None
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
@@ -522,8 +536,7 @@ class RedisCheckpointBackend(FrontEnd):
                 cache.mark_stale()
                 if binding.watch is not None:
                     self._on_work(binding.watch)
-        self._changed.notify()
-        return delta
+        return delta  # (the caller's _emit() wakes the waiters)
 
     def _wait(self, binding: Binding, predicate: Callable[[], bool],
                     timeout: float | None) -> bool:  # fmt: skip

@@ -142,6 +142,25 @@ def split_indexed(payload: bytes, start: int) -> list[bytes]:
     return list(layout.unpack_from(payload, body))
 
 
+def _split5(payload: bytes) -> tuple[list[bytes], int]:
+    """:func:`split` of the five header netstrings after the format (at offset 4), unrolled:
+    the header is read for every reply and notice. ValueError when malformed or short."""
+    find, end = payload.find, len(payload)
+    parts: list[bytes] = []
+    pos = 4
+    for _ in (1, 2, 3, 4, 5):
+        colon = find(b":", pos, pos + 21)
+        size = payload[pos:colon]
+        if colon < 0 or not size.isdigit():
+            raise ValueError("truncated delta header" if pos >= end
+                             else "malformed netstring length")  # fmt: skip
+        pos = colon + 1 + int(size)
+        if pos > end:
+            raise ValueError("truncated netstring")
+        parts.append(payload[colon + 1:pos])
+    return parts, pos
+
+
 def parse_delta(payload: bytes) -> Delta:
     """Parse the header of a delta; :class:`UnknownFormat` for another format, ValueError when
     malformed."""
@@ -154,9 +173,7 @@ def parse_delta(payload: bytes) -> Delta:
     fmt = payload[2:4]
     if fmt not in READABLE_FORMATS:
         raise UnknownFormat(f"unknown change format {fmt!r}")
-    head, pos = split(payload, 4, 5)
-    if len(head) != 5:
-        raise ValueError("truncated delta header")
+    head, pos = _split5(payload)
     inc_before, v_before, inc_after, v_after, op = head
     if not (v_before.isdigit() and v_after.isdigit()):
         raise ValueError("delta versions are not decimal numbers")

@@ -106,38 +106,50 @@ class Encoder:
 
     def events(self, events: Any, run_id: uuid.UUID) -> list[Any]:
         """Arguments of append_events-11.lua for a batch (ValidationError naming the event)."""
-        if isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
+        if type(events) is tuple or type(events) is list:
+            batch = events
+        elif isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
             raise ValidationError("events", f"expected a sequence of events, got {events!r:.80}")
-        batch = list(events)
-        args: list[Any] = [str(len(batch))]
+        else:
+            batch = list(events)
+        if len(batch) == 1:
+            args = self.event(batch[0], "event", run_id)
+            args.insert(0, "1")
+            return args
+        args = [str(len(batch))]
         for i, event in enumerate(batch):
-            args += self.event(event, f"events[{i}]" if len(batch) > 1 else "event", run_id)
+            args += self.event(event, f"events[{i}]", run_id)
         return args
 
     def event(self, event: Any, field: str, run_id: uuid.UUID) -> list[Any]:
         event = check_type(event, t.AgentEvent, field)
-        if event.run_id is not None and event.run_id != run_id:
+        if event.run_id is not run_id and event.run_id is not None and event.run_id != run_id:
             raise RunMismatchError(
                 f"{field}.run_id", f"event of run {event.run_id} cannot go into run {run_id}"
             )
         if event.run_id is None and not isinstance(event, t.SignalReceived):
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
         entry = codec.encode_entry(event)
-        size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
-        if size > self.max_payload_size:
-            raise PayloadTooLargeError(field, size, self.max_payload_size)
-        stored = [str(len(entry)), *entry]  # the entry, as append_events-11.lua reads it
+        # an upper bound first (a character is at most 4 bytes), the exact size when it is
+        # not clearly within the limit
+        if 4 * sum(map(len, entry)) > self.max_payload_size:
+            size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
+            if size > self.max_payload_size:
+                raise PayloadTooLargeError(field, size, self.max_payload_size)
+        stored = entry  # the entry, as append_events-11.lua reads it: its length first
+        stored.insert(0, str(len(entry)))
         # the rule arguments, packed as append_events-11.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
         if isinstance(event, t.AgentDone):
             total = event.tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
-            return [
-                *stored, f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
+            stored += (
+                f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
                 opt(None if event.output is None else codec.encode_json(event.output)),
                 opt(codec.encode_findings(event.findings) if event.findings else None),
-            ]  # fmt: skip
+            )  # fmt: skip
+            return stored
         if isinstance(event, t.AgentStarted):
             return [*stored, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
         if isinstance(event, t.PhaseStarted):

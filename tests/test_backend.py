@@ -598,7 +598,9 @@ def test_every_operation_reports_a_key_of_the_wrong_type_by_name(
     redis_client: Client, bound: Backend, run_id: uuid.UUID, make_backend: Factory, name: str
 ) -> None:
     """A stray key of the wrong type under the run's keys is CorruptDataError naming it, from
-    every operation and from open_run, before anything is written (issue 10, section 3)."""
+    every operation and from open_run, before anything is written (issue 10, section 3).
+    append_event checks the keys it reads or writes (issue 21: no probe of the others); over
+    a stray key it does not touch it succeeds and leaves that key as it was."""
     agent = uuid.uuid4()
     bound.append_event(AgentStarted(run_id=run_id, phase_id=0, agent_id=agent,
                                     prompt_preview="p", model="m"))  # fmt: skip
@@ -609,8 +611,10 @@ def test_every_operation_reports_a_key_of_the_wrong_type_by_name(
     redis_client.set(key, b"stray string")
     before = _dump_keys(redis_client, run_keys("luft", run_id))
     session = AgentSessionCheckpoint(agent_id=agent, session_id="s", status="x", updated_at=1)
+    append_touches = name in APPEND_DONE_KEYS
     operations: list[tuple[str, Callable[[], object]]] = [
-        ("append_event", lambda: bound.append_event(done(run_id, agent))),
+        *([("append_event", lambda: bound.append_event(done(run_id, agent)))]
+          if append_touches else []),
         ("upsert_agent_result", lambda: bound.upsert_agent_result(result(agent))),
         ("upsert_agent_session", lambda: bound.upsert_agent_session(session)),
         ("cancel", bound.cancel),
@@ -626,9 +630,20 @@ def test_every_operation_reports_a_key_of_the_wrong_type_by_name(
         assert info.value.key == key, operation
         assert key in str(info.value), operation
         assert _dump_keys(redis_client, run_keys("luft", run_id)) == before, operation
+    if not append_touches:  # written around the stray key, which stays as it was
+        stray = redis_client.dump(key)
+        bound.append_event(done(run_id, agent))
+        assert redis_client.dump(key) == stray
+        with pytest.raises(CorruptDataError) as info:
+            make_backend(client=bound.client, watch=False).open_run(run_id)
+        assert info.value.key == key
     redis_client.delete(key)
     if name != "run":  # a missing hash or stream is empty: the run works again
-        bound.append_event(done(run_id, agent))
+        bound.append_event(done(run_id, uuid.uuid4()))
+
+
+APPEND_DONE_KEYS = {"run", "events", "results", "started", "writers"}
+"""The keys an unfenced append_event of an agent_done without findings reads or writes."""
 
 
 _ALL_RUN_KEYS = list(RunKeys._fields)

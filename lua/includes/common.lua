@@ -160,12 +160,36 @@ local function u64_add(a, b, what)
   return sum
 end
 
+-- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
+-- called in the check phase for keys a script writes without reading them first, so a key of
+-- the wrong type never stops a script half way.
+local function check_type(key, kind)
+  local found = redis.call('TYPE', key)
+  if type(found) == 'table' then found = found['ok'] end
+  if found ~= 'none' and found ~= kind then
+    fail('CORRUPT', key .. ' type is ' .. tostring(found) .. ', not a ' .. kind)
+  end
+end
+
+-- A read of KEYS[i] (a `kind` key) that is also its type check: `redis.call(cmd, KEYS[i], ...)`,
+-- where a WRONGTYPE error (a stray key of another type) is LUFT_CORRUPT naming the key, any
+-- other error (an ACL NOPERM) raised as it is. A script reads a key this way before its first
+-- write, so the key needs no probe of its own (see dedup).
+local function read_key(i, kind, cmd, ...)
+  local found = redis.pcall(cmd, KEYS[i], ...)
+  if type(found) == 'table' and found.err then
+    if string.find(tostring(found.err), '^WRONGTYPE') then check_type(KEYS[i], kind) end
+    error(found)
+  end
+  return found
+end
+
 local VALID_STATUS = {running = true, completed = true, failed = true, cancelled = true}
 
 -- The run's status, version and incarnation (nil for a run written by 0.1.0), then any other
 -- run fields asked for, checked; fails with LUFT_NO_RUN when the run does not exist.
 local function read_run(...)
-  local values = redis.call('HMGET', K_RUN, 'status', 'version', 'incarnation', ...)
+  local values = read_key(1, 'hash', 'HMGET', 'status', 'version', 'incarnation', ...)
   local status = values[1]
   if not status then fail('NO_RUN', K_RUN .. ' does not exist') end
   if not VALID_STATUS[status] then
@@ -179,9 +203,9 @@ end
 -- result (K_RESULTS), what `luft-redis runs` shows. Every script that adds a started agent or
 -- a result keeps it (read before its first write, plus what it adds); a run written before
 -- the field existed has none, and gets it counted here from the two hashes at its first such
--- write.
-local function stored_agents()
-  local n = redis.call('HGET', K_RUN, 'agents')
+-- write. `n`: the field as the caller read it already (HMGET), when it did.
+local function stored_agents(n)
+  if n == nil then n = redis.call('HGET', K_RUN, 'agents') end
   if n then return tonumber(stored_uint(K_RUN, 'agents', n)) end
   -- (HGETALL, not HKEYS: the commands of docs/security.md's ACL; once per older run)
   local seen, count = {}, 0
@@ -303,17 +327,6 @@ local function delta_bytes(inc_before, v_before, inc_after, v_after, op, records
   return head .. decimal(#index) .. ':' .. index .. table.concat(parts, '', 1, n)
 end
 
--- Fail with LUFT_CORRUPT unless `key` is missing or holds a `kind` ('hash', 'list', ...):
--- called in the check phase for keys a script writes without reading them first, so a key of
--- the wrong type never stops a script half way.
-local function check_type(key, kind)
-  local found = redis.call('TYPE', key)
-  if type(found) == 'table' then found = found['ok'] end
-  if found ~= 'none' and found ~= kind then
-    fail('CORRUPT', key .. ' type is ' .. tostring(found) .. ', not a ' .. kind)
-  end
-end
-
 -- The type every key of a run must have (KEYS[1..11]).
 local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash',
   'hash', 'zset'}
@@ -346,12 +359,21 @@ local function check_run_types()
 end
 
 -- A "replay" delta when this writer's operation WRITER_SEQ was already applied, else nil.
-local function dedup()
+-- The wrong-type check of the run's keys comes first: by default every key is probed
+-- (check_run_types). A script that reads a key with read_key before its first write, and
+-- probes (probe_type) each key it writes without reading, before that first write too,
+-- passes `probes`, the list {i1, kind1, i2, kind2, ...} of the keys to probe now (the
+-- writers hash is read here, with read_key).
+local function dedup(probes)
   if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
     fail('BAD_ARG', 'writer id and operation sequence are required')
   end
-  check_run_types()
-  local last = redis.call('HGET', K_WRITERS, WRITER)
+  if probes then
+    for i = 1, #probes, 2 do probe_type(probes[i], probes[i + 1]) end
+  else
+    check_run_types()
+  end
+  local last = read_key(9, 'hash', 'HGET', WRITER)
   if not last then return nil end
   local seq, ib, vb, ia, va = string.match(last, '^(%d+) (%S*) (%d+) (%S*) (%d+)$')
   if not seq then
@@ -487,7 +509,7 @@ end
 local function check_fence(run)
   if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "@fence <agent> <token> <inc>"') end
   if not FENCE_AID then return nil end
-  local current = redis.call('HGET', K_TASKS, FENCE_AID .. ':token')
+  local current = read_key(10, 'hash', 'HGET', FENCE_AID .. ':token')
   if (run[3] or '') ~= FENCE_INC then current = nil end
   if current ~= FENCE_TOKEN then
     fail('LEASE_LOST', FENCE_AID .. ' ' .. FENCE_TOKEN .. ' ' .. (current or '-'))
@@ -531,8 +553,13 @@ local function begin_call()
   K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
   K_WRITERS, K_TASKS, K_QUEUE = KEYS[9], KEYS[10], KEYS[11]
   CHANNEL, WRITER, WRITER_SEQ = ARGV[1], ARGV[2], ARGV[3]
-  ARGS = {}
-  for i = 4, #ARGV do ARGS[i - 3] = ARGV[i] end
+  local n = #ARGV
+  if n <= 4000 then
+    ARGS = {unpack(ARGV, 4, n)} -- one table of the right size (no rehash per element)
+  else -- (Lua's unpack has a stack limit)
+    ARGS = {}
+    for i = 4, n do ARGS[i - 3] = ARGV[i] end
+  end
   FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false
   local last = ARGS[#ARGS]
   if last and string.sub(last, 1, 7) == '@fence ' then

@@ -12,6 +12,10 @@ before its first call.
 lifecycle change: retried like any write, and logged, not raised, when they still fail (the
 script is what counts; ``luft-redis runs --rebuild-index`` repairs the index).
 
+:class:`AsyncWriteLane` is the lean path of a backend's writes on a plain (not Cluster) client:
+one connection of the client's pool kept for them, the FCALL packed in one piece, its constant
+head (function, keys, channel) packed once.
+
 This is the hand-written asyncio source; :mod:`luft_redis.fcall` is generated from it
 (see :mod:`luft_redis.runtime`).
 """
@@ -24,6 +28,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import redis
+import redis.asyncio
 import redis.exceptions
 
 from ..cluster import (
@@ -36,6 +42,7 @@ from ..cluster import (
     missing_primaries,
     topology_changed,
 )
+from ..coherence import fork_generation
 from ..connect import is_cluster
 from ..index import warn_index_failure
 from ..keys import run_index_key
@@ -44,6 +51,7 @@ from ..runtime import async_cluster_ready
 from ..scripts import Function, cluster_route, library
 
 __all__ = [
+    "AsyncWriteLane",
     "call_durably",
     "call_function",
     "index_add",
@@ -212,3 +220,137 @@ async def raise_lost_redirect(client: Any, exc: AttributeError,
     (the caller re-raises ``exc``)."""
     if is_lost_redirect(exc):
         raise topology_changed(exc, await refresh_topology(client, load_command))
+
+
+_PLAIN_CONNECTIONS = ("redis.connection", "redis.asyncio.connection")
+"""Modules of the connection classes whose sockets the lane writes to: not fakeredis', and not
+a Sentinel pool's (a write through a kept connection did not resume after a failover in
+``tests/test_failover.py``; those clients keep ``execute_command``)."""
+
+
+_PREFIXED = 2048
+_PREFIX = [b"$%d\r\n" % size for size in range(_PREFIXED)]
+"""The RESP length prefix of a bulk string, by its length (formatting one costs more)."""
+
+
+def _bulk(value: Any) -> bytes:
+    if isinstance(value, int):
+        value = str(value)
+    data = value.encode() if isinstance(value, str) else bytes(value)
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+class AsyncWriteLane:
+    """The writes of one backend on a plain client, without ``execute_command``'s generic path.
+
+    A backend's writes are one at a time (its write lock), so the lane keeps one connection of
+    the client's pool for them (taken at the first write, given back by :meth:`aclose`; a new
+    one after a fork) and sends each FCALL as bytes packed here: the function, its keys and
+    the run's channel are packed once per (function, run). What ``execute_command`` does that
+    matters here stays: the connection's own retry policy (``conn.retry``: a connection error
+    disconnects, and the call is sent again when the policy allows), the health check, the
+    error replies raised as redis-py raises them, any other failure disconnecting the
+    connection (so no half-read reply is ever read by the next call), and "Function not found"
+    loading the library through the client, then the FCALL once more (as
+    :func:`call_function`). Not kept: redis-py's own
+    OpenTelemetry metrics of the command (the backend's spans, :mod:`luft_redis.tracing`, are
+    made as before).
+
+    :meth:`for_client` gives ``None`` for a client the lane must not bypass: a Cluster client,
+    a single-connection client, a client whose class or instance overrides
+    ``execute_command`` (test doubles, instrumentation), a pool with client-side caching or a
+    text encoding other than UTF-8, connections of another library (fakeredis), a Sentinel
+    pool."""
+
+    __slots__ = ("_client", "_conn", "_generation", "_heads")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._conn: Any = None
+        self._generation = -1
+        self._heads: dict[tuple[str, str], tuple[int, bytes]] = {}
+
+    @classmethod
+    def for_client(cls, client: Any) -> AsyncWriteLane | None:
+        base = redis.asyncio.Redis if _is_async_client(client) else redis.Redis
+        pool = getattr(client, "connection_pool", None)
+        if (not isinstance(client, base) or pool is None
+                or type(client).execute_command is not base.execute_command
+                or "execute_command" in vars(client)
+                or getattr(client, "connection", None) is not None
+                or getattr(pool, "cache", None) is not None
+                or pool.connection_kwargs.get("encoding", "utf-8").lower().replace("-", "")
+                != "utf8"
+                or not pool.connection_class.__module__.startswith(_PLAIN_CONNECTIONS)):
+            return None  # fmt: skip
+        return cls(client)
+
+    def _head(self, fn: Function, keys: Sequence[Any]) -> tuple[int, bytes]:
+        """(number of parts, packed bytes) of ``fn.command(keys, ())``, made once."""
+        cached = self._heads.get((fn.name, keys[0]))
+        if cached is None:
+            command = fn.command(keys, ())
+            if len(self._heads) > 64:
+                self._heads.clear()
+            cached = self._heads[fn.name, keys[0]] = (
+                len(command), b"".join(_bulk(part) for part in command))
+        return cached
+
+    async def call(self, fn: Function, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """One attempt of ``fn`` (as :func:`call_function`)."""
+        count, head = self._head(fn, keys)
+        parts = [b"*%d\r\n" % (count + len(args)), head]
+        prefix = _PREFIX
+        encode = None
+        for value in args:
+            kind = type(value)
+            if kind is str:
+                data = value.encode()
+            elif kind is bytes:
+                data = value
+            else:  # a number: as redis-py encodes it (a bad type: its DataError)
+                encode = encode or self._client.connection_pool.get_encoder().encode
+                data = encode(value)
+            size = len(data)
+            parts += (prefix[size] if size < _PREFIXED else b"$%d\r\n" % size, data, b"\r\n")
+        packed = b"".join(parts)
+        try:
+            return await self._send(packed)
+        except redis.exceptions.ResponseError as exc:
+            if not is_function_missing(exc):
+                raise
+        lib = library()
+        logger.info("loading the Redis Functions library %s", lib.name)
+        await self._client.execute_command(*lib.load_command)
+        return await self._send(packed)
+
+    async def _send(self, packed: bytes) -> Any:
+        conn = self._conn
+        if conn is None or self._generation != fork_generation():
+            self._generation = fork_generation()
+            conn = self._conn = await self._client.connection_pool.get_connection()
+
+        async def once() -> Any:
+            await conn.send_packed_command((packed,))
+            return await conn.read_response()
+
+        async def failed(error: BaseException) -> None:
+            await conn.disconnect()
+
+        try:
+            return await conn.retry.call_with_retry(once, failed)
+        except redis.exceptions.ResponseError:
+            raise  # a whole error reply was read: the connection is fine
+        except BaseException:
+            await conn.disconnect()  # a reply may be on its way: never read it as another's
+            raise
+
+    async def aclose(self) -> None:
+        """Give the connection back to the pool (a forked child's stays the parent's)."""
+        conn, self._conn = self._conn, None
+        if conn is not None and self._generation == fork_generation():
+            await self._client.connection_pool.release(conn)
+
+
+def _is_async_client(client: Any) -> bool:
+    return isinstance(client, redis.asyncio.Redis)
