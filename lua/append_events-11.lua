@@ -188,8 +188,7 @@ local function main()
         entry.findings = true
       end
       if aid == fenced and lease_end == nil then
-        local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'failures', p .. 'max',
-          p .. 'seq')
+        local t = FENCE_TASK -- read by check_fence
         if t[1] == 'leased' then
           local ended, score = end_lease(aid, rstatus == 'ok', task_uint(aid, 'failures', t[2]),
             task_uint(aid, 'max', t[3]), task_uint(aid, 'seq', t[4]))

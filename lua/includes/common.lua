@@ -74,7 +74,7 @@ local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
 local K_WRITERS, K_TASKS, K_QUEUE
 local CHANNEL, WRITER, WRITER_SEQ
 local ARGS
-local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD
+local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD, FENCE_TASK
 
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
@@ -478,11 +478,17 @@ end
 
 -- A fenced write (FENCE_AID set): the run's incarnation and the agent's current token must be
 -- the lease's, else LUFT_LEASE_LOST "<agent_id> <stale token> <current token or ->" and
--- nothing is written. Returns the fenced agent id, or nil for a write without a lease.
+-- nothing is written. Returns the fenced agent id, or nil for a write without a lease. The
+-- same read leaves the task's state, failures, max and seq in FENCE_TASK[1..4] (as stored,
+-- unchecked), for a script that ends the lease without reading the task again.
 local function check_fence(run)
   if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "@fence <agent> <token> <inc>"') end
   if not FENCE_AID then return nil end
-  local current = redis.call('HGET', K_TASKS, FENCE_AID .. ':token')
+  local p = FENCE_AID .. ':'
+  local t = redis.call('HMGET', K_TASKS, p .. 'token', p .. 'state', p .. 'failures',
+    p .. 'max', p .. 'seq')
+  FENCE_TASK = {t[2], t[3], t[4], t[5]}
+  local current = t[1]
   if (run[3] or '') ~= FENCE_INC then current = nil end
   if current ~= FENCE_TOKEN then
     fail('LEASE_LOST', FENCE_AID .. ' ' .. FENCE_TOKEN .. ' ' .. (current or '-'))
@@ -528,7 +534,7 @@ local function begin_call()
   CHANNEL, WRITER, WRITER_SEQ = ARGV[1], ARGV[2], ARGV[3]
   ARGS = {}
   for i = 4, #ARGV do ARGS[i - 3] = ARGV[i] end
-  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false
+  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD, FENCE_TASK = nil, nil, nil, false, nil
   local last = ARGS[#ARGS]
   if last and string.sub(last, 1, 7) == '@fence ' then
     ARGS[#ARGS] = nil
