@@ -22,7 +22,7 @@
       other types    none
 
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
-          run fields (agents: +1 per agent that neither started nor had a result before), S of started agents, E res/ph of the results and phases written, F/X of
+          run fields (agents: +1 per agent that neither started nor had a result before; agents_ok, agents_failed: see includes/common.lua), S of started agents, E res/ph of the results and phases written, F/X of
           finding segments.
   A fenced batch (ARGS[#ARGS] = "@fence ...", see includes/common.lua) is applied only while
   the lease is current; its agent_done of the leased agent ends the lease: an ok status makes
@@ -85,6 +85,7 @@ local function main()
       local p = aid .. ':'
       local found = redis.call('HMGET', K_RESULTS, p .. 'status', p .. 'output', p .. 'findings')
       entry = {exists = found[1] ~= false, output = found[2] ~= false, findings = found[3] ~= false}
+      entry.before = found[1] -- the stored status (run fields agents_ok/agents_failed)
       -- a result new in this batch holds exactly what the batch writes (its E record is
       -- built from that, with no read back)
       entry.new = not (entry.exists or entry.output or entry.findings)
@@ -275,6 +276,12 @@ local function main()
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
   local agents = nil
   if new_agents > 0 then agents = tostring(stored_agents() + new_agents) end
+  local changes = {}
+  for i = 1, #touched_results do
+    local entry = results[touched_results[i]]
+    changes[i] = {entry.before, entry.attrs.status}
+  end
+  local counted = status_count_fields(changes) -- agents_ok, agents_failed (nil: unchanged)
 
   -- 2. writes
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
@@ -319,6 +326,7 @@ local function main()
   end
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
   if agents then fields[#fields + 1] = 'agents'; fields[#fields + 1] = agents end
+  if counted then for i = 1, 4 do fields[#fields + 1] = counted[i] end end
   if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
   return retained(commit(run, now, 'append', fields), status)
 end

@@ -201,6 +201,46 @@ local function stored_agents()
   return count
 end
 
+-- The run fields agents_ok and agents_failed: the agents whose result's status is "ok", and
+-- those with a result of any other status (running = agents - ok - failed: started, no
+-- result), what the runs page shows. `changes` lists {status before, status after} of the
+-- results a write sets (false/nil: no result). Returns the fields to set with the write's
+-- version ({name, value, ...}), nil when no count changes; call it before the first write.
+-- A run written before the counters has neither field: counted here from the results as they
+-- are before this write (once per run). One field without the other is LUFT_CORRUPT.
+local function status_count_fields(changes)
+  local dok, dfailed = 0, 0
+  for i = 1, #changes do
+    local before, after = changes[i][1], changes[i][2]
+    if before ~= after then
+      if before == 'ok' then dok = dok - 1 elseif before then dfailed = dfailed - 1 end
+      if after == 'ok' then dok = dok + 1 elseif after then dfailed = dfailed + 1 end
+    end
+  end
+  if dok == 0 and dfailed == 0 then return nil end
+  local stored = redis.call('HMGET', K_RUN, 'agents_ok', 'agents_failed')
+  local ok, failed = 0, 0
+  if stored[1] and stored[2] then
+    ok = tonumber(stored_uint(K_RUN, 'agents_ok', stored[1]))
+    failed = tonumber(stored_uint(K_RUN, 'agents_failed', stored[2]))
+  elseif stored[1] or stored[2] then
+    fail('CORRUPT', K_RUN .. ' has one of agents_ok and agents_failed without the other')
+  else
+    -- (HGETALL, not HSCAN/HKEYS: the commands of docs/security.md's ACL; once per older run)
+    local fields = redis.call('HGETALL', K_RESULTS)
+    for i = 1, #fields, 2 do
+      if string.find(fields[i], ':status$') then
+        if fields[i + 1] == 'ok' then ok = ok + 1 else failed = failed + 1 end
+      end
+    end
+  end
+  ok, failed = ok + dok, failed + dfailed
+  if ok < 0 or failed < 0 then
+    fail('CORRUPT', K_RUN .. ' agents_ok/agents_failed are less than the results they count')
+  end
+  return {'agents_ok', string.format('%.0f', ok), 'agents_failed', string.format('%.0f', failed)}
+end
+
 -- Server time in unix seconds, as a decimal string.
 local function now_seconds()
   return redis.call('TIME')[1]
