@@ -19,16 +19,16 @@ logged, not raised: the index is derived data, and ``luft-redis runs --rebuild-i
 cannot touch the index either: readers (:func:`read_page`, ``luft-redis gc``) skip entries
 whose run is gone and remove them (ZREM).
 
-Next to the index (same slot) the front ends keep the **status counts** the runs page shows
-in one read: ``<prefix>:{<prefix>}:runs:status`` (hash: run id -> ``"<updated_at> <version>
+Next to the index (same slot) the front ends keep the **status counts** the runs page shows in
+one read: ``<prefix>:{<prefix>}:runs:status`` (hash: run id -> ``"<updated_at> <version>
 <incarnation> <status>"``, the status each indexed run was indexed with) and
-``<prefix>:{<prefix>}:runs:counts`` (hash: status -> runs). ``lua/index/run_status.lua`` (an
-EVAL script) changes an index entry, its status and the counts together, atomically, and only
-forwards (a read older than the stored one changes nothing); every index write above and every
-removal of an entry whose run is gone goes through it. :func:`read_counts` reads them; when
-some indexed runs have no status entry (indexed by an older version, or an index write that
-failed) it counts over the index once instead and says so, and ``--rebuild-index`` rewrites
-the statuses and counts with the index.
+``<prefix>:{<prefix>}:runs:counts`` (hash: status -> runs). ``lua/index_status-3.lua`` (a
+function of the library) changes an index entry, its status and the counts together, atomically,
+and only forwards (a read older than the stored one changes nothing); every index write above
+and every removal of an entry whose run is gone goes through it. :func:`read_counts` reads them;
+when some indexed runs have no status entry (indexed by an older version, or an index write that
+failed) it counts over the index once instead and says so, and ``--rebuild-index`` rewrites the
+statuses and counts with the index.
 
 The score is a lower bound of the run's last update: events that do not finish a run leave the
 index alone (one more round trip per event would cost every writer), so a running run keeps the
@@ -49,7 +49,6 @@ from typing import Any
 from . import types as t
 from .errors import CorruptDataError
 from .keys import run_id_from_key, run_index_key, run_keys, run_pattern
-from .scripts import lua_dir
 
 __all__ = [
     "STATUSES",
@@ -58,7 +57,6 @@ __all__ = [
     "IndexRow",
     "count_over_index",
     "finishes",
-    "index_script",
     "read_counts",
     "read_page",
     "rebuild",
@@ -91,22 +89,8 @@ def status_counts_key(prefix: str) -> str:
     return f"{run_index_key(prefix)}:counts"
 
 
-_SCRIPT: tuple[str, str] | None = None
-
-
-def index_script() -> tuple[str, str]:
-    """(the text, its SHA-1) of ``lua/index/run_status.lua``."""
-    global _SCRIPT
-    if _SCRIPT is None:
-        import hashlib
-
-        text = (lua_dir() / "index" / "run_status.lua").read_text()
-        _SCRIPT = (text, hashlib.sha1(text.encode()).hexdigest())
-    return _SCRIPT
-
-
 def script_keys(prefix: str) -> list[str]:
-    """KEYS of ``run_status.lua``."""
+    """KEYS of ``lua/index_status-3.lua``."""
     return [run_index_key(prefix), run_status_key(prefix), status_counts_key(prefix)]
 
 
@@ -120,15 +104,11 @@ def status_args(run_id: uuid.UUID, values: Sequence[Any]) -> list[str] | None:
 
 
 def _eval(client: Any, prefix: str, args: Sequence[str]) -> Any:
-    """Run ``run_status.lua`` (EVALSHA; EVAL once the server lacks it)."""
-    import redis.exceptions
+    """Run ``lua/index_status-3.lua`` (a function of the library; loaded on a miss)."""
+    from .fcall import call_function
+    from .scripts import library
 
-    text, sha = index_script()
-    keys = script_keys(prefix)
-    try:
-        return client.evalsha(sha, len(keys), *keys, *args)
-    except redis.exceptions.NoScriptError:
-        return client.eval(text, len(keys), *keys, *args)
+    return call_function(client, library().ops.index_status, script_keys(prefix), args)
 
 
 def remove_entries(client: Any, prefix: str, members: Sequence[Any]) -> int:
@@ -452,7 +432,7 @@ def rebuild(client: Any, prefix: str) -> tuple[int, int]:
     found: set[str] = set()
     batch: list[uuid.UUID] = []
 
-    statuses: dict[str, str] = {}  # run id -> its status entry (see run_status.lua)
+    statuses: dict[str, str] = {}  # run id -> its status entry (see index_status-3.lua)
 
     def flush() -> None:
         if not batch:

@@ -805,7 +805,7 @@ if __name__ == _CHILD_RUN_NAME:
 
 def test_index_writes_keep_the_status_counts(target: Target) -> None:
     """The asyncio front end's index writes (init, cancel, resume, delete) keep the runs by
-    status next to the index (lua/index/run_status.lua), as the sync ones do."""
+    status next to the index (lua/index_status-3.lua), as the sync ones do."""
     from luft_redis import index
 
     async def main() -> None:

@@ -3,7 +3,7 @@
 - per run, the run fields ``agents_ok`` and ``agents_failed`` (running = agents - ok - failed),
   kept by every script that sets a result's status (append_events, upsert_agent_result,
   save_checkpoint, init_run; lua/includes/common.lua ``status_count_fields``);
-- per prefix, the runs by status next to the run index (``lua/index/run_status.lua``, by every
+- per prefix, the runs by status next to the run index (``lua/index_status-3.lua``, by every
   index write: :mod:`luft_redis.index`).
 
 A run written by an older version (no counters) shows correct counts, counted from its results
@@ -214,9 +214,7 @@ def test_an_older_read_never_overwrites_a_newer_status(redis_client: Client) -> 
     now: Any = redis_client.hmget(run_keys(PREFIX, run_id).run, list(index.STATUS_FIELDS))
     stale = index.status_args(run_id, [b"running", now[1], b"1", now[3]])
     assert stale is not None
-    text, _ = index.index_script()
-    keys = index.script_keys(PREFIX)
-    assert redis_client.eval(text, len(keys), *keys, *stale) == 0
+    assert index._eval(redis_client, PREFIX, stale) == 0
     assert _counts(redis_client) == {"cancelled": 1}
     backend.close()
 

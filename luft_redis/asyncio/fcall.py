@@ -36,7 +36,7 @@ from ..cluster import (
     topology_changed,
 )
 from ..connect import is_cluster
-from ..index import STATUS_FIELDS, index_script, script_keys, status_args, warn_index_failure
+from ..index import STATUS_FIELDS, script_keys, status_args, warn_index_failure
 from ..keys import run_keys
 from ..retry import REDIS_ERRORS, RetryPolicy, is_function_missing
 from ..runtime import async_cluster_ready
@@ -103,13 +103,8 @@ async def call_function(client: Any, fn: Function, keys: Sequence[Any], args: Se
 
 
 async def _index_eval(client: Any, prefix: str, args: Sequence[str]) -> Any:
-    """Run ``lua/index/run_status.lua`` (EVALSHA; EVAL once the server lacks it)."""
-    text, sha = index_script()
-    keys = script_keys(prefix)
-    try:
-        return await client.evalsha(sha, len(keys), *keys, *args)
-    except redis.exceptions.NoScriptError:
-        return await client.eval(text, len(keys), *keys, *args)
+    """Run ``lua/index_status-3.lua`` (loaded on a miss, as every function)."""
+    return await call_function(client, library().ops.index_status, script_keys(prefix), args)
 
 
 async def _index_status(client: Any, prefix: str, run_id: uuid.UUID) -> None:

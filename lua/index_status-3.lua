@@ -1,8 +1,9 @@
 --[[
-  index/run_status (an EVAL script, not a library function: its keys are the prefix's, not a
-  run's): keep a run's entry in the run index together with the per-status run counts next to
-  it (luft_redis/index.py, docs/redis-layout.md "The run index"). Every key is in the prefix's
-  slot ({<prefix>}).
+  index_status: keep a run's entry in the run index together with the per-status run counts
+  next to it (luft_redis/index.py, docs/redis-layout.md "The run index"). Unlike the other
+  functions, its keys are the prefix's, not a run's (all in the prefix's slot, {<prefix>}), it
+  has no change channel, writer id or operation number (an index write is idempotent: it
+  sets a status, and an older read changes nothing) and it publishes nothing.
 
   KEYS[1] the run index          zset  run id -> updated_at
   KEYS[2] the indexed statuses   hash  run id -> "<updated_at> <version> <incarnation> <status>"
@@ -18,22 +19,22 @@
   Errors: LUFT_CORRUPT (a stored entry or count is malformed: nothing changed), LUFT_BAD_ARG
 ]]
 local op, rid = ARGV[1], ARGV[2]
-local function fail(code, message)
+local function refuse(code, message)
   return redis.error_reply('LUFT_' .. code .. ' ' .. message)
 end
 if (op ~= 'add' and op ~= 'remove') or rid == nil or rid == '' then
-  return fail('BAD_ARG', 'run index: expected "add" or "remove" and a run id')
+  return refuse('BAD_ARG', 'run index: expected "add" or "remove" and a run id')
 end
 local old = redis.call('HGET', KEYS[2], rid)
 local old_at, old_v, old_inc, old_status
 if old then
   old_at, old_v, old_inc, old_status = string.match(old, '^(%d+) (%d+) (%S+) (%l+)$')
   if not old_at then
-    return fail('CORRUPT', KEYS[2] .. ' ' .. rid .. ' is not "<updated_at> <version> <inc> <status>"')
+    return refuse('CORRUPT', KEYS[2] .. ' ' .. rid .. ' is not "<updated_at> <version> <inc> <status>"')
   end
   local n = redis.call('HGET', KEYS[3], old_status)
   if not n or not string.find(n, '^%d+$') or n == '0' then
-    return fail('CORRUPT', KEYS[3] .. ' ' .. old_status .. ' is ' .. tostring(n) ..
+    return refuse('CORRUPT', KEYS[3] .. ' ' .. old_status .. ' is ' .. tostring(n) ..
       ', not a count >= 1 (a run is indexed with that status)')
   end
 end
@@ -48,7 +49,7 @@ end
 local status, at, v, inc = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 if not (status and string.find(status, '^%l+$') and at and string.find(at, '^%d+$')
     and v and string.find(v, '^%d+$') and inc and string.find(inc, '^%S+$')) then
-  return fail('BAD_ARG', 'run index: malformed status, updated_at, version or incarnation')
+  return refuse('BAD_ARG', 'run index: malformed status, updated_at, version or incarnation')
 end
 if old then
   local newer
