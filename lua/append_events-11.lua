@@ -22,8 +22,9 @@
       other types    none
 
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
-          run fields (agents: +1 per agent that neither started nor had a result before; agents_ok, agents_failed: see includes/common.lua), S of started agents, E res/ph of the results and phases written, F/X of
-          finding segments.
+          run fields (agents: +1 per agent that neither started nor had a result before), S of started agents, E res/ph of the results and phases written, F/X of
+          finding segments; R agents_ok, agents_failed when a result's status changes
+          (includes/common.lua).
   A fenced batch (ARGS[#ARGS] = "@fence ...", see includes/common.lua) is applied only while
   the lease is current; its agent_done of the leased agent ends the lease: an ok status makes
   the task done, any other a failed attempt (ready again until max_attempts, then dead). The
@@ -40,7 +41,7 @@
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local run = read_run('current_phase', 'total_tokens', 'phases')
+  local run = read_run('current_phase', 'total_tokens', 'phases', 'agents_ok', 'agents_failed')
   local status = run[1]
   local current_phase = stored_uint(K_RUN, 'current_phase', run[4])
   local total = stored_uint(K_RUN, 'total_tokens', run[5])
@@ -281,7 +282,7 @@ local function main()
     local entry = results[touched_results[i]]
     changes[i] = {entry.before, entry.attrs.status}
   end
-  local counted = status_count_fields(changes) -- agents_ok, agents_failed (nil: unchanged)
+  local counted = status_count_fields(changes, run[7], run[8]) -- nil: no count changes
 
   -- 2. writes
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end

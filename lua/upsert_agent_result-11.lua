@@ -26,7 +26,7 @@ local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local run = read_run()
+  local run = read_run('agents_ok', 'agents_failed')
   check_fence(run)
   local aid = ARGS[1]
   local p = aid .. ':'
@@ -44,7 +44,7 @@ local function main()
   if not before and redis.call('HEXISTS', K_STARTED, aid) == 0 then
     run_fields = {'agents', tostring(stored_agents() + 1)} -- a new agent
   end
-  local counted = status_count_fields({{before, ARGS[3]}}) -- agents_ok, agents_failed
+  local counted = status_count_fields({{before, ARGS[3]}}, run[4], run[5])
   if counted then for i = 1, 4 do run_fields[#run_fields + 1] = counted[i] end end
 
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end

@@ -204,11 +204,13 @@ end
 -- The run fields agents_ok and agents_failed: the agents whose result's status is "ok", and
 -- those with a result of any other status (running = agents - ok - failed: started, no
 -- result), what the runs page shows. `changes` lists {status before, status after} of the
--- results a write sets (false/nil: no result). Returns the fields to set with the write's
--- version ({name, value, ...}), nil when no count changes; call it before the first write.
+-- results a write sets (false/nil: no result); `ok`, `failed`: the two fields as read_run
+-- read them (read_run('agents_ok', 'agents_failed', ...): no read of its own). Returns the
+-- fields to set with the write's version ({name, value, ...}), nil when no count changes;
+-- call it before the first write.
 -- A run written before the counters has neither field: counted here from the results as they
 -- are before this write (once per run). One field without the other is LUFT_CORRUPT.
-local function status_count_fields(changes)
+local function status_count_fields(changes, stored_ok, stored_failed)
   local dok, dfailed = 0, 0
   for i = 1, #changes do
     local before, after = changes[i][1], changes[i][2]
@@ -218,7 +220,7 @@ local function status_count_fields(changes)
     end
   end
   if dok == 0 and dfailed == 0 then return nil end
-  local stored = redis.call('HMGET', K_RUN, 'agents_ok', 'agents_failed')
+  local stored = {stored_ok, stored_failed}
   local ok, failed = 0, 0
   if stored[1] and stored[2] then
     ok = tonumber(stored_uint(K_RUN, 'agents_ok', stored[1]))
