@@ -104,11 +104,27 @@ def status_args(run_id: uuid.UUID, values: Sequence[Any]) -> list[str] | None:
 
 
 def _eval(client: Any, prefix: str, args: Sequence[str]) -> Any:
-    """Run ``lua/index_status-3.lua`` (a function of the library; loaded on a miss)."""
-    from .fcall import call_function
-    from .scripts import library
+    """Run ``lua/index_status-3.lua`` on a sync client (a function of the library; loaded on
+    a miss on the node that owns the prefix's slot). The front ends' index writes go through
+    :func:`luft_redis.fcall.call_function`; this is the readers' path (entries of runs that
+    are gone), kept here so that this module does not import the front ends."""
+    import redis.exceptions
 
-    return call_function(client, library().ops.index_status, script_keys(prefix), args)
+    from .connect import is_cluster
+    from .retry import is_function_missing
+    from .scripts import cluster_route, library
+
+    lib = library()
+    keys = script_keys(prefix)
+    command = lib.ops.index_status.command(keys, args)
+    route = cluster_route(client, keys) if is_cluster(client) else {}
+    try:
+        return client.execute_command(*command, **route)
+    except redis.exceptions.ResponseError as exc:
+        if not is_function_missing(exc):
+            raise
+    client.execute_command(*lib.load_command, **route)
+    return client.execute_command(*command, **route)
 
 
 def remove_entries(client: Any, prefix: str, members: Sequence[Any]) -> int:

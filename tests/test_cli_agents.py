@@ -102,7 +102,8 @@ def test_agents_lists_every_state_with_holder_token_and_lease(url: str) -> None:
         assert row[agents[0]][1:7] == ["0", "dead", "host-1:pid-10", "1", "1", str(dead.token)]
         assert row[agents[1]][1:7] == ["1", "leased", "host-1:pid-10", "1", "0", str(held.token)]
         left = float(row[agents[1]][7].removesuffix("s"))
-        assert 25 < left <= 30 and row[agents[1]][8] == "left"
+        # (not a timed bound: under load the CLI's start alone took over 5 s of the 30)
+        assert 0 < left <= 30 and row[agents[1]][8] == "left"
         assert row[agents[2]][2:4] == ["leased", "(lapsed)"]
         assert " ".join(row[agents[2]][8:11]).startswith("lapsed ")
         assert row[agents[3]][2] == "done" and row[agents[4]][2:5] == ["ready", "-", "0"]
