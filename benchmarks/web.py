@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--agents", type=int, default=10_000, help="large run (10,000)")
     parser.add_argument("--events", type=int, default=100_000, help="large run (100,000)")
+    parser.add_argument("--runs-only", action="store_true",
+                        help="only the runs page rows (100 and --many runs)")  # fmt: skip
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, once: that it runs and prints its rows")  # fmt: skip
     args = parser.parse_args(argv)
@@ -345,68 +347,80 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[str] = []
     with LocalRedisServer(binary=binary) as server:
         url = server.url
-        web, port = _start_web(url, "lat")
+        if not args.runs_only:
+            _live_rows(url, args, rows)
+        _runs_rows(url, args, rows)
+    print()
+    for row in rows:
+        print(row)
+    return 0
+
+
+def _live_rows(url: str, args: argparse.Namespace, rows: list[str]) -> None:
+    """The rows of a write reaching a page, the fan-out, and opening a large run."""
+    web, port = _start_web(url, "lat")
+    try:
+        lat = asyncio.run(_latency(url, port, args.writes))
+    finally:
+        web.terminate()
+        web.wait()
+        if web.stdout is not None:
+            web.stdout.close()
+    rows.append(f"write -> page update (1 client, {args.writes} writes): "
+                f"p50 {_pct(lat, 0.5) * 1000:.1f} ms, p99 {_pct(lat, 0.99) * 1000:.1f} ms")
+    fan: dict[int, dict[str, float]] = {}
+    for clients in (1, args.clients):
+        web, port = _start_web(url, "fan")
         try:
-            lat = asyncio.run(_latency(url, port, args.writes))
+            fan[clients] = asyncio.run(_fanout(url, port, web.pid, clients, args.writers,
+                                               args.rate, args.seconds))  # fmt: skip
         finally:
             web.terminate()
             web.wait()
             if web.stdout is not None:
                 web.stdout.close()
-        rows.append(f"write -> page update (1 client, {args.writes} writes): "
-                    f"p50 {_pct(lat, 0.5) * 1000:.1f} ms, p99 {_pct(lat, 0.99) * 1000:.1f} ms")
-        fan: dict[int, dict[str, float]] = {}
-        for clients in (1, args.clients):
-            web, port = _start_web(url, "fan")
-            try:
-                fan[clients] = asyncio.run(_fanout(url, port, web.pid, clients, args.writers,
-                                                   args.rate, args.seconds))  # fmt: skip
-            finally:
-                web.terminate()
-                web.wait()
-                if web.stdout is not None:
-                    web.stdout.close()
-            one = fan[clients]
-            rows.append(f"fan-out {clients:>3} client(s), {args.writers} writers x "
-                        f"{args.rate:g}/s, {one['changes']:.0f} changes: server CPU "
-                        f"{one['cpu_ms_per_change']:.3f} ms/change; every change at every "
-                        f"client p50 {one['p50_ms']:.1f} ms, p99 {one['p99_ms']:.1f} ms, "
-                        f"missed {one['missed']:.1%}")  # fmt: skip
-        ratio = fan[args.clients]["cpu_ms_per_change"] / max(1e-9, fan[1]["cpu_ms_per_change"])
-        rows.append(f"fan-out CPU per change, {args.clients} clients / 1 client: {ratio:.2f}x")
-        small = _make_big_run(url, "big", 5, 20)
-        large = _make_big_run(url, "big", args.agents, args.events)
-        for name, run_id in (("small (5 agents, 20 events)", small),
-                             (f"large ({args.agents:,} agents, {args.events:,} events)", large)):
-            page, state, size, log = _open_run(url, "big", run_id)
-            rows.append(f"open a {name}: page {page * 1000:.1f} ms, page + first state on "
-                        f"the stream {state * 1000:.1f} ms ({size:,} bytes), whole log read "
-                        f"in {log:.2f} s")  # fmt: skip
-        _make_runs(url, "few", args.few)
-        _make_runs(url, "many", args.many)
-        servers = {name: _start_web(url, name) for name in ("few", "many")}
-        try:
-            for path in ("/", "/api/runs"):
-                times: dict[str, list[float]] = {"few": [], "many": []}
+        one = fan[clients]
+        rows.append(f"fan-out {clients:>3} client(s), {args.writers} writers x "
+                    f"{args.rate:g}/s, {one['changes']:.0f} changes: server CPU "
+                    f"{one['cpu_ms_per_change']:.3f} ms/change; every change at every "
+                    f"client p50 {one['p50_ms']:.1f} ms, p99 {one['p99_ms']:.1f} ms, "
+                    f"missed {one['missed']:.1%}")  # fmt: skip
+    ratio = fan[args.clients]["cpu_ms_per_change"] / max(1e-9, fan[1]["cpu_ms_per_change"])
+    rows.append(f"fan-out CPU per change, {args.clients} clients / 1 client: {ratio:.2f}x")
+    small = _make_big_run(url, "big", 5, 20)
+    large = _make_big_run(url, "big", args.agents, args.events)
+    for name, run_id in (("small (5 agents, 20 events)", small),
+                         (f"large ({args.agents:,} agents, {args.events:,} events)", large)):
+        page, state, size, log = _open_run(url, "big", run_id)
+        rows.append(f"open a {name}: page {page * 1000:.1f} ms, page + first state on "
+                    f"the stream {state * 1000:.1f} ms ({size:,} bytes), whole log read "
+                    f"in {log:.2f} s")  # fmt: skip
+
+
+def _runs_rows(url: str, args: argparse.Namespace, rows: list[str]) -> None:
+    """The runs page with 100 and with --many runs under a prefix (interleaved): the counts by
+    status are kept next to the index (one read per page, whatever the number of runs)."""
+    _make_runs(url, "few", args.few)
+    _make_runs(url, "many", args.many)
+    servers = {name: _start_web(url, name) for name in ("few", "many")}
+    try:
+        for path in ("/", "/api/runs"):
+            times: dict[str, list[float]] = {"few": [], "many": []}
+            for name in ("few", "many"):
+                _get(servers[name][1], path)  # warm: connections, imports
+            time.sleep(0.5)
+            for _ in range(args.repeat):
                 for name in ("few", "many"):
-                    _get(servers[name][1], path)  # warm: the counts start in the background
-                time.sleep(0.5)
-                for _ in range(args.repeat):
-                    for name in ("few", "many"):
-                        times[name].append(_get(servers[name][1], path))
-                few, many = statistics.median(times["few"]), statistics.median(times["many"])
-                rows.append(f"runs page GET {path:<9} {args.few:>6,} runs {few * 1000:7.2f} ms, "
-                            f"{args.many:>6,} runs {many * 1000:7.2f} ms: {many / few:.2f}x")
-        finally:
-            for proc, _ in servers.values():
-                proc.terminate()
-                proc.wait()
-                if proc.stdout is not None:
-                    proc.stdout.close()
-    print()
-    for row in rows:
-        print(row)
-    return 0
+                    times[name].append(_get(servers[name][1], path))
+            few, many = statistics.median(times["few"]), statistics.median(times["many"])
+            rows.append(f"runs page GET {path:<9} {args.few:>6,} runs {few * 1000:7.2f} ms, "
+                        f"{args.many:>6,} runs {many * 1000:7.2f} ms: {many / few:.2f}x")
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
 
 if __name__ == "__main__":

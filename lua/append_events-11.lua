@@ -23,7 +23,8 @@
 
   Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
           run fields (agents: +1 per agent that neither started nor had a result before), S of started agents, E res/ph of the results and phases written, F/X of
-          finding segments.
+          finding segments; R agents_ok, agents_failed when a result's status changes
+          (includes/common.lua).
   A fenced batch (ARGS[#ARGS] = "@fence ...", see includes/common.lua) is applied only while
   the lease is current; its agent_done of the leased agent ends the lease: an ok status makes
   the task done, any other a failed attempt (ready again until max_attempts, then dead). The
@@ -44,7 +45,8 @@ local function main()
   -- an event writes findings and the queue when the batch ends a lease (probe_once)
   local dup = dedup({2, 'stream'})
   if dup then return dup end
-  local run = read_run('current_phase', 'total_tokens', 'phases', 'agents')
+  local run = read_run('current_phase', 'total_tokens', 'phases', 'agents', 'agents_ok',
+    'agents_failed')
   local status = run[1]
   local current_phase = stored_uint(K_RUN, 'current_phase', run[4])
   local total = stored_uint(K_RUN, 'total_tokens', run[5])
@@ -96,6 +98,7 @@ local function main()
       local p = aid .. ':'
       local found = read_key(4, 'hash', 'HMGET', p .. 'status', p .. 'output', p .. 'findings')
       entry = {exists = found[1] ~= false, output = found[2] ~= false, findings = found[3] ~= false}
+      entry.before = found[1] -- the stored status (run fields agents_ok/agents_failed)
       -- a result new in this batch holds exactly what the batch writes (its E record is
       -- built from that, with no read back)
       entry.new = not (entry.exists or entry.output or entry.findings)
@@ -201,8 +204,7 @@ local function main()
         probe_once(8, 'list')
       end
       if aid == fenced and lease_end == nil then
-        local t = read_key(10, 'hash', 'HMGET', p .. 'state', p .. 'failures', p .. 'max',
-          p .. 'seq')
+        local t = FENCE_TASK -- read by check_fence
         if t[1] == 'leased' then
           probe_once(11, 'zset')
           local ended, score = end_lease(aid, rstatus == 'ok', task_uint(aid, 'failures', t[2]),
@@ -290,6 +292,12 @@ local function main()
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list does not match the event count') end
   local agents = nil
   if new_agents > 0 then agents = tostring(stored_agents(run[7] or false) + new_agents) end
+  local changes = {}
+  for i = 1, #touched_results do
+    local entry = results[touched_results[i]]
+    changes[i] = {entry.before, entry.attrs.status}
+  end
+  local counted = status_count_fields(changes, run[8], run[9]) -- nil: no count changes
 
   -- 2. writes
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
@@ -334,6 +342,7 @@ local function main()
   end
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
   if agents then fields[#fields + 1] = 'agents'; fields[#fields + 1] = agents end
+  if counted then for i = 1, 4 do fields[#fields + 1] = counted[i] end end
   if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
   if status == 'running' and run[1] == 'running' then
     -- no retention rule to apply (no PTTL read): a running run holds no TTL, since every

@@ -24,10 +24,14 @@
 
 local PAGE, SCAN = 4, 64 -- queue entries read at a time, and at most by one claim
 
-local function lease_reply(delta, aid, token, attempt, expires, inc)
-  local p = aid .. ':'
-  local task = redis.call('HMGET', K_TASKS, p .. 'phase', p .. 'payload')
-  return {delta, aid, token, attempt, expires, task[1] or '0', task[2] or '', inc}
+-- The reply of a lease; `phase` and `payload` as stored (nil: read them, for a retry).
+local function lease_reply(delta, aid, token, attempt, expires, inc, phase, payload)
+  if phase == nil then
+    local p = aid .. ':'
+    local task = redis.call('HMGET', K_TASKS, p .. 'phase', p .. 'payload')
+    phase, payload = task[1], task[2]
+  end
+  return {delta, aid, token, attempt, expires, phase or '0', payload or '', inc}
 end
 
 local function main()
@@ -48,7 +52,8 @@ local function main()
   local run = read_run('lease_token')
   if run[1] ~= 'running' then return {unchanged(run, 'claim'), '', '!' .. run[1]} end
   local token = tonumber(run[4] and stored_uint(K_RUN, 'lease_token', run[4]) or '0')
-  local now = now_ms()
+  local clock = redis.call('TIME') -- one read of the clock: ms for leases, s for updated_at
+  local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
   -- 1. reads and decisions: skip tasks that are done or dead by now; pick the first claimable.
   -- The queue's head is read PAGE entries at a time (almost always the first one decides),
@@ -73,7 +78,7 @@ local function main()
       end
       local p = aid .. ':'
       local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'attempt', p .. 'failures',
-        p .. 'max', p .. 'seq')
+        p .. 'max', p .. 'seq', p .. 'phase', p .. 'payload')
       if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
       local attempt, failures = task_uint(aid, 'attempt', t[2]), task_uint(aid, 'failures', t[3])
       local seq = task_uint(aid, 'seq', t[5])
@@ -85,11 +90,11 @@ local function main()
         if state == 'dead' then
           ended[#ended + 1] = {aid, fields, nil}
         else
-          chosen, decided = {aid, attempt, failures + 1}, true
+          chosen, decided = {aid, attempt, failures + 1, t[6], t[7]}, true
           break
         end
       else
-        chosen, decided = {aid, attempt, failures}, true
+        chosen, decided = {aid, attempt, failures, t[6], t[7]}, true
         break
       end
     end
@@ -101,7 +106,7 @@ local function main()
   for i = 1, #ended do write_task_end(ended[i][1], ended[i][2], ended[i][3]) end
   if not chosen then
     if #ended == 0 then return {unchanged(run, 'claim'), '', wait} end
-    return {commit(run, now_seconds(), 'claim'), '', wait}
+    return {commit(run, clock[1], 'claim'), '', wait}
   end
   local aid, attempt = chosen[1], whole(chosen[2] + 1)
   token = whole(token + 1)
@@ -111,12 +116,12 @@ local function main()
     p .. 'failures', whole(chosen[3]), p .. 'max', whole(max), p .. 'token', token,
     p .. 'holder', worker, p .. 'expires', expires)
   redis.call('ZADD', K_QUEUE, expires, aid)
-  redis.call('HSET', K_RUN, 'lease_token', token) -- a counter, not a checkpoint field
-  local delta = commit(run, now_seconds(), 'claim')
+  -- lease_token: a counter, not a checkpoint field (set with the version: an R record)
+  local delta = commit(run, clock[1], 'claim', {'lease_token', token})
   local inc = run[3] or (WRITER .. '-' .. WRITER_SEQ) -- as commit() set it for a 0.1.0 run
   redis.call('HSET', K_WRITERS, memo_field,
     WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc)
-  return lease_reply(delta, aid, token, attempt, expires, inc)
+  return lease_reply(delta, aid, token, attempt, expires, inc, chosen[4] or '0', chosen[5] or '')
 end
 
 --- @include "includes/main"

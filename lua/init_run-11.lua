@@ -32,6 +32,7 @@ local function main()
   local fields = {
     'schema', ARGS[5], 'run_id', ARGS[1], 'task', ARGS[2], 'run_dir', ARGS[3],
     'status', 'running', 'current_phase', '0', 'total_tokens', '0', 'phases', '0', 'agents', '0',
+    'agents_ok', '0', 'agents_failed', '0',
     'created_at', now, 'updated_at', now, 'version', '1', 'incarnation', inc,
   }
   if meta then

@@ -18,7 +18,8 @@
     findings  width 2: segment id, msgpack list of findings (in order)
 
   The run field agents is set to the number of distinct agent ids among the results and
-  the started agents (the state is replaced wholesale: counted, not added to).
+  the started agents, agents_ok and agents_failed to the results with status ok and with
+  another status (the state is replaced wholesale: counted, not added to).
 
   Reply and notice: the delta, op "save": a Z record with the whole new state
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE; nothing is written on error.
@@ -69,6 +70,7 @@ local function main()
 
   local results = {}
   local agents, agent_count = {}, 0 -- distinct agents with a result or started
+  local ok_count, failed_count = 0, 0 -- run fields agents_ok, agents_failed
   first, count = group(10)
   for i = 0, count - 1 do
     local a = first + i * 10
@@ -76,6 +78,7 @@ local function main()
       agents[ARGS[a]] = true
       agent_count = agent_count + 1
     end
+    if ARGS[a + 2] == 'ok' then ok_count = ok_count + 1 else failed_count = failed_count + 1 end
     local p = ARGS[a] .. ':'
     local f = {p .. 'phase_id', arg_uint(ARGS[a + 1], 'phase_id'), p .. 'status', ARGS[a + 2],
       p .. 'tokens', arg_uint(ARGS[a + 3], 'tokens'),
@@ -128,6 +131,9 @@ local function main()
   if pos - 1 ~= #ARGS then fail('BAD_ARG', 'argument list is too long') end
   run_fields[#run_fields + 1] = 'agents'
   run_fields[#run_fields + 1] = tostring(agent_count)
+  for _, v in ipairs({'agents_ok', tostring(ok_count), 'agents_failed', tostring(failed_count)}) do
+    run_fields[#run_fields + 1] = v
+  end
   local now = now_seconds()
 
   redis.call('DEL', K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER)

@@ -12,7 +12,8 @@
   ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)
 
   Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments,
-          R agents when the agent is new (neither started nor had a result)
+          R agents when the agent is new (neither started nor had a result), R agents_ok and
+          agents_failed when the agent's status counts change (includes/common.lua)
   A fenced write ("@fence ...", see includes/common.lua) is applied only while the lease is
   current, else LUFT_LEASE_LOST and nothing is written.
   Errors: LUFT_LEASE_LOST, LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
@@ -25,7 +26,7 @@ local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
 local function main()
   local dup = dedup()
   if dup then return dup end
-  local run = read_run()
+  local run = read_run('agents_ok', 'agents_failed')
   check_fence(run)
   local aid = ARGS[1]
   local p = aid .. ':'
@@ -38,11 +39,13 @@ local function main()
   optional_fields(fields, drop, p, OPTIONAL, 6)
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
   local now = now_seconds()
-  local run_fields = nil
-  if redis.call('HEXISTS', K_RESULTS, p .. 'status') == 0
-      and redis.call('HEXISTS', K_STARTED, aid) == 0 then
+  local run_fields = {}
+  local before = redis.call('HGET', K_RESULTS, p .. 'status')
+  if not before and redis.call('HEXISTS', K_STARTED, aid) == 0 then
     run_fields = {'agents', tostring(stored_agents() + 1)} -- a new agent
   end
+  local counted = status_count_fields({{before, ARGS[3]}}, run[4], run[5])
+  if counted then for i = 1, 4 do run_fields[#run_fields + 1] = counted[i] end end
 
   if #drop > 0 then redis.call('HDEL', K_RESULTS, unpack(drop)) end
   redis.call('HSET', K_RESULTS, unpack(fields))

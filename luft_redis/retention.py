@@ -330,12 +330,11 @@ def iter_finished_runs(
 
 
 def _drop_gone(client: Any, prefix: str, members: list[str]) -> None:
-    """ZREM index entries whose run is gone (a failure is logged: the index is derived)."""
-    try:
-        DEFAULT_RETRY.call(lambda: client.zrem(run_index_key(prefix), *members))
-    except Exception as exc:
-        logger.warning("run index: removing %d entr(ies) without a run failed (%s)",
-                       len(members), exc)  # fmt: skip
+    """Remove index entries whose run is gone, with their statuses and counts
+    (:func:`luft_redis.index.remove_entries`; a failure is logged: the index is derived)."""
+    from .index import remove_entries
+
+    remove_entries(client, prefix, members)
 
 
 # ---------------------------------------------------------------------------- garbage collection

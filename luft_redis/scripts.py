@@ -92,8 +92,13 @@ SCRIPT_NAMES = (
     "renew_lease",
     "release_lease",
     "agent_tasks",
+    "index_status",
 )
 """Every script the backend uses, by operation name."""
+
+PREFIX_OPS = frozenset({"index_status"})
+"""The operations on a prefix's keys (the run index), not a run's: called without a change
+channel (they publish nothing)."""
 
 READ_ONLY = frozenset({"load", "agent_tasks"})
 """The operations registered with ``flags={'no-writes'}`` and called with ``FCALL_RO``."""
@@ -206,7 +211,7 @@ class Function:
             raise errors.ConfigurationError(
                 f"Lua script {self.file} takes {self.numkeys} keys, {len(keys)} were passed"
             )
-        if self.read_only:
+        if self.read_only or self.op in PREFIX_OPS:
             return (*self.head, *keys, *args)
         run = keys[0]
         channel = changes_channel(run if isinstance(run, str) else run.decode())
@@ -233,6 +238,7 @@ class Ops:
     renew_lease: Function
     release_lease: Function
     agent_tasks: Function
+    index_status: Function
 
     def __init__(self, functions: dict[str, Function]) -> None:
         for op in SCRIPT_NAMES:

@@ -163,14 +163,17 @@ def parse_claim(reply: Sequence[Any], key: str) -> tuple[bytes, Claim]:
         agent = uuid.UUID(aid)
     except ValueError:
         raise CorruptDataError(key, aid, "is not an agent id") from None
+    token, attempt, expires, phase = reply[2], reply[3], reply[4], reply[5]
+    # the common case: four decimals (a lease's hot path); named one by one only when not
+    if not (isinstance(token, bytes) and token.isdigit() and attempt.isdigit()
+            and expires.isdigit() and phase.isdigit()):  # fmt: skip
+        token, attempt = _uint(key, f"{aid}:token", token), _uint(key, f"{aid}:attempt", attempt)
+        expires, phase = _uint(key, f"{aid}:expires", expires), _uint(key, f"{aid}:phase", phase)
     payload = codec.decode_json(bytes(reply[6]), key=key, field=f"{aid}:payload") if reply[
         6] else None  # fmt: skip
     return delta, Claim(
-        agent, token=_uint(key, f"{aid}:token", reply[2]),
-        attempt=_uint(key, f"{aid}:attempt", reply[3]),
-        expires_ms=_uint(key, f"{aid}:expires", reply[4]),
-        phase_id=_uint(key, f"{aid}:phase", reply[5]), payload=payload,
-        incarnation=_text(reply[7]),
+        agent, token=int(token), attempt=int(attempt), expires_ms=int(expires),
+        phase_id=int(phase), payload=payload, incarnation=_text(reply[7]),
     )  # fmt: skip
 
 

@@ -800,3 +800,28 @@ def test_retry_policy_acall() -> None:
 
 if __name__ == _CHILD_RUN_NAME:
     _child_main(globals()["_CHILD_ARGS"])
+
+
+def test_index_writes_keep_the_status_counts(target: Target) -> None:
+    """The asyncio front end's index writes (init, cancel, resume, delete) keep the runs by
+    status next to the index (lua/index_status-3.lua), as the sync ones do."""
+    from luft_redis import index
+
+    async def main() -> None:
+        client = target.client()
+        backend = AsyncRedisCheckpointBackend(client)
+        ids = [uuid.uuid4() for _ in range(3)]
+        for run_id in ids:
+            await backend.init_run(run_id, "t", "d")
+        await backend.cancel()
+        sync = target.sync_client()
+        assert index.read_counts(sync, "luft").counts["cancelled"] == 1
+        await backend.reset_status_to_running()
+        await backend.delete_run(ids[0])
+        found = index.read_counts(sync, "luft")
+        assert found.exact and found.counts["running"] == 2 and found.counts["cancelled"] == 0
+        sync.close()
+        await backend.aclose()
+        await client.aclose()
+
+    run(main)

@@ -25,6 +25,7 @@ from redis.cluster import RedisCluster
 from luft_redis import AgentStarted, CheckpointStatus, ConfigurationError
 from luft_redis.keys import run_keys
 from luft_redis.scripts import (
+    PREFIX_OPS,
     READ_ONLY,
     SCRIPT_NAMES,
     _check_keys,
@@ -203,7 +204,9 @@ def test_the_common_path_is_one_fcall(
     make_frontend_backend: Callable[..., Any], redis_client: Any
 ) -> None:
     """The first call on a server without the library costs FCALL (refused) + FUNCTION LOAD +
-    FCALL; every later call is one FCALL and nothing else (commandstats of every node)."""
+    FCALL (then, for a lifecycle change such as init_run, the run index's FCALL of
+    index_status); every later call is one FCALL and nothing else (commandstats of every
+    node)."""
     _flush_functions(redis_client)
     backend = make_frontend_backend(watch=False)
     run_id = uuid.uuid4()
@@ -213,9 +216,9 @@ def test_the_common_path_is_one_fcall(
     if isinstance(redis_client, RedisCluster):  # loaded on every primary first, then one FCALL
         primaries = sum(_is_primary(n) for n in _nodes(redis_client))
         assert first.get("cmdstat_function|load") == primaries
-        assert first.get("cmdstat_fcall") == 1
+        assert first.get("cmdstat_fcall") == 1 + 1  # init_run, index_status
     else:
-        assert first.get("cmdstat_fcall") == 2 and first.get("cmdstat_function|load") == 1
+        assert first.get("cmdstat_fcall") == 2 + 1 and first.get("cmdstat_function|load") == 1
     _reset_stats(redis_client)
     for _ in range(5):
         backend.append_event(_started(run_id))
@@ -241,7 +244,8 @@ def test_cluster_calls_go_to_the_slot_owner_without_command_getkeys(
     assert backend.open_run(run_id) is not None
     assert backend.delete_run(run_id)
     calls = _calls(redis_client)
-    assert calls.get("cmdstat_fcall") == 2 and calls.get("cmdstat_fcall_ro") == 1
+    # append_event, delete_run and the index's index_status (the removal)
+    assert calls.get("cmdstat_fcall") == 3 and calls.get("cmdstat_fcall_ro") == 1
     assert "cmdstat_command|getkeys" not in calls
     # what redis-py does unless told the node: COMMAND GETKEYS (twice, redis-py 8.1) per FCALL
     keys = list(run_keys("luft", run_id))
@@ -353,6 +357,10 @@ def test_the_change_channel_is_an_argument_not_a_key() -> None:
     lib = library()
     for op in SCRIPT_NAMES:
         fn = getattr(lib.ops, op)
+        if op in PREFIX_OPS:  # the run index's: a prefix's keys, no channel (publishes nothing)
+            index_keys = ["luft:{luft}:runs", "luft:{luft}:runs:status", "luft:{luft}:runs:counts"]
+            assert fn.command(index_keys, ("a",))[3:] == (*index_keys, "a")
+            continue
         run_keys_of_call = [*keys, *(f"luft:{{{run_id}}}:extra{i}" for i in range(fn.numkeys - 11))]
         command = fn.command(run_keys_of_call, ("a", "b"))
         assert command[3 : 3 + fn.numkeys] == tuple(run_keys_of_call), op

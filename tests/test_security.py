@@ -56,7 +56,7 @@ ACL_COMMANDS = (
     "+fcall +fcall_ro +function|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget "
     "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +llen +lrange +lrem +rpush +xadd "
     "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping "
-    "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore"
+    "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore +hincrby"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 #: What docs/security.md adds to the user for each option that needs more.

@@ -266,6 +266,42 @@ def test_api_shapes_are_the_cli_json(
     assert writer.sync() is not None and writer.get_checkpoint().status.value == "running"  # type: ignore[union-attr]
 
 
+def test_runs_of_an_older_version_are_counted_and_corrupt_counters_reported(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    redis_url: str,
+) -> None:  # fmt: skip
+    from luft_redis import index
+    from luft_redis.keys import run_keys
+
+    old = _new_run(backend, "written by an older version")
+    bad = _new_run(backend, "corrupt counters")
+    writer = backend()
+    writer.open_run(old)
+    _agent(writer, old)
+    _agent(writer, old, status=t.AgentStatus.ERROR)
+    client = redis.Redis.from_url(redis_url)
+    client.hdel(run_keys(PREFIX, old).run, "agents_ok", "agents_failed")  # no counters yet
+    client.hdel(index.run_status_key(PREFIX), str(old))  # indexed without a kept status
+    client.hincrby(index.status_counts_key(PREFIX), "running", -1)
+    client.hset(run_keys(PREFIX, bad).run, "agents_ok", "lots")
+    server = start_web()
+    status, _, body = _request(server, "GET", "/api/runs")
+    assert status == 200
+    data = json.loads(body)
+    rows = {r["run_id"]: r for r in data["runs"]}
+    assert rows[str(old)]["agents_ok"] == 1 and rows[str(old)]["agents_failed"] == 1
+    assert rows[str(old)]["counts_counted"] is True
+    assert rows[str(bad)]["agents_ok"] is None and "agents_ok" in rows[str(bad)]["problem"]
+    assert data["counts_exact"] is False  # one indexed run has no kept status: said so
+    status, _, html_page = _request(server, "GET", "/?wait_counts=1")
+    assert status == 200 and "indexed by an older version" in html_page
+    assert "corrupt counters" in html_page and "<sup>*</sup>" in html_page
+    assert index.rebuild(client, PREFIX)[0] >= 2
+    status, _, body = _request(server, "GET", "/api/runs")
+    assert json.loads(body)["counts_exact"] is True
+    client.close()
+
+
 # ------------------------------------------------------------------------------ in Chromium
 
 
@@ -329,13 +365,36 @@ def test_runs_page_counts_and_status_filter(
     closer = backend()
     closer.open_run(cancelled)
     closer.cancel()
+    # agents of one run: 2 ok, 1 failed, 1 running (started, no result)
+    worker = backend()
+    worker.open_run(running[0])
+    _agent(worker, running[0])
+    _agent(worker, running[0])
+    _agent(worker, running[0], status=t.AgentStatus.ERROR)
+    worker.append_event(t.AgentStarted(run_id=running[0], phase_id=1, agent_id=uuid.uuid4(),
+                                       prompt_preview="p"))  # fmt: skip
     server = start_web()
-    page.goto(server.base + "/?wait_counts=1")
+    page.goto(server.base + "/")  # the counts are kept: no waiting for a count
     expect(page.locator("#runs tbody tr")).to_have_count(4)
     expect(page.locator('#counts a[data-status="all"] b')).to_have_text("4")
     expect(page.locator('#counts a[data-status="running"] b')).to_have_text("3")
     expect(page.locator('#counts a[data-status="cancelled"] b')).to_have_text("1")
     expect(page.locator('#counts a[data-status="completed"] b')).to_have_text("0")
+    expect(page.locator("#counts-note")).to_have_count(0)  # exact, not counted
+    busy = page.locator(f'#runs tbody tr[data-run="{running[0]}"]')
+    expect(busy.locator("td.a-all")).to_have_text("4")
+    expect(busy.locator("td.a-ok")).to_have_text("2")
+    expect(busy.locator("td.a-failed")).to_have_text("1")
+    expect(busy.locator("td.a-running")).to_have_text("1")
+    # a cancel from another process: the next page load counts it at once
+    closer.open_run(running[2])
+    closer.cancel()
+    page.goto(server.base + "/")
+    expect(page.locator('#counts a[data-status="running"] b')).to_have_text("2")
+    expect(page.locator('#counts a[data-status="cancelled"] b')).to_have_text("2")
+    closer.open_run(running[2])
+    closer.reset_status_to_running()
+    page.goto(server.base + "/")
     page.screenshot(path=str(artifacts / "runs-page.png"), full_page=True)
     page.select_option('select[name="status"]', "cancelled")
     page.click("form.filter button")

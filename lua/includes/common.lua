@@ -74,7 +74,7 @@ local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
 local K_WRITERS, K_TASKS, K_QUEUE
 local CHANNEL, WRITER, WRITER_SEQ
 local ARGS
-local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD
+local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD, FENCE_TASK
 
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
@@ -223,6 +223,48 @@ local function stored_agents(n)
     end
   end
   return count
+end
+
+-- The run fields agents_ok and agents_failed: the agents whose result's status is "ok", and
+-- those with a result of any other status (running = agents - ok - failed: started, no
+-- result), what the runs page shows. `changes` lists {status before, status after} of the
+-- results a write sets (false/nil: no result); `ok`, `failed`: the two fields as read_run
+-- read them (read_run('agents_ok', 'agents_failed', ...): no read of its own). Returns the
+-- fields to set with the write's version ({name, value, ...}), nil when no count changes;
+-- call it before the first write.
+-- A run written before the counters has neither field: counted here from the results as they
+-- are before this write (once per run). One field without the other is LUFT_CORRUPT.
+local function status_count_fields(changes, stored_ok, stored_failed)
+  local dok, dfailed = 0, 0
+  for i = 1, #changes do
+    local before, after = changes[i][1], changes[i][2]
+    if before ~= after then
+      if before == 'ok' then dok = dok - 1 elseif before then dfailed = dfailed - 1 end
+      if after == 'ok' then dok = dok + 1 elseif after then dfailed = dfailed + 1 end
+    end
+  end
+  if dok == 0 and dfailed == 0 then return nil end
+  local stored = {stored_ok, stored_failed}
+  local ok, failed = 0, 0
+  if stored[1] and stored[2] then
+    ok = tonumber(stored_uint(K_RUN, 'agents_ok', stored[1]))
+    failed = tonumber(stored_uint(K_RUN, 'agents_failed', stored[2]))
+  elseif stored[1] or stored[2] then
+    fail('CORRUPT', K_RUN .. ' has one of agents_ok and agents_failed without the other')
+  else
+    -- (HGETALL, not HSCAN/HKEYS: the commands of docs/security.md's ACL; once per older run)
+    local fields = redis.call('HGETALL', K_RESULTS)
+    for i = 1, #fields, 2 do
+      if string.find(fields[i], ':status$') then
+        if fields[i + 1] == 'ok' then ok = ok + 1 else failed = failed + 1 end
+      end
+    end
+  end
+  ok, failed = ok + dok, failed + dfailed
+  if ok < 0 or failed < 0 then
+    fail('CORRUPT', K_RUN .. ' agents_ok/agents_failed are less than the results they count')
+  end
+  return {'agents_ok', string.format('%.0f', ok), 'agents_failed', string.format('%.0f', failed)}
 end
 
 -- Server time in unix seconds, as a decimal string.
@@ -505,11 +547,17 @@ end
 
 -- A fenced write (FENCE_AID set): the run's incarnation and the agent's current token must be
 -- the lease's, else LUFT_LEASE_LOST "<agent_id> <stale token> <current token or ->" and
--- nothing is written. Returns the fenced agent id, or nil for a write without a lease.
+-- nothing is written. Returns the fenced agent id, or nil for a write without a lease. The
+-- same read leaves the task's state, failures, max and seq in FENCE_TASK[1..4] (as stored,
+-- unchecked), for a script that ends the lease without reading the task again.
 local function check_fence(run)
   if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "@fence <agent> <token> <inc>"') end
   if not FENCE_AID then return nil end
-  local current = read_key(10, 'hash', 'HGET', FENCE_AID .. ':token')
+  local p = FENCE_AID .. ':'
+  local t = read_key(10, 'hash', 'HMGET', p .. 'token', p .. 'state', p .. 'failures',
+    p .. 'max', p .. 'seq')
+  FENCE_TASK = {t[2], t[3], t[4], t[5]}
+  local current = t[1]
   if (run[3] or '') ~= FENCE_INC then current = nil end
   if current ~= FENCE_TOKEN then
     fail('LEASE_LOST', FENCE_AID .. ' ' .. FENCE_TOKEN .. ' ' .. (current or '-'))
@@ -560,7 +608,7 @@ local function begin_call()
     ARGS = {}
     for i = 4, n do ARGS[i - 3] = ARGV[i] end
   end
-  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false
+  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD, FENCE_TASK = nil, nil, nil, false, nil
   local last = ARGS[#ARGS]
   if last and string.sub(last, 1, 7) == '@fence ' then
     ARGS[#ARGS] = nil

@@ -8,9 +8,10 @@ the FCALL once more. On Redis Cluster the call goes straight to the run's slot o
 (:func:`luft_redis.scripts.cluster_route`), and a client loads the library on every primary
 before its first call.
 
-:func:`index_add` and :func:`index_remove` keep the run index (:mod:`luft_redis.index`) after a
-lifecycle change: retried like any write, and logged, not raised, when they still fail (the
-script is what counts; ``luft-redis runs --rebuild-index`` repairs the index).
+:func:`index_add` and :func:`index_remove` keep the run index (:mod:`luft_redis.index`), and
+the status counts next to it, after a lifecycle change: retried like any write, and logged,
+not raised, when they still fail (the script is what counts; ``luft-redis runs
+--rebuild-index`` repairs the index).
 
 :class:`AsyncWriteLane` is the lean path of a backend's writes on a plain (not Cluster) client:
 one connection of the client's pool kept for them, the FCALL packed in one piece, its constant
@@ -44,8 +45,8 @@ from ..cluster import (
 )
 from ..coherence import fork_generation
 from ..connect import is_cluster
-from ..index import warn_index_failure
-from ..keys import run_index_key
+from ..index import STATUS_FIELDS, script_keys, status_args, warn_index_failure
+from ..keys import run_keys
 from ..retry import REDIS_ERRORS, RetryPolicy, is_function_missing
 from ..runtime import async_cluster_ready
 from ..scripts import Function, cluster_route, library
@@ -158,21 +159,37 @@ async def call_durably(client: Any, fn: Function, keys: Sequence[Any], args: Seq
     return result, count
 
 
+async def _index_eval(client: Any, prefix: str, args: Sequence[str]) -> Any:
+    """Run ``lua/index_status-3.lua`` (loaded on a miss, as every function)."""
+    return await call_function(client, library().ops.index_status, script_keys(prefix), args)
+
+
+async def _index_status(client: Any, prefix: str, run_id: uuid.UUID) -> None:
+    """Index the run with its status as the run hash holds it now (two round trips: the run
+    and the index live in different slots); nothing when the run is gone."""
+    values = await client.hmget(run_keys(prefix, run_id).run, list(STATUS_FIELDS))
+    args = status_args(run_id, values)
+    if args is not None:
+        await _index_eval(client, prefix, args)
+
+
 async def index_add(client: Any, retry: RetryPolicy, prefix: str, run_id: uuid.UUID,
-                    score: float) -> None:  # fmt: skip
-    """ZADD the run to the run index (retried; a failure is logged)."""
-    key = run_index_key(prefix)
+                    score: float | None = None) -> None:  # fmt: skip
+    """Index the run (ZADD by its ``updated_at``) with its current status, which the status
+    counts next to the index follow (retried; a failure is logged). ``score`` is not used
+    (the run hash's ``updated_at`` is), kept for callers."""
+    del score
     try:
-        await retry.acall(lambda: client.zadd(key, {str(run_id): score}))
+        await retry.acall(lambda: _index_status(client, prefix, run_id))
     except Exception as exc:
         warn_index_failure("update", prefix, run_id, exc)
 
 
 async def index_remove(client: Any, retry: RetryPolicy, prefix: str, run_id: uuid.UUID) -> None:
-    """ZREM the run from the run index (retried; a failure is logged)."""
-    key = run_index_key(prefix)
+    """Remove the run from the run index, its status and its count (retried; a failure is
+    logged)."""
     try:
-        await retry.acall(lambda: client.zrem(key, str(run_id)))
+        await retry.acall(lambda: _index_eval(client, prefix, ["remove", str(run_id)]))
     except Exception as exc:
         warn_index_failure("removal", prefix, run_id, exc)
 

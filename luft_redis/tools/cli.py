@@ -234,8 +234,11 @@ def run_row_json(row: index.IndexRow) -> dict[str, Any]:
     return {
         "run_id": str(row.run_id), "status": row.status, "task": row.task,
         "current_phase": row.current_phase, "total_tokens": row.total_tokens,
-        "agents": row.agents, "created_at": _timestamp(row.created_at),
+        "agents": row.agents, "agents_ok": row.agents_ok, "agents_failed": row.agents_failed,
+        "agents_running": row.agents_running, "created_at": _timestamp(row.created_at),
         "updated_at": _timestamp(row.updated_at),
+        **({"counts_counted": True} if row.counted else {}),
+        **({"problem": row.problem} if row.problem else {}),
     }  # fmt: skip
 
 

@@ -50,9 +50,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ... import index
-from ... import types as t
-from ...errors import LuftRedisError
-from ...keys import run_index_key, run_keys
+from ...errors import CorruptDataError, LuftRedisError
+from ...keys import run_keys
 from ...wire import decode_entry, entry_id
 from ..cli import _timestamp, dumps, event_json, run_row_json
 from .hub import Hubs, RunHub
@@ -70,7 +69,8 @@ MAX_ROWS: Final = 10_000
 SEARCH_DEPTH: Final = 1000
 """A text search looks at the newest this many runs (of the status filter)."""
 COUNTS_MAX_AGE: Final = 15.0
-"""Seconds the counts by status are reused before they are counted again (in the
+"""Only while some indexed runs lack a kept status (indexed by an older version): seconds the
+counts by status counted over the index are reused before they are counted again (in the
 background: a page load never waits for a count)."""
 LOG_PAGE: Final = 200
 
@@ -220,41 +220,22 @@ def _page(title: str, body: str, *, meta: str = "", script: bool = False) -> str
             f"<main>{body}</main></body></html>")  # fmt: skip
 
 
-_STATUSES: Final = tuple(s.value for s in t.CheckpointStatus)
+_STATUSES: Final = index.STATUSES
 
 
 @dataclass
 class _Counts:
+    """Runs by status: read in one round trip from the counts kept next to the index
+    (:func:`luft_redis.index.read_counts`); while some indexed runs have none (indexed by an
+    older version), counted over the index in the background instead, every
+    :data:`COUNTS_MAX_AGE` seconds, and the page says so."""
+
     counts: dict[str, int] = field(default_factory=dict)
     at: float = 0.0
     task: asyncio.Task[None] | None = None
-
-
-def _count_statuses(client: Any, prefix: str) -> dict[str, int]:
-    """Runs by status, over the whole index (ZSCAN-free: ZRANGE in pages, HGET pipelined).
-    Runs in a worker thread, in the background of the runs page."""
-    key = run_index_key(prefix)
-    counts = dict.fromkeys(_STATUSES, 0)
-    start = 0
-    while True:
-        members = client.zrange(key, start, start + 999)
-        if not members:
-            break
-        pipe = client.pipeline(transaction=False)
-        for raw in members:
-            text = raw.decode() if isinstance(raw, bytes) else str(raw)
-            try:
-                pipe.hget(run_keys(prefix, uuid.UUID(text)).run, "status")
-            except ValueError:
-                continue
-        for status in pipe.execute():
-            if status is not None:
-                name = status.decode("utf-8", "replace")
-                counts[name] = counts.get(name, 0) + 1
-        start += len(members)
-        if len(members) < 1000:
-            break
-    return counts
+    exact: bool = False
+    unkept: int = 0
+    problem: str | None = None
 
 
 class _Runs:
@@ -281,22 +262,32 @@ class _Runs:
         chunk = found.rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
         return chunk, found.indexed, len(found.rows) > (page + 1) * PAGE_SIZE
 
-    def status_counts(self) -> tuple[dict[str, int], float | None]:
-        """The counts by status and their age in seconds (None: not counted yet); starts a
-        background count when they are older than :data:`COUNTS_MAX_AGE`."""
-        now = time.monotonic()
+    async def status_counts(self) -> _Counts:
+        """The counts by status: exact and current when the index keeps them for every run
+        (one read); else the last background count over the index (``at``: when), and a new
+        one started when that is older than :data:`COUNTS_MAX_AGE`. A corrupt count is
+        reported (``problem``), never shown as a number."""
         state = self.counts
+        try:
+            kept = await asyncio.to_thread(index.read_counts, self.client, self.prefix,
+                                           count=False)  # fmt: skip
+        except CorruptDataError as exc:
+            return _Counts(problem=str(exc))
+        if kept.exact:
+            return _Counts(counts=kept.counts, at=time.monotonic(), exact=True)
+        state.unkept = kept.unkept
+        now = time.monotonic()
         if now - state.at > COUNTS_MAX_AGE and (state.task is None or state.task.done()):
             async def count() -> None:
                 try:
-                    state.counts = await asyncio.to_thread(_count_statuses, self.client,
+                    state.counts = await asyncio.to_thread(index.count_over_index, self.client,
                                                            self.prefix)  # fmt: skip
                     state.at = time.monotonic()
                 except Exception as exc:
                     logger.warning("counting runs by status failed: %s", exc)
 
             state.task = asyncio.get_running_loop().create_task(count())
-        return state.counts, (now - state.at if state.at else None)
+        return state
 
     async def wait_counts(self) -> None:
         task = self.counts.task
@@ -357,29 +348,42 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         statuses = [status] if status in _STATUSES else []
         text = request.query_params.get("q", "").strip()[:200]
         page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
-        if request.query_params.get("wait_counts") == "1":  # tests: counts before the page
-            runs.status_counts()
-            await runs.wait_counts()
+        counts = _Counts()
         try:
-            rows, indexed, more = await runs.page(statuses, text, page)
+            if request.query_params.get("wait_counts") == "1":  # tests: counts before the page
+                await runs.status_counts()
+                await runs.wait_counts()
+            (rows, indexed, more), counts = await asyncio.gather(
+                runs.page(statuses, text, page), runs.status_counts())
             banner = ""
             code = 200
+        except CorruptDataError as exc:
+            rows, indexed, more = [], 0, False
+            banner = f"<div class=\"banner\" id=\"banner\">Corrupt data: {_e(exc)}</div>"
+            code = 500
         except Exception as exc:
             rows, indexed, more = [], 0, False
             banner = (f"<div class=\"banner\" id=\"banner\">Redis is unreachable: {_e(exc)}. "
                       "Reload to try again.</div>")
             code = 503
-        counts, age = runs.status_counts()
         parts = [banner, "<h1>Runs</h1><ul class=\"counts\" id=\"counts\">"]
         parts.append(f"<li><a href=\"/\" data-status=\"all\">all <b>{indexed}</b></a></li>")
         for name in _STATUSES:
             current = " class=\"current\"" if name == status else ""
-            shown = counts.get(name, "…") if counts else "…"
+            shown = counts.counts.get(name, 0) if counts.counts else "…"
             parts.append(f"<li{current}><a href=\"/?status={name}\" data-status=\"{name}\" "
                          f"class=\"st-{name}\">{name} <b>{shown}</b></a></li>")
         parts.append("</ul>")
-        if age is not None:
-            parts.append(f"<p class=\"note\">counts as of {age:.0f} s ago</p>")
+        if counts.problem:
+            parts.append(f"<p class=\"note corrupt\" id=\"counts-note\">counts not shown: "
+                         f"{_e(counts.problem)}</p>")
+        elif not counts.exact and code == 200:
+            age = (f"as of {time.monotonic() - counts.at:.0f} s ago" if counts.at
+                   else "being counted")
+            parts.append(f"<p class=\"note\" id=\"counts-note\">{counts.unkept} run(s) were "
+                         "indexed by an older version: the counts are counted over the index "
+                         f"({age}); <code>luft-redis runs --rebuild-index</code> keeps them "
+                         "exact from then on</p>")
         parts.append("<form class=\"filter\" method=\"get\" action=\"/\">"
                      "<label>status <select name=\"status\"><option value=\"\">any</option>")
         for name in _STATUSES:
@@ -388,17 +392,37 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         parts.append(f"</select></label> <label>task contains <input name=\"q\" "
                      f"value=\"{_e(text)}\"></label> <button>Filter</button></form>")
         parts.append("<table class=\"runs\" id=\"runs\"><thead><tr><th>task</th><th>status</th>"
-                     "<th>phase</th><th>agents</th><th>tokens</th><th>started (UTC)</th>"
-                     "<th>last change (UTC)</th></tr></thead><tbody>")
+                     "<th>phase</th><th>agents</th><th>ok</th><th>failed</th><th>running</th>"
+                     "<th>tokens</th><th>started (UTC)</th><th>last change (UTC)</th></tr>"
+                     "</thead><tbody>")  # fmt: skip
+        counted = False
         for row in rows:
+            if row.problem:
+                agents = (f"<td colspan=\"3\" class=\"corrupt\" title=\"{_e(row.problem)}\">"
+                          "corrupt counters</td>")  # fmt: skip
+            else:
+                mark = "<sup>*</sup>" if row.counted else ""
+                counted = counted or row.counted
+                agents = (f"<td class=\"a-ok\">{row.agents_ok}{mark}</td>"
+                          f"<td class=\"a-failed\">{row.agents_failed}{mark}</td>"
+                          f"<td class=\"a-running\">{row.agents_running}{mark}</td>")
             parts.append(
                 f"<tr data-run=\"{row.run_id}\"><td><a href=\"/runs/{row.run_id}\">"
                 f"{_e(_short(row.task)) or '(no task)'}</a></td>"
                 f"<td class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
-                f"<td>{row.current_phase}</td><td>{row.agents}</td>"
+                f"<td>{row.current_phase}</td><td class=\"a-all\">{row.agents}</td>{agents}"
                 f"<td>{row.total_tokens:,}</td><td>{_timestamp(row.created_at)}</td>"
                 f"<td>{_timestamp(row.updated_at)}</td></tr>")  # fmt: skip
         parts.append("</tbody></table>")
+        if counted:
+            parts.append("<p class=\"note\" id=\"rows-note\"><sup>*</sup> a run written by an "
+                         "older version: ok/failed counted from its results (its next result "
+                         "keeps them)</p>")
+        if any(row.problem for row in rows):
+            parts.append("<p class=\"note corrupt\">A run's agent counters are corrupt (hover "
+                         "the cell for the field): deleting both fields (<code>HDEL</code> "
+                         "agents_ok agents_failed) makes the run's next result count them "
+                         "again from its results.</p>")
         if not rows:
             parts.append("<p class=\"note\">No runs here.</p>")
         nav = []
@@ -469,12 +493,17 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         text = request.query_params.get("q", "").strip()[:200]
         page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
         try:
-            rows, indexed, more = await runs.page(statuses, text, page)
+            (rows, indexed, more), counts = await asyncio.gather(
+                runs.page(statuses, text, page), runs.status_counts())
+        except CorruptDataError as exc:
+            return JSONResponse({"error": str(exc)}, 500)
         except Exception as exc:
             return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
-        counts, age = runs.status_counts()
+        age = 0.0 if counts.exact else (time.monotonic() - counts.at if counts.at else None)
         body = {"runs": [run_row_json(r) for r in rows], "indexed": indexed, "more": more,
-                "page": page, "counts": counts, "counts_age_s": age}  # fmt: skip
+                "page": page, "counts": counts.counts, "counts_exact": counts.exact,
+                "counts_age_s": age,
+                **({"counts_problem": counts.problem} if counts.problem else {})}  # fmt: skip
         return Response(dumps(body), media_type="application/json")
 
     async def api_run(request: Request) -> Response:
