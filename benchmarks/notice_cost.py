@@ -17,8 +17,9 @@ not counted) and ``handle_message``. Phases, each zeroed and dumped with ``callg
 
 * ``remote``: the notices are another process's changes: read, header parsed, queued;
 * ``apply``: ``get_checkpoint``'s work on them (every queued delta decoded into the cache);
-* ``own``: the same notices as this process's own writes, applied from their replies before
-  the notices are read (what a writer's listener does with its own notices).
+* ``own``: the same notices as this process's own writes: before each batch is read, its
+  deltas are offered to the cache as a writer applies its replies (counted apart, and taken
+  off): what a writer's listener does with its own notices.
 
 Rows: instructions per notice of each phase. Thread wake-ups and GIL hand-offs are not
 instructions of the process: ``benchmarks.fleet`` measures them (CPU time, context switches).
@@ -123,13 +124,29 @@ t0 = time.perf_counter()
 snap = c.snapshot()
 out["apply"] = time.perf_counter() - t0; control("-d", "apply")
 assert snap is not None and c.tip[1] == parse_delta(notices[-1]).v_after, c.tip
-c, w = fresh_watch()
-for p in notices:  # the writer applies its replies first
-    c.offer(parse_delta(p))
-c.snapshot()
+# own notices: before each batch is read, the writer applied its deltas from the replies
+# (as a writer does); measured as (offers + reads) - (offers alone)
+deltas = [[parse_delta(p) for p in notices[i:i + batch]] for i in range(0, len(notices), batch)]
+def own(read):
+    c, w = fresh_watch()
+    sub = subscriber_module.Subscriber(None, None, FakeSock(chunks))
+    health = LinkHealth()
+    def tgt(channel):
+        return [w]
+    for group in deltas:
+        for d in group:
+            c.offer(d)
+        if read:
+            m = sub.get_message(timeout=1.0)
+            while m is not None:
+                handle_message(m, health, {}, tgt)
+                m = sub.get_message(timeout=0)
 control("-z"); t0 = time.perf_counter()
-serve(w, chunks)
-out["own"] = time.perf_counter() - t0; control("-d", "own")
+own(False)
+out["offers"] = time.perf_counter() - t0; control("-d", "offers"); control("-z")
+t0 = time.perf_counter()
+own(True)
+out["own"] = time.perf_counter() - t0 - out["offers"]; control("-d", "own")
 out["notices"] = len(notices)
 print("NOTICE-COST " + json.dumps(out), flush=True)
 '''
@@ -198,6 +215,8 @@ def measure(tree: str, recording: str, run: str, prefix: str, batch: int,
             for phase in PHASES:
                 dumps = [p for p in Path(folder).iterdir() if _label(p) == phase]
                 out[f"{phase}_ir"] = sum(_total(p) for p in dumps)
+            offers = [p for p in Path(folder).iterdir() if _label(p) == "offers"]
+            out["own_ir"] -= sum(_total(p) for p in offers)
     return out
 
 
