@@ -5,7 +5,9 @@ run's channel (one in all on a plain server), each served by its own worker (a t
 loop; a thread in the sync code generated from this module, :mod:`luft_redis.listener`). The
 worker only reads, health-checks and queues: a notice is handed to every
 :class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
-confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It takes
+confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It reads
+in batches: after a batch it pauses (``COALESCE_SECONDS``, longer while only this process's own
+notices come), so one wake-up serves many notices. It takes
 no lock that a writer holds across I/O and makes no call but its own subscription's (and, on
 Redis Cluster, the topology refresh that finding the channel's node needs).
 
@@ -95,15 +97,17 @@ LISTENER_NICE: int | None = 19
 """The CPU priority (Linux nice value) of the sync listener threads
 (``luft_redis.listener.LISTENER_NICE``); None: the process's own. asyncio tasks have none.
 
-A listener thread wakes for every notice of a watched run, this process's own writes
-included, whose notice arrives with the write's reply. At the process's own priority the
-kernel switches to the listener at once, and the thread that wrote then waits for the CPU and
-the GIL: measured with the client on one cpu, 35-40 µs per write. At nice 19
-the listener runs when the process's other threads wait (for Redis, typically), so its work
-overlaps theirs. Freshness keeps its promise either way: ``cache_is_fresh`` needs a
-health-check PING answered within ``max_staleness``, so a listener starved of CPU makes its
-caches say they are not fresh; it never lets them claim to be. Set this before the first
-backend binds a run; only Linux sets a thread's priority (elsewhere it is left alone).
+It was what kept a writer's own notices cheap when the listener woke for every notice (at the
+process's priority the kernel switched to the listener at once, and the thread that wrote
+then waited for the CPU and the GIL: 35-40 µs per write with the client on one cpu). The
+listener now reads in batches (``COALESCE_SECONDS``, ``OWN_PAUSE_SECONDS``) and wakes once per
+few dozen own writes, at either priority (``benchmarks.fleet --variant
+nice0:LISTENER_NICE=null`` measures both); nice 19 stays the default, so the listener's
+batches still run while the process's other threads wait for Redis. Freshness keeps its
+promise either way: ``cache_is_fresh`` needs a health-check PING answered within
+``max_staleness``, so a listener starved of CPU makes its caches say they are not fresh; it
+never lets them claim to be. Set this before the first backend binds a run; only Linux sets a
+thread's priority (elsewhere it is left alone).
 """
 
 Work = Callable[[], Awaitable[None]]
