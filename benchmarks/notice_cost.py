@@ -152,7 +152,7 @@ print("NOTICE-COST " + json.dumps(out), flush=True)
 '''
 
 
-def record(ops: int, prefix: str) -> tuple[bytes, str]:
+def record(ops: int, prefix: str, binary: str | None = None) -> tuple[bytes, str]:
     """The bytes a subscriber of a new run's channel receives while the run is made and
     ``ops`` events are appended to it."""
     import hiredis
@@ -165,7 +165,7 @@ def record(ops: int, prefix: str) -> tuple[bytes, str]:
 
     from .run import make_agent_done
 
-    binary = find_redis_server()
+    binary = binary or find_redis_server()
     assert binary is not None, "redis-server not found"
     run_id = uuid.uuid4()
     channel = run_keys(prefix, run_id).changes.encode()
@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", action="append", default=[], help="another checkout")
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--batch", type=int, default=8, help="notices per read")
+    parser.add_argument("--redis-server", metavar="PATH")
     parser.add_argument("--no-valgrind", action="store_true", help="time only")
     args = parser.parse_args(argv)
     valgrind = not args.no_valgrind
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print("valgrind not found (or pass --no-valgrind)", file=sys.stderr)
         return 2
     prefix = "cost"
-    data, run = record(args.ops, prefix)
+    data, run = record(args.ops, prefix, args.redis_server)
     trees = [str(ROOT)] + [str(Path(t).resolve()) for t in args.tree]
     with tempfile.NamedTemporaryFile(suffix=".resp") as f:
         f.write(data)

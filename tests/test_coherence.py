@@ -544,7 +544,8 @@ def test_own_notices_read_in_a_batch_are_all_dropped_unparsed(
     work: list[object] = []
     watch = coherence.Watch(cache, binding.channel, work.append)
     health = coherence.LinkHealth()
-    real_parse = coherence.parse_delta
+    from luft_redis.delta import parse_delta as real_parse
+
     parsed: list[bytes] = []
 
     def counting(payload: bytes) -> Any:
