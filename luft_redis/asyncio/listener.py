@@ -93,21 +93,24 @@ IDLE_EXIT_SECONDS = 2.0
 MAX_BACKOFF_SECONDS = 1.0
 """Longest pause between reconnection attempts."""
 
-LISTENER_NICE: int | None = 19
+LISTENER_NICE: int | None = None
 """The CPU priority (Linux nice value) of the sync listener threads
-(``luft_redis.listener.LISTENER_NICE``); None: the process's own. asyncio tasks have none.
+(``luft_redis.listener.LISTENER_NICE``); None (the default): the process's own. asyncio tasks
+have none.
 
-It was what kept a writer's own notices cheap when the listener woke for every notice (at the
-process's priority the kernel switched to the listener at once, and the thread that wrote
-then waited for the CPU and the GIL: 35-40 µs per write with the client on one cpu). The
-listener now reads in batches (``COALESCE_SECONDS``, ``OWN_PAUSE_SECONDS``) and wakes once per
-few dozen own writes, at either priority (``benchmarks.fleet --variant
-nice0:LISTENER_NICE=null`` measures both); nice 19 stays the default, so the listener's
-batches still run while the process's other threads wait for Redis. Freshness keeps its
-promise either way: ``cache_is_fresh`` needs a health-check PING answered within
-``max_staleness``, so a listener starved of CPU makes its caches say they are not fresh; it
-never lets them claim to be. Set this before the first backend binds a run; only Linux sets a
-thread's priority (elsewhere it is left alone).
+Until the listener read in batches it ran at nice 19 by default: it woke for every notice, and
+at the process's priority the kernel switched to it at once for each of the process's own
+writes, while the thread that wrote waited for the CPU and the GIL (35-40 µs per write with
+the client on one cpu). It now wakes once per batch (``COALESCE_SECONDS``, and up to
+``OWN_PAUSE_SECONDS`` while only its own notices come), whatever its priority
+(``benchmarks.fleet --variant nice19:LISTENER_NICE=19`` measures both). At nice 19 on a host
+whose cpus other processes keep busy, a listener that pauses between batches waited long for
+the cpu after each pause: ``test_slow_wait_does_not_delay_notices`` saw notices 0.3-0.5 s
+late in 4 of 8 runs at a load of 12 on 2 cpus, and none at the process's priority. Set it (19
+was the old default) to let the batches run only when the process's other threads wait;
+freshness keeps its promise either way, since ``cache_is_fresh`` needs a health-check PING
+answered within ``max_staleness``. Set it before the first backend binds a run; only Linux
+sets a thread's priority (elsewhere it is left alone).
 """
 
 Work = Callable[[], Awaitable[None]]
