@@ -96,6 +96,30 @@ def test_resp3_pushes_and_the_plain_ping_reply(wired: Any) -> None:
     assert sub.get_message(timeout=0) is None
 
 
+def test_a_backlog_larger_than_the_buffer_is_read_by_one_call(wired: Any) -> None:
+    """A listener that reads in batches finds more than ``BUFFER_SIZE`` bytes waiting: one
+    ``get_message(timeout)`` takes all of it (the rest without waiting), every message comes
+    out with ``timeout=0``, and the socket is blocking with a timeout again afterwards."""
+    sub, server, _, _ = wired
+    payload = b"x" * 1000
+    one = b"*3\r\n$8\r\nsmessage\r\n$2\r\nch\r\n$1000\r\n" + payload + b"\r\n"
+    count = 3 * Subscriber.BUFFER_SIZE // len(one) + 7
+    writer = threading.Thread(target=server.sendall, args=(one * count,))
+    writer.start()
+    time.sleep(0.2)  # the socket buffers fill (the writer may still be blocked: fine)
+    got = [sub.get_message(timeout=1.0)]
+    while got[-1] is not None:
+        got.append(sub.get_message(timeout=0))
+    assert len(got) - 1 > Subscriber.BUFFER_SIZE // len(one)  # more than one buffer's worth
+    assert sub._sock.gettimeout() == 1.0
+    writer.join(5)
+    while len(got) - 1 < count:  # what the peer sent after that: the same messages, in order
+        message = sub.get_message(timeout=1.0)
+        assert message is not None
+        got.insert(-1, message)
+    assert all(m == {"type": "smessage", "channel": b"ch", "data": payload} for m in got[:-1])
+
+
 def test_nothing_arrives_within_the_timeout(wired: Any) -> None:
     sub, _, _, _ = wired
     started = time.monotonic()
