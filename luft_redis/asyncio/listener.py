@@ -82,7 +82,8 @@ applied from its writes' replies, so nothing waits for them): the pause doubles 
 ``COALESCE_SECONDS`` up to this after each such batch, and drops back at once after a batch
 with news (another process's change, a confirmation). A single writer process then reads its
 own notices a few dozen at a time; another process's change waits at most this long (the
-freshness promise, ``max_staleness``, is unaffected)."""
+freshness promise, ``max_staleness``, is unaffected: no pause is longer than a quarter of the
+interval between health-check PINGs)."""
 
 BATCH_LIMIT = 256
 """A batch of this many messages or more is not followed by a pause: the link is behind."""
@@ -376,8 +377,8 @@ class _Link:
                 pause = min(max(pause, COALESCE_SECONDS) * 2, OWN_PAUSE_SECONDS)
             else:
                 pause = COALESCE_SECONDS
-            if pause:
-                await async_sleep(pause)  # let the next notices gather: one wake-up for them
+            if pause:  # (never long next to the health checks a small max_staleness needs)
+                await async_sleep(min(pause, health.ping_interval / 4))  # one wake-up per batch
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         listener = self.listener
