@@ -307,4 +307,5 @@ def test_notice_cost_smoke(redis_server_binary: str) -> None:
     row = next(line for line in proc.stdout.splitlines() if line.startswith(f"| {ROOT.name} |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert len(cells) == 7, row
-    assert all(_number(c) >= 0 for c in cells[2::2]), row
+    # times per notice; "own" is a difference of two timings, so it may come out negative
+    assert all(math.isfinite(_number(c)) for c in cells[2::2]), row
