@@ -52,6 +52,7 @@ class RunState:
         "_phases",
         "_segments",
         "_started",
+        "_unbuilt",
         "created_at",
         "current_phase",
         "incarnation",
@@ -91,6 +92,9 @@ class RunState:
         self._started: dict[uuid.UUID, None] = {}
         self._segments: dict[str, tuple[t.Finding, ...]] = {}
         self._findings: tuple[t.Finding, ...] = ()
+        self._unbuilt: tuple[bool, bool] | None = None
+        """Set while ``snapshot`` lags the state (deltas applied with ``build=False``):
+        whether the phases and the started agents changed since it was built."""
         self.snapshot = self._build()
 
     def _build(self, phases: bool = True, started: bool = True) -> t.RunCheckpoint:
@@ -132,9 +136,18 @@ class RunState:
 
     # -- applying deltas -------------------------------------------------------------------
 
-    def apply(self, delta: Delta) -> RunState:
+    def finish(self) -> None:
+        """Build ``snapshot`` if deltas were applied without building it."""
+        unbuilt = self._unbuilt
+        if unbuilt is not None:
+            self._unbuilt = None
+            self.snapshot = self._build(phases=unbuilt[0], started=unbuilt[1])
+
+    def apply(self, delta: Delta, build: bool = True) -> RunState:
         """The state after ``delta`` (whose "before" is this state): this object, changed in
-        place, or a new one for a whole-state delta.
+        place, or a new one for a whole-state delta. With ``build=False`` the snapshot is
+        left for :meth:`finish` (or the next ``apply``) to build: a batch of deltas builds
+        it once.
 
         Every record is decoded before anything changes, so a delta that cannot be read
         (CorruptDataError/ValueError: the caller reloads) leaves the state as it was.
@@ -230,7 +243,17 @@ class RunState:
                 self._findings += group
         if rebuild:
             self._findings = tuple(itertools.chain.from_iterable(self._segments.values()))
-        self.snapshot = self._build(phases=bool(phases), started=bool(started))
+        unbuilt = self._unbuilt
+        if unbuilt is not None:
+            phases_changed = unbuilt[0] or bool(phases)
+            started_changed = unbuilt[1] or bool(started)
+        else:
+            phases_changed, started_changed = bool(phases), bool(started)
+        if build:
+            self._unbuilt = None
+            self.snapshot = self._build(phases=phases_changed, started=started_changed)
+        else:
+            self._unbuilt = (phases_changed, started_changed)
         return self
 
     def _run_field(self, loader: _Loader, name: str, raw: bytes) -> Any:
@@ -281,6 +304,10 @@ def _whole_parts(delta: Delta, keys: RunKeys) -> list[Any]:
     return out
 
 
+RECENT = 64
+"""How many applied deltas :attr:`RunCache.recent` remembers."""
+
+
 class Offer(enum.Enum):
     """What :meth:`RunCache.offer` did with a delta."""
 
@@ -323,6 +350,11 @@ class RunCache:
         """The bytes of the last delta that continued the chain: the notice of a write whose
         reply came first (or the reply of one whose notice came first) is these same bytes,
         and a listener drops it with one comparison, before parsing anything."""
+        self.recent: dict[bytes, None] = {}
+        """The bytes of the last ``RECENT`` deltas that continued the chain (not whole-state
+        ones), oldest first: a listener that reads its notices in batches (see
+        ``COALESCE_SECONDS`` in :mod:`luft_redis.listener`) finds this process's own notices
+        here, and drops them without parsing."""
         _LIVE.add(self)
 
     # -- reads (no I/O) --------------------------------------------------------------------
@@ -365,15 +397,17 @@ class RunCache:
                 pending, self._pending = self._pending, []
             state = self._state
             assert state is not None
+            last = len(pending) - 1
             try:
-                for delta in pending:
-                    state = state.apply(delta)
+                for i, delta in enumerate(pending):  # one snapshot, built after the last
+                    state = state.apply(delta, build=i == last)
             except (CorruptDataError, ValueError, IndexError, KeyError):
                 logger.error(
                     "run %s: a change could not be applied; the cache is stale until reloaded",
                     self.run_id, exc_info=True)  # fmt: skip
                 good = self._state
                 assert good is not None
+                good.finish()  # it may hold the deltas before the bad one
                 with self._lock:
                     self._pending = []
                     self._tip = (good.incarnation, good.version)
@@ -424,7 +458,12 @@ class RunCache:
             self.current = None
             self._pending.append(delta)
             self._tip = (delta.inc_after, delta.v_after)
-            self.last_payload = delta.payload
+            payload = self.last_payload = delta.payload
+            if not delta.whole:  # (a whole state can be large: only the last one is kept)
+                recent = self.recent
+                recent[payload] = None
+                if len(recent) > RECENT:
+                    del recent[next(iter(recent))]
             self._bump()
             return Offer.APPLIED
         if delta.inc_after == inc and delta.v_after <= version:

@@ -66,6 +66,9 @@ class LinkHealth:
         self._last_ok: float | None = None
         self._next_ping = 0.0
         self.connected = False
+        self.news = 0
+        """Counts the notices that were news to a watch (not already applied in this
+        process): the listener pauses longer between reads while only its own come."""
 
     @property
     def ping_interval(self) -> float:
@@ -147,24 +150,28 @@ class Watch:
         """Set when somebody waits for changes or subscribed callbacks: every applied notice
         then asks the front end to run them."""
 
-    def notice(self, payload: Any) -> None:
-        """A notice of the watched channel."""
-        if payload == self.cache.last_payload:
-            return  # this process's own write, already applied from its reply: no parsing
+    def notice(self, payload: Any) -> bool:
+        """A notice of the watched channel; False when the cache had applied it already."""
+        cache = self.cache
+        if payload == cache.last_payload or payload in cache.recent:
+            return False  # this process's own write, applied from its reply: no parsing
         try:
             delta = parse_delta(payload)
         except (UnknownFormat, ValueError):
-            self.cache.mark_stale()
+            cache.mark_stale()
             self.on_work(self)
-            return
-        outcome = self.cache.offer(delta)
+            return True
+        outcome = cache.offer(delta)
         if outcome is Offer.APPLIED:
             self.counters.notices += 1
             if self.wants_changes:
                 self.on_work(self)
-        elif outcome is not Offer.OLD:
-            self.cache.mark_stale()
+        elif outcome is Offer.OLD:
+            return False
+        else:
+            cache.mark_stale()
             self.on_work(self)
+        return True
 
     def subscribed(self) -> None:
         """The channel was (re)subscribed: notices before it may be lost, so reload."""
@@ -314,8 +321,9 @@ def handle_message(message: dict[str, Any], health: LinkHealth, asked_unsub: dic
                    targets: Callable[[bytes], list[Watch]]) -> bytes | None:  # fmt: skip
     """Apply one message of a subscriber connection (no I/O, never blocks).
 
-    Notices go to the channel's watches, PONGs to ``health``, confirmations mark the watches
-    stale. ``asked_unsub`` counts the unsubscribes this link sent and the server has not
+    Notices go to the channel's watches (``health.news`` counts those that were news to
+    one), PONGs to ``health``, confirmations mark the watches stale. ``asked_unsub`` counts
+    the unsubscribes this link sent and the server has not
     confirmed yet. Returns the channel whose subscription was just confirmed (the caller wakes
     whoever waits for it), else None; raises :class:`StaleRoute` when the server dropped a
     channel it was not asked to (its slot moved: failover, migration).
@@ -327,7 +335,8 @@ def handle_message(message: dict[str, Any], health: LinkHealth, asked_unsub: dic
     channel = raw.encode() if isinstance(raw, str) else raw if isinstance(raw, bytes) else b""
     if kind == "smessage":
         for watch in targets(channel):
-            watch.notice(message["data"])
+            if watch.notice(message["data"]):
+                health.news += 1
     elif kind == "pong":
         health.pong(message.get("data"))
     elif kind == "ssubscribe":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -206,10 +207,32 @@ class Subscriber:
             if not data:
                 raise redis.exceptions.ConnectionError("the server closed the connection")
             self._reader.feed(data)
+            if len(data) == self.BUFFER_SIZE:
+                self._drain(max(timeout, 0.001))
             message = self._reader.gets()
         if message is False:
             return None
         return self._shape(message)
+
+    def _drain(self, timeout: float) -> None:
+        """After a ``recv`` that filled the buffer: take whatever else has arrived, without
+        waiting (a listener that reads in batches must not fall behind by a buffer a batch);
+        the socket gets ``timeout`` back (its sends must not see a non-blocking socket)."""
+        sock = self._sock
+        sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    data = sock.recv(self.BUFFER_SIZE)
+                except (BlockingIOError, ssl.SSLWantReadError, InterruptedError):
+                    return
+                if not data:
+                    raise redis.exceptions.ConnectionError("the server closed the connection")
+                self._reader.feed(data)
+                if len(data) < self.BUFFER_SIZE:
+                    return
+        finally:
+            sock.settimeout(timeout)
 
     def _shape(self, message: Any) -> dict[str, Any]:
         if isinstance(message, list):  # RESP2 array or RESP3 push (a list subclass)

@@ -281,3 +281,31 @@ def test_lease_benchmark_smoke(redis_server_binary: str, tmp_path: Path) -> None
         else:
             assert row["status"] == "info", row
     assert "placement:" in proc.stdout
+
+
+@pytest.mark.server
+def test_fleet_smoke(redis_server_binary: str) -> None:
+    """benchmarks.fleet, tiny: one round of 1 and 2 writer processes (and the watcher, the
+    PING and watch=False baselines) prints a row per N with numbers (none asserted)."""
+    proc = _run(["benchmarks.fleet", "--seconds", "0.2", "--rounds", "1", "--writers", "1,2",
+                 "--mode", "pinned", "--redis-server", redis_server_binary],
+                timeout=300)  # fmt: skip
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(f"| {ROOT.name} |")]
+    assert len(rows) == 3, proc.stdout  # N = 1, N = 2, watch=False
+    for row in rows[:2]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert _number(cells[2]) > 0 and _number(cells[3].split()[0]) > 0, row
+        assert math.isfinite(_number(cells[5].split()[0])), row
+
+
+@pytest.mark.server
+def test_notice_cost_smoke(redis_server_binary: str) -> None:
+    """benchmarks.notice_cost --no-valgrind --ops 16: records the notices, reads them through
+    the listener's path in a worker, prints a time per notice for every phase."""
+    proc = _run(["benchmarks.notice_cost", "--no-valgrind", "--ops", "16",
+                 "--redis-server", redis_server_binary], timeout=300)  # fmt: skip
+    row = next(line for line in proc.stdout.splitlines() if line.startswith(f"| {ROOT.name} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 7, row
+    # times per notice; "own" is a difference of two timings, so it may come out negative
+    assert all(math.isfinite(_number(c)) for c in cells[2::2]), row

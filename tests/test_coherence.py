@@ -520,6 +520,91 @@ def test_a_writers_own_notice_is_dropped_before_it_is_parsed(
     assert cache.tip == tip
 
 
+def test_own_notices_read_in_a_batch_are_all_dropped_unparsed(
+    make_backend: Factory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The listener reads notices in batches (COALESCE_SECONDS): by the time it reads a
+    writer's notices the writer applied several replies, and every one of those notices is
+    dropped without parsing (not only the last); a notice that is news is still applied and
+    counted in the link's ``news``."""
+    import luft_redis.coherence as coherence
+    from luft_redis.cache import RECENT
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    binding = writer._binding
+    assert binding is not None
+    cache = binding.cache
+    own: list[bytes] = []
+    for _ in range(RECENT + 5):
+        writer.append_event(done(run_id, uuid.uuid4()))
+        assert cache.last_payload is not None
+        own.append(cache.last_payload)
+    work: list[object] = []
+    watch = coherence.Watch(cache, binding.channel, work.append)
+    health = coherence.LinkHealth()
+    from luft_redis.delta import parse_delta as real_parse
+
+    parsed: list[bytes] = []
+
+    def counting(payload: bytes) -> Any:
+        parsed.append(payload)
+        return real_parse(payload)
+
+    monkeypatch.setattr(coherence, "parse_delta", counting)
+    tip, generation = cache.tip, cache.generation
+    for payload in own:
+        message = {"type": "smessage", "channel": binding.channel,
+                   "data": bytes(bytearray(payload))}  # fmt: skip
+        coherence.handle_message(message, health, {}, lambda channel: [watch])
+    # the last RECENT are dropped unparsed; the older ones are parsed and found old
+    assert parsed == own[:5]
+    assert work == [] and cache.tip == tip and cache.generation == generation
+    assert health.news == 0
+    # another writer's change is news: applied, and counted
+    other = make_backend(watch=False)
+    other.open_run(run_id)
+    other.append_event(done(run_id, uuid.uuid4()))
+    theirs = other._binding.cache.last_payload  # type: ignore[union-attr]
+    assert theirs is not None
+    message = {"type": "smessage", "channel": binding.channel, "data": theirs}
+    coherence.handle_message(message, health, {}, lambda channel: [watch])
+    assert health.news == 1 and cache.tip[1] == tip[1] + 1
+    assert writer.get_checkpoint() == fresh(writer)
+
+
+def test_a_batch_of_deltas_builds_one_snapshot_equal_to_applying_them_one_by_one(
+    make_backend: Factory,
+) -> None:
+    """Queued deltas are decoded together at the next read, and the snapshot is built once
+    after the last: the result equals reading after every delta, and a fresh load."""
+    from luft_redis.delta import parse_delta
+
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    one = make_backend(watch=False)
+    one.open_run(run_id)
+    batch = make_backend(watch=False)
+    batch.open_run(run_id)
+    caches = [b._binding.cache for b in (one, batch)]  # type: ignore[union-attr]
+    agents = [uuid.uuid4() for _ in range(4)]
+    for i in range(12):
+        if i == 5:
+            writer.append_event(PhaseStarted(run_id=run_id, phase_id=1, label="a", planned=2))
+        else:
+            writer.append_event(done(run_id, agents[i % 4], tokens=i + 1))
+        payload = writer._binding.cache.last_payload  # type: ignore[union-attr]
+        assert payload is not None
+        delta = parse_delta(payload)
+        for cache in caches:
+            assert cache.offer(delta).name == "APPLIED"
+        caches[0].snapshot()  # one by one
+    assert caches[1].snapshot() == caches[0].snapshot() == fresh(writer)
+    assert caches[1].tip == caches[0].tip == writer._binding.cache.tip  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("user_setting", [False, True])
 def test_decoding_in_two_threads_leaves_the_gc_as_the_user_set_it(
     make_backend: Factory, monkeypatch: pytest.MonkeyPatch, user_setting: bool,

@@ -3,7 +3,7 @@
 The subscriber reads its socket with a RESP reader of its own instead of redis-py's
 ``PubSub.get_message``: these tests feed it RESP2 and RESP3 bytes over a socket pair (split
 anywhere, errors, a closed peer), then run it against a real server on both protocols, and
-check that the listener thread runs at the documented priority (``LISTENER_NICE``).
+check that the listener thread runs at the priority ``LISTENER_NICE`` says (assigned or not).
 """
 
 from __future__ import annotations
@@ -94,6 +94,30 @@ def test_resp3_pushes_and_the_plain_ping_reply(wired: Any) -> None:
     assert sub.get_message(timeout=0) == {"type": "pong", "channel": None, "data": b""}
     assert sub.get_message(timeout=0) == {"type": "sunsubscribe", "channel": b"ch", "data": 0}
     assert sub.get_message(timeout=0) is None
+
+
+def test_a_backlog_larger_than_the_buffer_is_read_by_one_call(wired: Any) -> None:
+    """A listener that reads in batches finds more than ``BUFFER_SIZE`` bytes waiting: one
+    ``get_message(timeout)`` takes all of it (the rest without waiting), every message comes
+    out with ``timeout=0``, and the socket is blocking with a timeout again afterwards."""
+    sub, server, _, _ = wired
+    payload = b"x" * 1000
+    one = b"*3\r\n$8\r\nsmessage\r\n$2\r\nch\r\n$1000\r\n" + payload + b"\r\n"
+    count = 3 * Subscriber.BUFFER_SIZE // len(one) + 7
+    writer = threading.Thread(target=server.sendall, args=(one * count,))
+    writer.start()
+    time.sleep(0.2)  # the socket buffers fill (the writer may still be blocked: fine)
+    got = [sub.get_message(timeout=1.0)]
+    while got[-1] is not None:
+        got.append(sub.get_message(timeout=0))
+    assert len(got) - 1 > Subscriber.BUFFER_SIZE // len(one)  # more than one buffer's worth
+    assert sub._sock.gettimeout() == 1.0
+    writer.join(5)
+    while len(got) - 1 < count:  # what the peer sent after that: the same messages, in order
+        message = sub.get_message(timeout=1.0)
+        assert message is not None
+        got.insert(-1, message)
+    assert all(m == {"type": "smessage", "channel": b"ch", "data": payload} for m in got[:-1])
 
 
 def test_nothing_arrives_within_the_timeout(wired: Any) -> None:
@@ -198,9 +222,10 @@ def _thread_nice(name_part: str) -> int | None:
 def test_only_the_listener_thread_runs_at_listener_nice(
     redis_url: str, monkeypatch: pytest.MonkeyPatch, nice: int | None
 ) -> None:
-    """The listener thread runs at LISTENER_NICE (19 by default; None: the process's own);
-    the thread that binds and the refresher thread (reloads, callbacks) keep theirs."""
-    assert listener_module.LISTENER_NICE == 19
+    """The listener thread runs at LISTENER_NICE (None by default: the process's own; 19 when
+    assigned); the thread that binds and the refresher thread (reloads, callbacks) keep
+    theirs."""
+    assert listener_module.LISTENER_NICE is None
     monkeypatch.setattr(listener_module, "LISTENER_NICE", nice)
     client = redis.Redis.from_url(redis_url)
     backend = RedisCheckpointBackend(client, prefix="nice")

@@ -5,7 +5,9 @@ run's channel (one in all on a plain server), each served by its own worker (a t
 loop; a thread in the sync code generated from this module, :mod:`luft_redis.listener`). The
 worker only reads, health-checks and queues: a notice is handed to every
 :class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
-confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It takes
+confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It reads
+in batches: after a batch it pauses (``COALESCE_SECONDS``, longer while only this process's own
+notices come), so one wake-up serves many notices. It takes
 no lock that a writer holds across I/O and makes no call but its own subscription's (and, on
 Redis Cluster, the topology refresh that finding the channel's node needs).
 
@@ -47,12 +49,44 @@ from ..runtime import (
 )
 from ..subscriber import Reconnect, async_open_subscriber
 
-__all__ = ["LISTENER_NICE", "AsyncChangeListener", "AsyncRefresher", "weak_work"]
+__all__ = [
+    "COALESCE_SECONDS",
+    "LISTENER_NICE",
+    "OWN_PAUSE_SECONDS",
+    "AsyncChangeListener",
+    "AsyncRefresher",
+    "weak_work",
+]
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
 """Longest wait for a message before a link looks at its requests and health checks."""
+
+COALESCE_SECONDS = 0.005
+"""After a batch of messages, the longest a link waits before it reads again: notices that
+arrive meanwhile are read together, one wake-up for the lot (None or 0: read at once).
+
+A worker that reads each notice as it arrives wakes once per notice, this process's own
+writes included (their notice arrives with the write's reply, and the writer already applied
+it). Each wake-up is a thread switch and a GIL hand-off in sync code (measured, the client on
+one cpu: 35-40 µs of CPU per write at the process's priority). A notice arriving while the
+link is idle is read at once; only a notice that follows another within this time waits, at
+most this long. ``cache_is_fresh`` is unaffected (its bound is ``max_staleness``, and the
+health-check PINGs are sent and read on the same schedule). Read when a batch ends, so an
+assignment (``luft_redis.listener.COALESCE_SECONDS``) takes effect at once."""
+
+OWN_PAUSE_SECONDS = 0.05
+"""The longest pause between reads while every notice read was this process's own (already
+applied from its writes' replies, so nothing waits for them): the pause doubles from
+``COALESCE_SECONDS`` up to this after each such batch, and drops back at once after a batch
+with news (another process's change, a confirmation). A single writer process then reads its
+own notices a few dozen at a time; another process's change waits at most this long (the
+freshness promise, ``max_staleness``, is unaffected: no pause is longer than a quarter of the
+interval between health-check PINGs)."""
+
+BATCH_LIMIT = 256
+"""A batch of this many messages or more is not followed by a pause: the link is behind."""
 
 IDLE_EXIT_SECONDS = 2.0
 """A link or refresher with nothing to do ends its worker after this long."""
@@ -60,19 +94,24 @@ IDLE_EXIT_SECONDS = 2.0
 MAX_BACKOFF_SECONDS = 1.0
 """Longest pause between reconnection attempts."""
 
-LISTENER_NICE: int | None = 19
+LISTENER_NICE: int | None = None
 """The CPU priority (Linux nice value) of the sync listener threads
-(``luft_redis.listener.LISTENER_NICE``); None: the process's own. asyncio tasks have none.
+(``luft_redis.listener.LISTENER_NICE``); None (the default): the process's own. asyncio tasks
+have none.
 
-A listener thread wakes for every notice of a watched run, this process's own writes
-included, whose notice arrives with the write's reply. At the process's own priority the
-kernel switches to the listener at once, and the thread that wrote then waits for the CPU and
-the GIL: measured with the client on one cpu, 35-40 µs per write. At nice 19
-the listener runs when the process's other threads wait (for Redis, typically), so its work
-overlaps theirs. Freshness keeps its promise either way: ``cache_is_fresh`` needs a
-health-check PING answered within ``max_staleness``, so a listener starved of CPU makes its
-caches say they are not fresh; it never lets them claim to be. Set this before the first
-backend binds a run; only Linux sets a thread's priority (elsewhere it is left alone).
+Until the listener read in batches it ran at nice 19 by default: it woke for every notice, and
+at the process's priority the kernel switched to it at once for each of the process's own
+writes, while the thread that wrote waited for the CPU and the GIL (35-40 µs per write with
+the client on one cpu). It now wakes once per batch (``COALESCE_SECONDS``, and up to
+``OWN_PAUSE_SECONDS`` while only its own notices come), whatever its priority
+(``benchmarks.fleet --variant nice19:LISTENER_NICE=19`` measures both). At nice 19 on a host
+whose cpus other processes keep busy, a listener that pauses between batches waited long for
+the cpu after each pause: ``test_slow_wait_does_not_delay_notices`` saw notices 0.3-0.5 s
+late in 4 of 8 runs at a load of 12 on 2 cpus, and none at the process's priority. Set it (19
+was the old default) to let the batches run only when the process's other threads wait;
+freshness keeps its promise either way, since ``cache_is_fresh`` needs a health-check PING
+answered within ``max_staleness``. Set it before the first backend binds a run; only Linux
+sets a thread's priority (elsewhere it is left alone).
 """
 
 Work = Callable[[], Awaitable[None]]
@@ -298,6 +337,7 @@ class _Link:
 
     async def _serve(self, pubsub: Any) -> None:
         health = self.health
+        pause = 0.0
         while True:
             request = self._requests.get_nowait()
             while request is not None:
@@ -321,9 +361,24 @@ class _Link:
                 raise Reconnect("health-check PING unanswered")
             timeout = min(POLL_SECONDS, health.until_next_ping(now))
             message = await pubsub.get_message(timeout=timeout)
+            if message is None:
+                continue
+            count = 0
+            news = health.news
             while message is not None:
+                if message.get("type") != "smessage":
+                    news = -1  # a PONG, a confirmation: not a batch of own notices only
                 self._dispatch(message)
+                count += 1
                 message = await pubsub.get_message(timeout=0)
+            if not COALESCE_SECONDS or count >= BATCH_LIMIT:
+                pause = 0.0
+            elif news == health.news:  # only notices this process had applied already
+                pause = min(max(pause, COALESCE_SECONDS) * 2, OWN_PAUSE_SECONDS)
+            else:
+                pause = COALESCE_SECONDS
+            if pause:  # (never long next to the health checks a small max_staleness needs)
+                await async_sleep(min(pause, health.ping_interval / 4))  # one wake-up per batch
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         listener = self.listener
