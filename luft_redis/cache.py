@@ -21,9 +21,7 @@ change to one agent costs O(log n).
 from __future__ import annotations
 
 import collections
-import contextlib
 import enum
-import gc
 import itertools
 import logging
 import operator
@@ -31,7 +29,7 @@ import re
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import immutables
@@ -128,8 +126,7 @@ class RunState:
     def from_load(cls, run_id: uuid.UUID, keys: RunKeys, reply: Sequence[Any]) -> RunState:
         """Decode the reply of load-11.lua (or a Z record), checking every field
         (:class:`CorruptDataError` naming key and field)."""
-        with _no_gc():
-            return _Loader(run_id, keys).load(reply)
+        return _Loader(run_id, keys).load(reply)
 
     @classmethod
     def from_whole(cls, run_id: uuid.UUID, keys: RunKeys, delta: Delta) -> RunState:
@@ -327,20 +324,6 @@ def _decoded(col: list[bytes | None], many: Any, one: Any) -> list[Any] | None:
                 except CorruptDataError:
                     return None
     return [None if v is None else found[v] for v in col]
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """The cyclic GC paused while a load builds its records: they make no cycles, and the
-    collections their allocations trigger (each traversing every tracked object of the
-    process, the reply included) cost as much as the decoding itself."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _whole_parts(delta: Delta, keys: RunKeys) -> list[Any]:
@@ -836,18 +819,22 @@ class _Loader:
         if type(flat) is not list or len(flat) % 2 or not flat:
             return None
         try:
-            return self._results_columns(flat[0::2], flat[1::2])
+            return self._results_columns(flat)
         except (TypeError, ValueError, UnicodeDecodeError):
             return None
 
     def _results_columns(
-        self, names: list[bytes], values: list[bytes]
+        self, flat: list[Any]
     ) -> immutables.Map[uuid.UUID, t.AgentResultCache] | None:
-        # every name is "<36-character id>:<attribute>": split in C-level slices
+        # every name is "<36-character id>:<attribute>": split in C-level slices. The big
+        # temporary lists go as soon as they are used: the cyclic GC's young collections,
+        # triggered by the records built below, would traverse them again and again.
+        names: list[bytes] = flat[0::2]
         heads: list[bytes] = list(map(
             operator.getitem, names, itertools.repeat(_ID_PART)))  # type: ignore[arg-type]
         codes: list[int | None] = list(map(_RESULT_CODE.get, map(  # type: ignore[arg-type]
             operator.getitem, names, itertools.repeat(_ATTR_PART))))  # fmt: skip
+        del names
         if None in codes:  # another attribute, or another shape of name
             return None
         owners = list(itertools.compress(heads, map(operator.not_, codes)))  # status: code 0
@@ -859,11 +846,15 @@ class _Loader:
         if len(row) != n:  # pragma: no cover - HGETALL names are distinct
             return None
         where = list(map(row.get, heads))
+        del heads, row
         if None in where:  # an attribute of an id with no status
             return None
         table: list[bytes | None] = [None] * (n * width)
-        collections.deque(map(table.__setitem__, map(operator.add, where, codes), values), 0)
+        collections.deque(map(
+            table.__setitem__, map(operator.add, where, codes), flat[1::2]), 0)  # fmt: skip
+        del where, codes
         cols = {attr: table[i::width] for i, attr in enumerate(_RESULT_COLUMNS)}
+        del table
         status = list(map(_RESULT_STATUS.get, cols["status"]))  # type: ignore[arg-type]
         phase = _uints(cols["phase_id"], t.U32_MAX)
         tokens = _uints(cols["tokens"], t.U64_MAX)
