@@ -20,9 +20,12 @@ change to one agent costs O(log n).
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 import logging
+import operator
+import re
 import threading
 import uuid
 import weakref
@@ -286,6 +289,64 @@ _RUN_ATTRS = frozenset({
 })  # fmt: skip
 """Run hash fields that are part of the cached state (others: schema, run_id, run_dir,
 phases, are not checkpoint fields)."""
+
+
+_RESULT_COLUMNS = (
+    "status", "phase_id", "tokens", "completed_at", "output", "findings", "cache_key_hash",
+    "description", "role",
+)  # fmt: skip
+"""Every attribute a result has in the results hash (docs/redis-layout.md)."""
+
+_RESULT_CODE = {b":" + attr.encode(): i for i, attr in enumerate(_RESULT_COLUMNS)}
+_ID_PART, _ATTR_PART = slice(0, 36), slice(36, None)
+
+_RESULT_SETTERS = list(zip(
+    t.slot_setters(t.AgentResultCache, [f.name for f in t.AgentResultCache._field_specs()]),
+    [f.name for f in t.AgentResultCache._field_specs()], strict=True,
+))  # fmt: skip
+_UUID_INT, _UUID_SAFE = t.slot_setters(uuid.UUID, ("int", "is_safe"))
+_UUID_TEXT = rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_UUIDS = re.compile(_UUID_TEXT + rb"(?:\n" + _UUID_TEXT + rb")*")
+"""Canonical agent ids (``str(uuid)``), one a line."""
+_STARTED = re.compile(rb"(?:0|[1-9][0-9]{0,19}) (?:0|[1-9][0-9]{0,9})"
+                      rb"(?:\n(?:0|[1-9][0-9]{0,19}) (?:0|[1-9][0-9]{0,9}))*")
+"""The values of the started hash, ``<seq> <phase_id>``, one a line."""
+_UINTS = re.compile(rb"(?:0|[1-9][0-9]{0,19})(?:\n(?:0|[1-9][0-9]{0,19}))*")
+
+
+def _uints(col: list[bytes | None], hi: int) -> list[int] | None:
+    """The values of a column of stored unsigned integers (all present, canonical decimal,
+    at most ``hi``), checked in one regex pass; else None."""
+    if not col:
+        return []
+    joined = b"\n".join(col)  # type: ignore[arg-type]  # TypeError on an absent one
+    if joined.count(b"\n") != len(col) - 1 or not _UINTS.fullmatch(joined):
+        return None
+    values = list(map(int, col))  # type: ignore[arg-type]
+    return values if max(values) <= hi else None
+
+
+def _texts(col: list[bytes | None]) -> list[str | None]:
+    """A column of optional text attributes (UnicodeDecodeError on one that is not UTF-8)."""
+    if None not in col:
+        return list(map(bytes.decode, col))  # type: ignore[arg-type]
+    return [None if v is None else v.decode() for v in col]
+
+
+def _decoded(col: list[bytes | None], many: Any, one: Any) -> list[Any] | None:
+    """A column of optional blobs decoded by ``many`` (codec's bulk decoders), the blobs it
+    leaves out by ``one`` (the per-blob decoder); None when one of them is corrupt (the
+    per-result path then names it)."""
+    blobs = [v for v in col if v is not None]
+    found: dict[bytes, Any] = many(blobs)
+    if len(found) != len(set(blobs)):
+        for blob in blobs:
+            if blob not in found:
+                try:
+                    found[blob] = one(blob, key="", field="")
+                except CorruptDataError:
+                    return None
+    return [None if v is None else found[v] for v in col]
 
 
 def _whole_parts(delta: Delta, keys: RunKeys) -> list[Any]:
@@ -584,6 +645,8 @@ class _Loader:
         self.run_id = run_id
         self.keys = keys
         self._ids: dict[str, uuid.UUID] = {}
+        self._id_bytes: dict[bytes, uuid.UUID] = {}
+        """The ids of the results, by their stored text (bulk decoding of the other hashes)."""
         self._findings_seen: dict[bytes, tuple[t.Finding, ...]] = {}
 
     def _text(self, key: str, field: str, raw: Any) -> str:
@@ -709,8 +772,14 @@ class _Loader:
         state._phases = self._phases(self._hash(keys.phases, phases_raw))
         state.results = self._results_raw(results_raw)
         state.sessions = self._sessions(self._hash(keys.sessions, sessions_raw))
-        state._started = dict.fromkeys(self._started(self._hash(keys.started, started_raw)))
-        state._segments = dict(self._segments(self._hash(keys.findings, seg_raw), order_raw))
+        started = self._started_bulk(started_raw)
+        if started is None:
+            started = self._started(self._hash(keys.started, started_raw))
+        state._started = dict.fromkeys(started)
+        segments = self._segments_bulk(seg_raw, order_raw)
+        if segments is None:
+            segments = self._segments(self._hash(keys.findings, seg_raw), order_raw)
+        state._segments = dict(segments)
         state._findings = tuple(itertools.chain.from_iterable(state._segments.values()))
         state.snapshot = state._build()
         return state
@@ -770,6 +839,9 @@ class _Loader:
             raise  # pragma: no cover - one of them failed to decode above
 
     def _results_raw(self, flat: Any) -> immutables.Map[uuid.UUID, t.AgentResultCache]:
+        fast = self._results_bulk(flat)
+        if fast is not None:
+            return fast
         key = self.keys.results
         result = self._result
         agent_id = self._agent_id
@@ -777,6 +849,89 @@ class _Loader:
             (aid := agent_id(key, aid_text)): result(aid, aid_text, attrs)
             for aid_text, attrs in self._entities_raw(key, flat).items()
         })  # fmt: skip
+
+    def _results_bulk(self, flat: Any) -> immutables.Map[uuid.UUID, t.AgentResultCache] | None:
+        """The results of a well-formed HGETALL reply, decoded column by column in C-level
+        passes (``map``, set checks, one regex per number column), or None when any check
+        doubts it: the per-result path then decodes it and names what is wrong. Accepts
+        exactly what that path accepts (tests/test_bad_input.py, test_fuzz.py)."""
+        if type(flat) is not list or len(flat) % 2 or not flat:
+            return None
+        try:
+            return self._results_columns(flat)
+        except (TypeError, ValueError, UnicodeDecodeError):
+            return None
+
+    def _results_columns(
+        self, flat: list[Any]
+    ) -> immutables.Map[uuid.UUID, t.AgentResultCache] | None:
+        # every name is "<36-character id>:<attribute>": split in C-level slices. The big
+        # temporary lists go as soon as they are used: the cyclic GC's young collections,
+        # triggered by the records built below, would traverse them again and again.
+        names: list[bytes] = flat[0::2]
+        heads: list[bytes] = list(map(
+            operator.getitem, names, itertools.repeat(_ID_PART)))  # type: ignore[arg-type]
+        codes: list[int | None] = list(map(_RESULT_CODE.get, map(  # type: ignore[arg-type]
+            operator.getitem, names, itertools.repeat(_ATTR_PART))))  # fmt: skip
+        del names
+        if None in codes:  # another attribute, or another shape of name
+            return None
+        owners = list(itertools.compress(heads, map(operator.not_, codes)))  # status: code 0
+        ids = self._ids_bulk(owners)
+        if ids is None:
+            return None
+        n, width = len(owners), len(_RESULT_COLUMNS)
+        row = dict(zip(owners, range(0, n * width, width), strict=True))
+        if len(row) != n:  # pragma: no cover - HGETALL names are distinct
+            return None
+        where = list(map(row.get, heads))
+        del heads, row
+        if None in where:  # an attribute of an id with no status
+            return None
+        table: list[bytes | None] = [None] * (n * width)
+        collections.deque(map(
+            table.__setitem__, map(operator.add, where, codes), flat[1::2]), 0)  # fmt: skip
+        del where, codes
+        cols = {attr: table[i::width] for i, attr in enumerate(_RESULT_COLUMNS)}
+        del table
+        status = list(map(_RESULT_STATUS.get, cols["status"]))  # type: ignore[arg-type]
+        phase = _uints(cols["phase_id"], t.U32_MAX)
+        tokens = _uints(cols["tokens"], t.U64_MAX)
+        completed = _uints(cols["completed_at"], t.U64_MAX)
+        if None in status or phase is None or tokens is None or completed is None:
+            return None
+        output = _decoded(cols["output"], codec.decode_json_many, codec.decode_json)
+        findings = _decoded(cols["findings"], codec.decode_findings_many, codec.decode_findings)
+        if output is None or findings is None:
+            return None
+        self._findings_seen.update(
+            (blob, found) for blob, found in zip(cols["findings"], findings, strict=True)
+            if blob is not None)  # fmt: skip
+        columns: dict[str, Any] = {
+            "agent_id": ids, "phase_id": phase, "status": status, "output": output,
+            "findings": [() if f is None else f for f in findings], "tokens": tokens,
+            "completed_at": completed,
+            **{name: _texts(cols[name]) for name in ("cache_key_hash", "description", "role")},
+        }  # fmt: skip
+        records = list(map(object.__new__, itertools.repeat(t.AgentResultCache, n)))
+        for setter, name in _RESULT_SETTERS:
+            collections.deque(map(setter, records, columns[name]), 0)
+        return immutables.Map(zip(ids, records, strict=True))
+
+    def _ids_bulk(self, texts: list[bytes]) -> list[uuid.UUID] | None:
+        """The agent ids named by ``texts`` (canonical UUID text, checked in one regex
+        pass), remembered for the other hashes of the load; None if one is not."""
+        joined = b"\n".join(texts)
+        if texts and (joined.count(b"\n") != len(texts) - 1 or not _UUIDS.fullmatch(joined)):
+            return None
+        ids = list(map(object.__new__, itertools.repeat(uuid.UUID, len(texts))))
+        ints = map(int, map(bytes.replace, texts, itertools.repeat(b"-"),
+                            itertools.repeat(b"")), itertools.repeat(16))  # fmt: skip
+        collections.deque(map(_UUID_INT, ids, ints), 0)
+        collections.deque(map(_UUID_SAFE, ids, itertools.repeat(uuid.SafeUUID.unknown)), 0)
+        self._ids.update(zip(map(bytes.decode, texts), ids, strict=True))
+        self._id_bytes.update(zip(texts, ids, strict=True))
+        return ids
 
     def _result(self, agent_id: uuid.UUID, aid_text: str,
                 attrs: dict[bytes, bytes]) -> t.AgentResultCache:  # fmt: skip
@@ -867,6 +1022,28 @@ class _Loader:
         except ValueError:
             raise CorruptDataError(self.keys.run, "status", f"{text!r} is not a status") from None
 
+    def _started_bulk(self, flat: Any) -> list[uuid.UUID] | None:
+        """``_started`` of a well-formed HGETALL reply in C-level passes (the ids known from
+        the results, one regex for the values), or None: ``_started`` then decides."""
+        if type(flat) is not list or len(flat) % 2:
+            return None
+        names, values = flat[0::2], flat[1::2]
+        try:
+            ids = list(map(self._id_bytes.get, names))
+            joined = b"\n".join(values)
+        except TypeError:
+            return None
+        if None in ids or joined.count(b"\n") != len(values) - 1:
+            return None
+        if values and not _STARTED.fullmatch(joined):
+            return None
+        numbers = list(map(int, joined.split()))
+        seqs = numbers[0::2]
+        if values and (max(seqs) > t.U64_MAX or max(numbers[1::2]) > t.U32_MAX):
+            return None
+        order = sorted(range(len(ids)), key=seqs.__getitem__)
+        return list(map(ids.__getitem__, order))  # type: ignore[arg-type]
+
     def _started(self, fields: dict[str, bytes]) -> list[uuid.UUID]:
         key = self.keys.started
         found: list[tuple[int, uuid.UUID, int]] = []
@@ -881,6 +1058,28 @@ class _Loader:
             ))  # fmt: skip
         found.sort(key=lambda item: item[0])
         return [a for _, a, _ in found]
+
+    def _segments_bulk(self, flat: Any, order_raw: Any) -> list[Segment] | None:
+        """``_segments`` of well-formed replies in C-level passes (the blobs the results
+        share decoded once), or None: ``_segments`` then decides."""
+        if type(flat) is not list or len(flat) % 2 or type(order_raw) is not list:
+            return None
+        try:
+            blobs = dict(zip(flat[0::2], flat[1::2], strict=True))
+            names = list(map(bytes.decode, order_raw))
+        except (TypeError, UnicodeDecodeError):
+            return None
+        found = list(map(blobs.get, order_raw))
+        if not len(blobs) == len(order_raw) == len(set(order_raw)) or None in found:
+            return None
+        seen = self._findings_seen
+        new = [blob for blob in found if blob not in seen]
+        if new:
+            decoded = _decoded(new, codec.decode_findings_many, codec.decode_findings)
+            if decoded is None:
+                return None
+            seen.update(zip(new, decoded, strict=True))  # type: ignore[arg-type]
+        return list(zip(names, map(seen.__getitem__, found), strict=True))  # type: ignore[arg-type]
 
     def _segments(self, blobs: dict[str, bytes], order_raw: Any) -> list[Segment]:
         key, order_key = self.keys.findings, self.keys.findings_order

@@ -25,11 +25,13 @@ is unpacked with size limits; nothing stored is ever evaluated or unpickled.
 
 from __future__ import annotations
 
+import collections
 import datetime as _dt
+import itertools
 import operator
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgpack
@@ -1007,3 +1009,149 @@ def decode_entry(
         raise CorruptDataError(key, f"{where} data", f"{type_name}: {exc}") from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise CorruptDataError(key, f"{where} data", f"not msgpack: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Bulk decoding (a cold load): many blobs in a few C-level passes
+# --------------------------------------------------------------------------------------------
+#
+# A load decodes thousands of blobs; calling the per-field unpackers above for each one costs
+# most of open_run. These decode a whole column at once with ``map`` and set checks, and accept
+# exactly what the per-blob decoders accept (a value any check doubts is left out of the
+# answer, and the caller decodes it with ``decode_json``/``decode_findings``, which raise the
+# precise error). They never raise on bad data.
+
+_ABSENT = object()
+_FAST_HEADERS = (_HEADER, _HEADER_2)  # formats 2 and 3 write the same bodies
+_BODY = slice(2, None)
+_UNPACK = msgpack.unpackb
+"""``_open``'s options are msgpack's defaults, but for ``max_ext_len``: an extension type of
+more than 12 bytes comes back as an ``ExtType``, which every type check below refuses."""
+_SEVERITIES = {code: t.Severity(v) for v, code in ENUM_CODES["Severity"].items()}
+_LOCATION_SET = t.slot_setters(t.Location, ("file", "line"))
+_FINDING_NAMES = FIELDS["Finding"]
+_FINDING_SET = t.slot_setters(t.Finding, _FINDING_NAMES)
+
+
+def _bodies(blobs: list[bytes]) -> list[Any] | None:
+    """The unpacked bodies of ``blobs`` (all with a format-2/3 header), or None."""
+    if blobs and max(map(len, blobs)) > MAX_BLOB_SIZE:  # pragma: no cover - Redis refuses
+        return None
+    try:
+        heads = set(map(operator.getitem, blobs, itertools.repeat(slice(0, 2))))
+        if not heads <= set(_FAST_HEADERS):
+            return None
+        return list(map(_UNPACK, map(operator.getitem, blobs, itertools.repeat(_BODY))))
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+
+
+def decode_json_many(blobs: Iterable[bytes]) -> dict[bytes, Any]:
+    """Each distinct blob -> its JSON value, for the blobs whose value is a string, a number,
+    a bool or null (the others, and any bad one, are left out: see above)."""
+    uniq = list(dict.fromkeys(blobs))
+    bodies = _bodies(uniq)
+    if bodies is None:
+        return {}
+    return {blob: body for blob, body in zip(uniq, bodies, strict=True)
+            if type(body) in _JSON_SCALARS and (type(body) is not int or t.I64_MIN <= body
+                                                <= t.U64_MAX)}  # fmt: skip
+
+
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def decode_findings_many(blobs: Iterable[bytes]) -> dict[bytes, tuple[t.Finding, ...]]:
+    """Each distinct blob -> its findings (all of them, or none when one of them is doubted:
+    see above); the same tuple for equal blobs."""
+    uniq = list(dict.fromkeys(blobs))
+    bodies = _bodies(uniq)
+    if not bodies:
+        return {}
+    try:
+        findings = _findings_columns(bodies)
+    except (TypeError, ValueError, KeyError, _Bad):
+        return {}
+    if findings is None:
+        return {}
+    counts = list(map(len, bodies))
+    if set(counts) == {1}:
+        groups: list[tuple[t.Finding, ...]] = list(zip(findings))
+    else:
+        it = iter(findings)
+        groups = [tuple(itertools.islice(it, n)) for n in counts]
+    return dict(zip(uniq, groups, strict=True))
+
+
+def _types(col: Iterable[Any]) -> set[type]:
+    return set(map(type, col))
+
+
+def _findings_columns(bodies: list[Any]) -> list[t.Finding] | None:
+    """Every finding of ``bodies`` (format-2/3 finding lists), in order, or None."""
+    if _types(bodies) != {list}:
+        return None
+    rows = list(itertools.chain.from_iterable(bodies))
+    if not rows:
+        return []
+    if _types(rows) != {list}:
+        return None
+    lengths = set(map(len, rows))
+    if min(lengths) < 4 or max(lengths) > len(_FINDING_NAMES):
+        return None
+    cols = list(itertools.zip_longest(*rows, fillvalue=_ABSENT))
+    kind, severity, title, detail = cols[:4]
+    if _types(kind) | _types(title) | _types(detail) != {str}:
+        return None
+    if _types(severity) != {int} or not set(severity) <= _SEVERITIES.keys():
+        return None
+    n = len(rows)
+    columns: list[Any] = [kind, list(map(_SEVERITIES.__getitem__, severity)), title, detail]
+    columns.append(_locations(cols[4]) if len(cols) > 4 else itertools.repeat(None, n))
+    if len(cols) > 5:
+        evidence = cols[5]
+        present = [v for v in evidence if v is not _ABSENT]
+        if _types(present) - {list} or _types(itertools.chain.from_iterable(present)) - {str}:
+            return None
+        columns.append([() if v is _ABSENT else tuple(v) for v in evidence])
+    else:
+        columns.append(itertools.repeat((), n))
+    if len(cols) > 6:  # JSON data: checked one by one (rare)
+        columns.append([None if v is _ABSENT else _unpack_json(v, "") for v in cols[6]])
+    else:
+        columns.append(itertools.repeat(None, n))
+    if columns[4] is None:
+        return None
+    out = list(map(object.__new__, itertools.repeat(t.Finding, n)))
+    for setter, col in zip(_FINDING_SET, columns, strict=True):
+        collections.deque(map(setter, out, col), 0)
+    return out
+
+
+def _locations(col: Sequence[Any]) -> list[t.Location | None] | None:
+    """The location column of findings (format 2/3: ``line`` a u32), or None."""
+    kinds = _types(col)
+    if not kinds <= {list, type(None), type(_ABSENT)}:
+        return None
+    if list not in kinds:
+        return [None] * len(col)
+    present = col if kinds == {list} else [v for v in col if type(v) is list]
+    lengths = set(map(len, present))
+    if min(lengths) < 1 or max(lengths) > 2:
+        return None
+    columns = list(itertools.zip_longest(*present, fillvalue=None))  # a short one: line None
+    files = columns[0]
+    lines = columns[1] if len(columns) > 1 else [None] * len(present)
+    if _types(files) != {str}:
+        return None
+    numbers = [v for v in lines if v is not None]
+    if numbers and (_types(numbers) != {int} or min(numbers) < 0 or max(numbers) > t.U32_MAX):
+        return None
+    locs: list[t.Location | None] = list(
+        map(object.__new__, itertools.repeat(t.Location, len(present))))  # fmt: skip
+    collections.deque(map(_LOCATION_SET[0], locs, files), 0)
+    collections.deque(map(_LOCATION_SET[1], locs, lines), 0)
+    if present is col:
+        return locs
+    it = iter(locs)
+    return [next(it) if type(v) is list else None for v in col]
