@@ -516,10 +516,12 @@ def test_asyncio_front_end_leases(redis_target: str, request: pytest.FixtureRequ
             await b.open_run(run_id)
             agents = [uuid.uuid4() for _ in range(2)]
             await boss.submit_agents([AgentTask(x, 0, {"n": i}) for i, x in enumerate(agents)])
-            lease = await a.claim_agent("a", lease_for=0.3)
+            lease = await a.claim_agent("a", lease_for=1.0)
             assert lease is not None and lease.agent_id == agents[0]
             async with lease:
-                await asyncio.sleep(0.7)  # the heartbeat task renews meanwhile
+                # the heartbeat task renews meanwhile (every 0.5 s: a 0.3 s lease renewed every
+                # 0.15 s lapsed once on a loaded CI machine)
+                await asyncio.sleep(2.2)
                 assert await b.claim_agent("b") is not None  # the second agent, not the first
                 assert await b.claim_agent("b") is None
                 await a.append_event(done(run_id, agents[0]), lease=lease)
