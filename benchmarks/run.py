@@ -634,6 +634,22 @@ def _run_memory_note(client: redis.Redis, backend: RedisCheckpointBackend, event
 SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "eval", "evalsha_ro", "eval_ro")
 
 
+class _CountingLane:
+    """A backend's write lane (``luft_redis.fcall.WriteLane``) that counts the commands it
+    sends in ``counter["n"]``, as the patched ``execute_command`` counts the others."""
+
+    def __init__(self, lane: Any, counter: dict[str, int]) -> None:
+        self._lane = lane
+        self._counter = counter
+
+    def call(self, *args: Any) -> Any:
+        self._counter["n"] += 1
+        return self._lane.call(*args)
+
+    def close(self) -> None:
+        self._lane.close()
+
+
 def section_server(client: redis.Redis, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
     """Commands sent per write, and the append function's server time against the Redis
     commands it runs (INFO commandstats before/after each round, on this otherwise idle
@@ -646,6 +662,9 @@ def section_server(client: redis.Redis, sizes: Sizes, raw: dict[str, Any]) -> li
         return original(*args, **kwargs)
 
     backend, run_id = new_run(client)
+    lane = backend._lane  # the backend's writes bypass execute_command: count them there too
+    if lane is not None:
+        backend._lane = _CountingLane(lane, counter)  # type: ignore[assignment]
     k = sizes.count_ops
     rounds = sizes.rounds
     events = [make_agent_done(run_id, i) for i in range(k * rounds)]

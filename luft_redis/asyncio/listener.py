@@ -6,8 +6,10 @@ loop; a thread in the sync code generated from this module, :mod:`luft_redis.lis
 worker only reads, health-checks and queues: a notice is handed to every
 :class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
 confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It reads
-in batches: after a batch it pauses (``COALESCE_SECONDS``, longer while only this process's own
-notices come), so one wake-up serves many notices. It takes
+in batches: after a batch of this process's own notices only (already applied from the writes'
+replies) it pauses (``COALESCE_SECONDS``, doubling up to ``OWN_PAUSE_SECONDS``), so one wake-up
+serves many; after another process's change it reads on at once (a writer of this process may
+be waiting for that notice before it can apply its own reply). It takes
 no lock that a writer holds across I/O and makes no call but its own subscription's (and, on
 Redis Cluster, the topology refresh that finding the channel's node needs).
 
@@ -64,8 +66,11 @@ POLL_SECONDS = 0.05
 """Longest wait for a message before a link looks at its requests and health checks."""
 
 COALESCE_SECONDS = 0.005
-"""After a batch of messages, the longest a link waits before it reads again: notices that
-arrive meanwhile are read together, one wake-up for the lot (None or 0: read at once).
+"""After a batch of this process's own notices, the first pause before a link reads again:
+notices that arrive meanwhile are read together, one wake-up for the lot (None or 0: read at
+once). After a batch holding another process's change there is no pause: a writer of this
+process that is behind waits for those notices (with 2 and 4 writer processes on one run, a
+5 ms pause there cut their throughput to a third in ``benchmarks.run``'s writers rows).
 
 A worker that reads each notice as it arrives wakes once per notice, this process's own
 writes included (their notice arrives with the write's reply, and the writer already applied
@@ -375,8 +380,8 @@ class _Link:
                 pause = 0.0
             elif news == health.news:  # only notices this process had applied already
                 pause = min(max(pause, COALESCE_SECONDS) * 2, OWN_PAUSE_SECONDS)
-            else:
-                pause = COALESCE_SECONDS
+            else:  # another process writes: a writer of this process may be waiting for its
+                pause = 0.0  # notices before it can apply its own reply (no pause: read on)
             if pause:  # (never long next to the health checks a small max_staleness needs)
                 await async_sleep(min(pause, health.ping_interval / 4))  # one wake-up per batch
 
