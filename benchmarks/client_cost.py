@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lua_cost import dump_totals
+
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE_REV = "36bc8d6"
 RESULT_TAG = "CLIENT-COST "
@@ -181,21 +183,6 @@ def worker_main(port: int, ops: int, expect_root: str, cpu_ops: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _dump_totals(folder: Path) -> dict[str, int]:
-    """The instruction count of each labelled dump (see benchmarks.lua_cost)."""
-    totals: dict[str, int] = {}
-    for path in folder.glob("cg.out*"):
-        label, total = None, None
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("desc: Trigger:"):
-                label = line.split()[-1]
-            elif line.startswith("summary:") and total is None:
-                total = int(line.split()[1])
-        if label in PHASES and total is not None:
-            totals[label] = total
-    return totals
-
-
 def _worker(tree: Path, port: int, ops: int, cpu_ops: int, client_cpu: int | None,
             valgrind_out: Path | None) -> dict[str, Any]:  # fmt: skip
     python = sys.executable  # the venv's python links to the binary (a shim script would not)
@@ -221,7 +208,7 @@ def measure(tree: Path, port: int, ops: int, cpu_ops: int, client_cpu: int | Non
     if count:
         with tempfile.TemporaryDirectory(prefix="luft-client-cost-") as tmp:
             _worker(tree, port, ops, 0, client_cpu, Path(tmp) / "cg.out")
-            totals = _dump_totals(Path(tmp))
+            totals = dump_totals(Path(tmp), PHASES)
         missing = [p for p in PHASES if p not in totals]
         if missing:
             raise RuntimeError(f"no callgrind dump for {', '.join(missing)}")

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +121,10 @@ def _wait_ping(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None
     raise RuntimeError(f"redis-server under valgrind did not answer within {timeout:.0f} s")
 
 
-def _dump_totals(folder: Path) -> dict[str, int]:
-    """The instruction count of each labelled dump (``desc: Trigger: dump <label>`` names the
-    phase; ``summary:`` holds the count of the dump)."""
+def dump_totals(folder: Path, phases: Collection[str] = PHASES) -> dict[str, int]:
+    """The instruction count of each labelled dump of ``phases`` in ``folder`` (``desc:
+    Trigger: dump <label>`` names the phase; ``summary:`` holds the count of the dump); also
+    :mod:`benchmarks.client_cost`'s."""
     totals: dict[str, int] = {}
     for path in folder.glob("cg.out*"):
         label, total = None, None
@@ -132,7 +133,7 @@ def _dump_totals(folder: Path) -> dict[str, int]:
                 label = line.split()[-1]
             elif line.startswith("summary:") and total is None:
                 total = int(line.split()[1])
-        if label in PHASES and total is not None:
+        if label is not None and label in phases and total is not None:
             totals[label] = total
     return totals
 
@@ -165,7 +166,7 @@ def measure(tree: Path, ops: int, binary: str) -> dict[str, float]:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-        totals = _dump_totals(folder)
+        totals = dump_totals(folder)
     missing = [p for p in PHASES if p not in totals]
     if missing:
         raise RuntimeError(f"no callgrind dump for {', '.join(missing)}")
