@@ -396,7 +396,7 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
         (replica,) = cluster.replicas_of(old)
         with redis.Redis(host=replica.host, port=replica.port) as conn:
             conn.execute_command("CLUSTER", "FAILOVER")
-        _wait(lambda: cluster.primary_for_slot(slot).port == replica.port, 30, "the failover")
+        cluster.wait_for_primary(slot, replica)
 
     try:
         _fleet_through_failover(make, fail_over)
@@ -460,12 +460,10 @@ def test_durable_writes_on_cluster_wait_on_the_slot_owner(
             _wait(caught_up, 30, "the resumed replica to catch up")
             conn.execute_command("CLUSTER", "FAILOVER")
             try:
-                _wait(lambda: cluster.primary_for_slot(slot).port == replica.port, 10,
-                      "the failover")  # fmt: skip
-            except AssertionError:  # a manual failover can time out (the pair was busy):
+                cluster.wait_for_primary(slot, replica, timeout=10)
+            except TimeoutError:  # a manual failover can time out (the pair was busy):
                 conn.execute_command("CLUSTER", "FAILOVER", "FORCE")  # the replica has it all
-                _wait(lambda: cluster.primary_for_slot(slot).port == replica.port, 30,
-                      "the forced failover")  # fmt: skip
+                cluster.wait_for_primary(slot, replica)
         cluster.wait_ready(timeout=30)  # the demoted primary follows its replacement
         retries = backend.stats().write_retries_total
         backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="after the failover"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -169,21 +168,11 @@ def test_cluster_covers_all_slots_and_runs_scripts(redis_cluster: LocalRedisClus
         client.close()
 
 
-def _wait_until_primary(
-    cluster: LocalRedisCluster, slot: int, node: LocalRedisServer, timeout: float = 30.0
-) -> None:
-    """Wait (bounded) until *node* serves *slot* as a primary."""
-    deadline = time.monotonic() + timeout
-    while cluster.primary_for_slot(slot) is not node:
-        assert time.monotonic() < deadline, f"{node!r} not primary of slot {slot} in {timeout}s"
-        time.sleep(0.05)
-
-
 def _fail_over_to(cluster: LocalRedisCluster, replica: LocalRedisServer, slot: int) -> None:
     """CLUSTER FAILOVER on *replica*; wait until it serves *slot* and its old primary follows it."""
     with redis.Redis(host=replica.host, port=replica.port) as conn:
         conn.execute_command("CLUSTER", "FAILOVER")
-    _wait_until_primary(cluster, slot, replica)
+    cluster.wait_for_primary(slot, replica)
     cluster.wait_ready(timeout=30)
 
 

@@ -923,6 +923,24 @@ class LocalRedisCluster:
             raise RuntimeError(f"no running primary serves slot {slot}")
         return best[1]
 
+    def wait_for_primary(self, slot: int, node: LocalRedisServer, timeout: float = 30.0) -> None:
+        """Wait until *node* serves *slot* as a primary (after a ``CLUSTER FAILOVER``).
+
+        The moment in a failover when no node claims the slot (the nodes are asked one after
+        the other, so the old primary may already have stepped down when the new one was
+        asked) counts as "not yet". Raises :class:`TimeoutError` after *timeout* seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.primary_for_slot(slot) is node:
+                    return
+            except RuntimeError:  # mid-failover: nobody claims the slot at this instant
+                pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{node!r} is not primary of slot {slot} after {timeout:.1f}s")
+            time.sleep(0.05)
+
     def replicas_of(self, server: LocalRedisServer) -> list[LocalRedisServer]:
         """The running nodes that replicate *server* now (each asked which primary it follows),
         in start order. Works for a *server* that is down, as long as it ran once in this
