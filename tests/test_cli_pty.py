@@ -10,6 +10,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import termios
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +53,9 @@ def _controlling_terminal() -> None:
     so that Ctrl-C typed on it sends SIGINT."""
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    # A SIGINT ignored by the test process (whatever set it) would be inherited through exec,
+    # and Python keeps an inherited "ignore": the CLI would never see the Ctrl-C
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 _CONTROL = re.compile(r"\r\n|\r|\n|\x1b\[[0-9;?]*[A-Za-z]")
@@ -125,12 +130,21 @@ class Pty:
     def write(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def _signals(self) -> str:
+        """The process's state and signal masks (/proc), for a failure message."""
+        try:
+            lines = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+        except OSError as exc:
+            return str(exc)
+        return ", ".join(line for line in lines if line.startswith(("State", "Sig")))
+
     def wait(self, timeout: float = 30.0) -> int:
         """The exit code, after reading everything the process wrote."""
         deadline = time.monotonic() + timeout
         while self.proc.poll() is None:  # keep reading: a full terminal would block it
             if time.monotonic() > deadline:
-                raise AssertionError(f"still running; output so far:\n{plain(self.raw)}")
+                raise AssertionError(f"still running ({self._signals()}); output so "
+                                     f"far:\n{plain(self.raw)}")  # fmt: skip
             self._drain()
         self._drain()
         return self.proc.returncode
