@@ -17,7 +17,10 @@ runs three phases of ``--ops`` calls each: ``PING`` (the baseline of the same ru
 ``upsert_agent_result`` with one finding (the events of ``benchmarks.compare``). Around each
 phase it zeroes and dumps callgrind's counters (``callgrind_control``), so each dump holds the
 instructions the server executed for that phase alone: network handling, command dispatch,
-the Lua interpreter and the Redis commands the functions call.
+the Lua interpreter and the Redis commands the functions call. A version with agent leases
+also runs the lease phases: a ``claim_agent``, the unleased agent cycle (``agent_started``,
+``agent_done``, result) and the leased one (a claim, then those three writes fenced), whose
+ratio is the server's share of ``benchmarks.leases``' "leased vs unleased cycle" row.
 
 Rows: instructions per call of each phase, and the ratio to a PING of the same run; with
 ``--before``, the ratio after/before of each write. Counts vary by well under 1% between runs
@@ -45,10 +48,17 @@ ROOT = Path(__file__).resolve().parent.parent
 BEFORE_REV = "9103c9c"
 RESULT_TAG = "LUA-COST "
 PHASES = ("ping", "append", "upsert")
+#: Phases of the agent leases (docs/leases.md), measured when the version has them: a
+#: ``claim_agent``; the unleased agent cycle (``agent_started``, ``agent_done``, result); the
+#: leased cycle (claim, then the same three writes fenced by the lease).
+LEASE_PHASES = ("claim", "cycle", "leased_cycle")
 
 # --------------------------------------------------------------------------------------------
 # The worker (run as a script: ``import luft_redis`` takes the version on PYTHONPATH)
 # --------------------------------------------------------------------------------------------
+
+
+compare: Any = None  # benchmarks/compare.py, in the worker
 
 
 def worker_main(port: int, pid: int, ops: int, expect_root: str) -> int:
@@ -57,7 +67,8 @@ def worker_main(port: int, pid: int, ops: int, expect_root: str) -> int:
     # benchmarks/compare.py, imported from this file's folder (the version's tree on
     # PYTHONPATH may have an older benchmarks package, or none)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    compare: Any = importlib.import_module("compare")
+    global compare
+    compare = importlib.import_module("compare")
     make_agent_done, make_result = compare.make_agent_done, compare.make_result
 
     lr = compare._workload()
@@ -78,7 +89,11 @@ def worker_main(port: int, pid: int, ops: int, expect_root: str) -> int:
         "append": lambda i: backend.append_event(appends[i]),
         "upsert": lambda i: backend.upsert_agent_result(upserts[i]),
     }
-    for phase in PHASES:
+    phases = list(PHASES)
+    if hasattr(backend, "claim_agent"):
+        phases += LEASE_PHASES
+        calls.update(_lease_calls(lr, backend, run_id, ops))
+    for phase in phases:
         _control("-z", pid)
         for i in range(ops):
             calls[phase](i)
@@ -87,6 +102,40 @@ def worker_main(port: int, pid: int, ops: int, expect_root: str) -> int:
     client.close()
     print(RESULT_TAG + json.dumps({"version": lr.__version__, "root": str(where)}), flush=True)
     return 0
+
+
+def _lease_calls(lr: Any, backend: Any, run_id: uuid.UUID, ops: int) -> dict[str, Any]:
+    """The lease phases' calls: 2 * ops tasks submitted up front (one per claim)."""
+    tasks = [lr.AgentTask(uuid.uuid4(), 0, {"prompt": f"agent {i}"}) for i in range(2 * ops)]
+    backend.submit_agents(tasks)
+
+    # the events and result of benchmarks.leases
+    def started(agent: uuid.UUID) -> Any:
+        return lr.AgentStarted(run_id=run_id, phase_id=0, agent_id=agent, prompt_preview="bench")
+
+    def done(agent: uuid.UUID) -> Any:
+        return lr.AgentDone(run_id=run_id, agent_id=agent, status=lr.AgentStatus.OK,
+                            tokens=lr.TokenUsage(input=10, output=5), elapsed_ms=1)  # fmt: skip
+
+    def result(agent: uuid.UUID) -> Any:
+        return lr.AgentResultCache(agent_id=agent, phase_id=0, status="ok", tokens=15,
+                                   completed_at=1_700_000_000, output={"ok": True},
+                                   findings=())  # fmt: skip
+
+    def cycle(i: int) -> None:
+        agent = uuid.uuid4()
+        backend.append_event(started(agent))
+        backend.append_event(done(agent))
+        backend.upsert_agent_result(result(agent))
+
+    def leased_cycle(i: int) -> None:
+        lease = backend.claim_agent("cost", lease_for=600.0)
+        backend.append_event(started(lease.agent_id), lease=lease)
+        backend.append_event(done(lease.agent_id), lease=lease)
+        backend.upsert_agent_result(result(lease.agent_id), lease=lease)
+
+    return {"claim": lambda i: backend.claim_agent("cost", lease_for=600.0),
+            "cycle": cycle, "leased_cycle": leased_cycle}
 
 
 def _control(action: str, pid: int, label: str | None = None) -> None:
@@ -166,11 +215,11 @@ def measure(tree: Path, ops: int, binary: str) -> dict[str, float]:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-        totals = dump_totals(folder)
+        totals = dump_totals(folder, PHASES + LEASE_PHASES)
     missing = [p for p in PHASES if p not in totals]
     if missing:
         raise RuntimeError(f"no callgrind dump for {', '.join(missing)}")
-    return {phase: totals[phase] / ops for phase in PHASES}
+    return {phase: count / ops for phase, count in totals.items()}
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
@@ -231,15 +280,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         header += f"{'after/before':>14}"
     print(header)
     print("-" * len(header))
-    for phase in PHASES:
+    shown = [p for p in PHASES + LEASE_PHASES if any(p in results[side] for side in sides)]
+    for phase in shown:
         line = f"{phase:<26}"
         for side in sides:
-            value = results[side][phase]
-            line += f"{value:>16,.0f}{value / results[side]['ping']:>13.2f}x"
+            value = results[side].get(phase)
+            line += (f"{'-':>16}{'-':>14}" if value is None else
+                     f"{value:>16,.0f}{value / results[side]['ping']:>13.2f}x")  # fmt: skip
         if len(sides) == 2:
-            line += f"{results['after'][phase] / results['before'][phase]:>13.2f}x"
+            pair = [results[side].get(phase) for side in sides]
+            line += f"{pair[1] / pair[0]:>13.2f}x" if pair[0] and pair[1] else f"{'-':>14}"
         print(line)
-    print(f"\n{len(PHASES)} phases x {len(sides)} versions in {time.monotonic() - started:.0f} s")
+    for side in sides:
+        if "leased_cycle" in results[side]:
+            ratio = results[side]["leased_cycle"] / results[side]["cycle"]
+            print(f"{side}: leased cycle / unleased cycle {ratio:.2f}x")
+    print(f"\n{len(shown)} phases x {len(sides)} versions in {time.monotonic() - started:.0f} s")
     return 0
 
 

@@ -28,7 +28,7 @@ local PAGE, SCAN = 4, 64 -- queue entries read at a time, and at most by one cla
 local function lease_reply(delta, aid, token, attempt, expires, inc, phase, payload)
   if phase == nil then
     local p = aid .. ':'
-    local task = redis.call('HMGET', K_TASKS, p .. 'phase', p .. 'payload')
+    local task = read_key(10, 'hash', 'HMGET', p .. 'phase', p .. 'payload')
     phase, payload = task[1], task[2]
   end
   return {delta, aid, token, attempt, expires, phase or '0', payload or '', inc}
@@ -36,9 +36,11 @@ end
 
 local function main()
   local memo_field = WRITER .. ' claim'
-  local dup = dedup()
+  -- no probes: every key this script writes (writers, run, queue, tasks) is read first with
+  -- read_key, whose WRONGTYPE is the type check; the run's other keys are not touched
+  local dup = dedup({})
   if dup then
-    local memo = redis.call('HGET', K_WRITERS, memo_field)
+    local memo = read_key(9, 'hash', 'HGET', memo_field)
     local seq, aid, token, attempt, expires, inc =
       string.match(memo or '', '^(%d+) (%S+) (%d+) (%d+) (%d+) (%S+)$')
     if seq == WRITER_SEQ then return lease_reply(dup, aid, token, attempt, expires, inc) end
@@ -66,7 +68,7 @@ local function main()
       wait = '0'
       break
     end
-    local head = redis.call('ZRANGE', K_QUEUE, offset, offset + PAGE - 1, 'WITHSCORES')
+    local head = read_key(11, 'zset', 'ZRANGE', offset, offset + PAGE - 1, 'WITHSCORES')
     if #head == 0 then break end
     for i = 1, #head, 2 do
       local aid, score = head[i], tonumber(head[i + 1])
@@ -77,13 +79,13 @@ local function main()
         break
       end
       local p = aid .. ':'
-      local t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'attempt', p .. 'failures',
+      local t = read_key(10, 'hash', 'HMGET', p .. 'state', p .. 'attempt', p .. 'failures',
         p .. 'max', p .. 'seq', p .. 'phase', p .. 'payload')
       if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
       local attempt, failures = task_uint(aid, 'attempt', t[2]), task_uint(aid, 'failures', t[3])
       local seq = task_uint(aid, 'seq', t[5])
       local task_max = t[4] and task_uint(aid, 'max', t[4]) or max
-      if redis.call('HGET', K_RESULTS, p .. 'status') == 'ok' then
+      if read_key(4, 'hash', 'HGET', p .. 'status') == 'ok' then
         ended[#ended + 1] = {aid, end_lease(aid, true, failures, task_max, seq), nil}
       elseif leased then -- lapsed: that attempt failed
         local fields, _, state = end_lease(aid, false, failures, task_max, seq)

@@ -33,6 +33,7 @@ from luft_redis import (
     AgentStatus,
     AgentTask,
     AsyncRedisCheckpointBackend,
+    CorruptDataError,
     LeaseLostError,
     Log,
     LogLevel,
@@ -42,7 +43,7 @@ from luft_redis import (
     TokenUsage,
     ValidationError,
 )
-from luft_redis.keys import run_keys
+from luft_redis.keys import RunKeys, run_keys
 from luft_redis.tools.server import LocalRedisServer
 
 Factory = Callable[..., RedisCheckpointBackend]
@@ -215,6 +216,34 @@ def test_claim_checks_its_input(worker: RedisCheckpointBackend) -> None:
             worker.claim_agent("w", lease_for=lease_for)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="timeout"):
         worker.claim_agent("w", timeout=-1)
+
+
+CLAIM_KEYS = {"run", "writers", "queue", "tasks", "results"}
+"""The keys a claim of a ready task reads (each read is its type check) or writes."""
+
+
+@pytest.mark.parametrize("name", list(RunKeys._fields))
+def test_a_claim_reports_a_key_of_the_wrong_type_it_reads_and_leaves_the_others(
+    coordinator: RedisCheckpointBackend, worker: RedisCheckpointBackend, run_id: uuid.UUID,
+    redis_client: Any, name: str,
+) -> None:
+    """A stray key of the wrong type among the keys a claim reads is CorruptDataError naming
+    it, before anything is written; a claim does not touch (nor probe) the run's other keys:
+    over a stray one it hands out the task and leaves that key as it was."""
+    (agent,) = submit(coordinator, 1)
+    keys = run_keys("luft", run_id)
+    key = getattr(keys, name)
+    redis_client.delete(key)
+    redis_client.set(key, b"stray string")
+    before = stored(redis_client, keys)
+    if name in CLAIM_KEYS:
+        with pytest.raises(CorruptDataError) as info:
+            worker.claim_agent("w")
+        assert info.value.key == key
+        assert stored(redis_client, keys) == before
+    else:
+        assert claim(worker).agent_id == agent
+        assert redis_client.get(key) == b"stray string"
 
 
 def test_a_lapsed_lease_is_taken_over_and_its_holder_fenced_out(
