@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fnmatch
 import functools
 import inspect
 import os
@@ -225,16 +226,35 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
 
 
-#: Tests that run in the full run only although their file does not say so (it is being
-#: rewritten elsewhere), by ``<file name>::<test name>`` prefix, with what covers them in the
-#: everyday loop.
+#: Tests that run in the full run only although their file does not mark them, as
+#: ``<file name>::<pattern>`` (an ``fnmatch`` pattern of the test's name, with ``[``
+#: written ``[[]``), with what covers them in the everyday loop.
 FULL_ONLY_TESTS: Final = {
     # The asyncio cases of test_hostile.py's property tests (random interleavings, ~85 s
     # together): everyday, the sync cases play the same worlds, and the suite's other cases
     # drive the asyncio front end.
-    "test_hostile.py::test_random_interleavings[async-": "the sync cases",
-    "test_hostile.py::test_random_interleavings_regain_freshness_unaided[async-": "the sync cases",
+    "test_hostile.py::test_random_interleavings[[]async-*": "the sync cases",
+    "test_hostile.py::test_random_interleavings_regain_freshness_unaided[[]async-*":
+        "the sync cases",
+    # test_backend.py's asyncio cases on Cluster (~25 s of CPU): the asyncio backend is the
+    # source the sync one is generated from, Cluster routing is shared (cluster.py), and
+    # test_asyncio.py runs the asyncio front end on a Cluster everyday.
+    "test_backend.py::*[[]async-cluster*": "the sync-cluster cases and test_asyncio.py",
+    # The tools' and the package's own suites: each starts Python processes (a demo, a
+    # pytester run, a wheel build, a benchmark), a fifth of the everyday loop's CPU. The
+    # library's operations they call are covered everyday by the backend and lease suites.
+    "test_benchmarks_smoke.py::*": "CI only: the benchmarks' smoke runs",
+    "test_newcomer.py::*": "CI only: the wheel, the sdist and the README's examples as written",
+    "test_testing_plugin.py::*": "CI only: the pytest plugin in pytester subprocesses",
+    "test_demo.py::*": "CI only: the demo's runs (test_cli_pty keeps one everyday)",
 }
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject.toml): two workers per core. The suite waits on servers and
+    subprocesses about half of its time: on this 2-core machine 4 workers finish the everyday
+    loop in 5:10 where 2 take 7:12, both cores then busy (CPU time / wall time 1.9)."""
+    return 2 * (os.cpu_count() or 1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -253,7 +273,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             markers.extend(_FIXTURE_MARKS.get(name, ()))
         if item.path.name in MATRIX_MODULES:
             markers.append("matrix")
-        if f"{item.path.name}::{item.name}".startswith(tuple(FULL_ONLY_TESTS)):
+        if any(fnmatch.fnmatchcase(f"{item.path.name}::{item.name}", pattern)
+               for pattern in FULL_ONLY_TESTS):  # fmt: skip
             markers.append(FULL_ONLY)
         for marker in markers:
             if item.get_closest_marker(marker) is None:
