@@ -115,14 +115,14 @@ local function main()
   local expires = whole(now + lease_ms)
   local p = aid .. ':'
   redis.call('HSET', K_TASKS, p .. 'state', 'leased', p .. 'attempt', attempt,
-    p .. 'failures', whole(chosen[3]), p .. 'max', whole(max), p .. 'token', token,
+    p .. 'failures', whole(chosen[3]), p .. 'max', ARGS[3], p .. 'token', token,
     p .. 'holder', worker, p .. 'expires', expires)
   redis.call('ZADD', K_QUEUE, expires, aid)
-  -- lease_token: a counter, not a checkpoint field (set with the version: an R record)
-  local delta = commit(run, clock[1], 'claim', {'lease_token', token})
-  local inc = run[3] or (WRITER .. '-' .. WRITER_SEQ) -- as commit() set it for a 0.1.0 run
-  redis.call('HSET', K_WRITERS, memo_field,
-    WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc)
+  local inc = run[3] or (WRITER .. '-' .. WRITER_SEQ) -- as commit() sets it for a 0.1.0 run
+  -- lease_token: a counter, not a checkpoint field (set with the version: an R record); the
+  -- lease, for a retry of this claim, in the same HSET as the writer's entry
+  local delta = commit(run, clock[1], 'claim', {'lease_token', token}, nil, {memo_field,
+    WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc})
   return lease_reply(delta, aid, token, attempt, expires, inc, chosen[4] or '0', chosen[5] or '')
 end
 

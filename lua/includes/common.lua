@@ -437,11 +437,17 @@ local function dedup(probes)
   return nil
 end
 
--- Remember this operation's versions for retries of the same operation.
-local function remember(ib, vb, ia, va)
+-- Remember this operation's versions for retries of the same operation; `memo`, a field and
+-- its value, is set in the same HSET (a script's own record of the operation's reply).
+local function remember(ib, vb, ia, va, memo)
   if ib == '' then ib = '-' end
   if ia == '' then ia = '-' end
-  redis.call('HSET', K_WRITERS, WRITER, WRITER_SEQ .. ' ' .. ib .. ' ' .. vb .. ' ' .. ia .. ' ' .. va)
+  local last = WRITER_SEQ .. ' ' .. ib .. ' ' .. vb .. ' ' .. ia .. ' ' .. va
+  if memo then
+    redis.call('HSET', K_WRITERS, WRITER, last, memo[1], memo[2])
+  else
+    redis.call('HSET', K_WRITERS, WRITER, last)
+  end
 end
 
 -- The reply of an operation that changed nothing: the run as it is, no notice.
@@ -478,8 +484,9 @@ end
 
 -- Finish a change of `run` (read_run's values): stamp updated_at with `now`, set `fields`,
 -- bump the version (a run written by 0.1.0 gets its incarnation here), publish the delta and
--- return it. With `whole`, the delta carries the whole state (Z) instead of the records.
-local function commit(run, now, op, fields, whole)
+-- return it. With `whole`, the delta carries the whole state (Z) instead of the records;
+-- `memo` is passed on to remember.
+local function commit(run, now, op, fields, whole, memo)
   local version, inc_before = run[2], run[3] or ''
   local inc_after = inc_before
   local new_version = u64_add(version, '1', 'version')
@@ -500,7 +507,7 @@ local function commit(run, now, op, fields, whole)
   end
   local payload = delta_bytes(inc_before, version, inc_after, new_version, op, DELTA)
   notify(payload)
-  remember(inc_before, version, inc_after, new_version)
+  remember(inc_before, version, inc_after, new_version, memo)
   return payload
 end
 
