@@ -262,6 +262,17 @@ FULL_ONLY_TESTS: Final = {
     "test_newcomer.py::*": "CI only: the wheel, the sdist and the README's examples as written",
     "test_testing_plugin.py::*": "CI only: the pytest plugin in pytester subprocesses",
     "test_demo.py::*": "CI only: the demo's runs (test_cli_pty keeps one everyday)",
+    # The slowest single cases left (5-19 s each under load), each with its everyday cover.
+    "test_faults.py::test_a_replayed_durable_write_is_only_acknowledged_once_replicated"
+    "[[]redis-8.2]": "the [default] case (CI runs the matrix servers)",
+    "test_faults.py::test_a_replayed_durable_write_is_only_acknowledged_once_replicated"
+    "[[]valkey-9]": "the [default] case (CI runs the matrix servers)",
+    "test_server_lifetime.py::test_dropped_cluster_is_stopped_at_exit":
+        "test_dropped_server_is_stopped_at_exit (the same exit registry)",
+    "test_cli_commands.py::test_runs_columns_filters_and_limit":
+        "test_cli_index.py (the index pages and filters the table shows)",
+    "test_cli_commands.py::test_global_options_go_before_or_after_the_command":
+        "the other CLI tests, which pass --redis and --prefix",
 }
 
 
