@@ -86,6 +86,7 @@ import fnmatch
 import functools
 import inspect
 import os
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -202,6 +203,11 @@ def pytest_configure(config: pytest.Config) -> None:
     controlling process, compile the package under test once (see :func:`_compile_package`)."""
     if not config.getoption("hypothesis_profile", None):
         hypothesis.settings.load_profile("ci" if config.getoption("--full") else "dev")
+    # pytest keeps the assertion-rewritten test modules as bytecode unless writing bytecode
+    # is off (PYTHONDONTWRITEBYTECODE=1, as on the machine this suite is timed on): then every
+    # run and every xdist worker parses and rewrites them all again (collecting took 18 s
+    # instead of 8 s per process). The suite writes it; __pycache__ is ignored by git.
+    sys.dont_write_bytecode = False
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
         _compile_package()
 
