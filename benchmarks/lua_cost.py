@@ -58,17 +58,13 @@ LEASE_PHASES = ("claim", "cycle", "leased_cycle")
 # --------------------------------------------------------------------------------------------
 
 
-compare: Any = None  # benchmarks/compare.py, in the worker
-
-
 def worker_main(port: int, pid: int, ops: int, expect_root: str) -> int:
     import redis
 
     # benchmarks/compare.py, imported from this file's folder (the version's tree on
     # PYTHONPATH may have an older benchmarks package, or none)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    global compare
-    compare = importlib.import_module("compare")
+    compare: Any = importlib.import_module("compare")
     make_agent_done, make_result = compare.make_agent_done, compare.make_result
 
     lr = compare._workload()
@@ -109,7 +105,8 @@ def _lease_calls(lr: Any, backend: Any, run_id: uuid.UUID, ops: int) -> dict[str
     tasks = [lr.AgentTask(uuid.uuid4(), 0, {"prompt": f"agent {i}"}) for i in range(2 * ops)]
     backend.submit_agents(tasks)
 
-    # the events and result of benchmarks.leases
+    # the events and result of benchmarks.leases (its _started, _done and _result), so that
+    # the cycles here are its cycles
     def started(agent: uuid.UUID) -> Any:
         return lr.AgentStarted(run_id=run_id, phase_id=0, agent_id=agent, prompt_preview="bench")
 

@@ -498,13 +498,8 @@ def test_the_listener_follows_a_cluster_failover(redis_cluster_replicas: LocalRe
             with redis.Redis(host=replica.host, port=replica.port) as conn:
                 conn.execute_command("CLUSTER", "FAILOVER")
 
-            def moved() -> bool:
-                try:
-                    return cluster.primary_for_slot(slot) is replica
-                except RuntimeError:
-                    return False
-
-            assert await eventually(moved, 30), "the failover did not happen"
+            assert await eventually(lambda: cluster.is_primary(slot, replica), 30), \
+                "the failover did not happen"
             assert await eventually(lambda: not watcher.cache_is_fresh, 10)
             await writer.append_event(done(run_id, tokens=6))
             assert await eventually(lambda: watcher.cache_is_fresh, 20)

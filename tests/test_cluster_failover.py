@@ -93,13 +93,6 @@ def _shard_subscribers(node: LocalRedisServer, channel: bytes) -> int:
     return int(reply[1]) if len(reply) >= 2 else 0
 
 
-def _primary_is(cluster: LocalRedisCluster, slot: int, node: LocalRedisServer) -> bool:
-    try:
-        return cluster.primary_for_slot(slot) is node
-    except RuntimeError:  # mid-failover: nobody serves it yet
-        return False
-
-
 def _wait_for(predicate: Callable[[], bool], bound: float, what: str, every: float = 0.05) -> None:
     """For fault threads (the main thread uses :meth:`Scenario.poll_until`)."""
     deadline = time.monotonic() + bound
@@ -406,7 +399,7 @@ def test_cluster_failover_keeps_fresh_honest(redis_cluster_replicas: LocalRedisC
         def fail_over() -> None:
             with _redis_at(replica) as conn:
                 conn.execute_command("CLUSTER", "FAILOVER")
-            _wait_for(lambda: _primary_is(cluster, sc.slot, replica), 30, "the failover")
+            _wait_for(lambda: cluster.is_primary(sc.slot, replica), 30, "the failover")
 
         sc.during(fail_over, 40, "the failover")
         sc.finish(owner=replica, others=[old])
@@ -466,7 +459,7 @@ def test_slot_migration_keeps_fresh_honest(
 
             def migrate() -> None:
                 _migrate_slot(cluster, sc.slot, source, target, hold)
-                _wait_for(lambda: _primary_is(cluster, sc.slot, target), 30, "the migration")
+                _wait_for(lambda: cluster.is_primary(sc.slot, target), 30, "the migration")
 
             sc.during(migrate, 40, "the migration")
             sc.finish(owner=target, others=[source, *cluster.replicas_of(source)])
@@ -520,7 +513,7 @@ def test_primary_sigkill_keeps_fresh_honest(private_cluster: LocalRedisCluster) 
 
         def promoted() -> None:
             try:
-                _wait_for(lambda: _primary_is(cluster, sc.slot, replica), PROMOTION_BOUND,
+                _wait_for(lambda: cluster.is_primary(sc.slot, replica), PROMOTION_BOUND,
                           "the replica's promotion")  # fmt: skip
             except AssertionError:
                 # The cluster did not fail over by itself in time (a slow machine): force the
@@ -528,7 +521,7 @@ def test_primary_sigkill_keeps_fresh_honest(private_cluster: LocalRedisCluster) 
                 forced.append(True)
                 with _redis_at(replica) as conn:
                     conn.execute_command("CLUSTER", "FAILOVER", "FORCE")
-                _wait_for(lambda: _primary_is(cluster, sc.slot, replica), 15,
+                _wait_for(lambda: cluster.is_primary(sc.slot, replica), 15,
                           "the forced promotion")  # fmt: skip
 
         sc.during(promoted, PROMOTION_BOUND + 20, "the promotion")

@@ -923,20 +923,21 @@ class LocalRedisCluster:
             raise RuntimeError(f"no running primary serves slot {slot}")
         return best[1]
 
-    def wait_for_primary(self, slot: int, node: LocalRedisServer, timeout: float = 30.0) -> None:
-        """Wait until *node* serves *slot* as a primary (after a ``CLUSTER FAILOVER``).
+    def is_primary(self, slot: int, node: LocalRedisServer) -> bool:
+        """Whether *node* serves *slot* as a primary now: :meth:`primary_for_slot` without its
+        error, for polling. The moment in a failover when no node claims the slot (the nodes
+        are asked one after the other, so the old primary may already have stepped down when
+        the new one was asked) is False."""
+        try:
+            return self.primary_for_slot(slot) is node
+        except RuntimeError:
+            return False
 
-        The moment in a failover when no node claims the slot (the nodes are asked one after
-        the other, so the old primary may already have stepped down when the new one was
-        asked) counts as "not yet". Raises :class:`TimeoutError` after *timeout* seconds.
-        """
+    def wait_for_primary(self, slot: int, node: LocalRedisServer, timeout: float = 30.0) -> None:
+        """Wait until *node* serves *slot* as a primary (after a ``CLUSTER FAILOVER``; see
+        :meth:`is_primary`). Raises :class:`TimeoutError` after *timeout* seconds."""
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if self.primary_for_slot(slot) is node:
-                    return
-            except RuntimeError:  # mid-failover: nobody claims the slot at this instant
-                pass
+        while not self.is_primary(slot, node):
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{node!r} is not primary of slot {slot} after {timeout:.1f}s")
             time.sleep(0.05)
