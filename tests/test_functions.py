@@ -14,6 +14,7 @@ Both front ends, on fakeredis, a real server and a cluster where the point appli
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,17 @@ def _calls(client: Any) -> dict[str, int]:
 def _reset_stats(client: Any) -> None:
     for node in _nodes(client):
         node.config_resetstat()
+
+
+def _no_subscribers(client: Any, bound: float = 10.0) -> None:
+    """Wait (bounded) until no connection to the target's nodes is subscribed: commandstats
+    are the server's, and a listener an earlier test on this server is still closing sends
+    health-check PINGs that this test would count as its own."""
+    deadline = time.monotonic() + bound
+    while any(any(int(c.get(k, 0)) for k in ("sub", "psub", "ssub"))
+              for node in _nodes(client) for c in node.client_list()):  # fmt: skip
+        assert time.monotonic() < deadline, "subscribed connections stayed open"
+        time.sleep(0.05)
 
 
 def _flush_functions(client: Any) -> None:
@@ -208,6 +220,7 @@ def test_the_common_path_is_one_fcall(
     index_status); every later call is one FCALL and nothing else (commandstats of every
     node)."""
     _flush_functions(redis_client)
+    _no_subscribers(redis_client)
     backend = make_frontend_backend(watch=False)
     run_id = uuid.uuid4()
     _reset_stats(redis_client)
