@@ -22,7 +22,7 @@
 ]]
 --- @include "includes/common"
 
-local PAGE, SCAN = 4, 64 -- queue entries read at a time, and at most by one claim
+local PAGE, SCAN = 4, 64 -- queue entries read at a time (the first read: one), at most by one claim
 
 -- The reply of a lease; `phase` and `payload` as stored (nil: read them, for a retry).
 local function lease_reply(delta, aid, token, attempt, expires, inc, phase, payload)
@@ -58,7 +58,7 @@ local function main()
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
   -- 1. reads and decisions: skip tasks that are done or dead by now; pick the first claimable.
-  -- The queue's head is read PAGE entries at a time (almost always the first one decides),
+  -- The queue's head is read one entry first (it almost always decides), then PAGE at a time,
   -- at most SCAN entries in all; past that the reply says "try again now" (wait 0), since
   -- the tasks this claim ends leave the queue and the next claim reads past them.
   local ended, chosen, wait = {}, nil, ''
@@ -68,7 +68,8 @@ local function main()
       wait = '0'
       break
     end
-    local head = read_key(11, 'zset', 'ZRANGE', offset, offset + PAGE - 1, 'WITHSCORES')
+    local size = offset == 0 and 1 or PAGE
+    local head = read_key(11, 'zset', 'ZRANGE', offset, offset + size - 1, 'WITHSCORES')
     if #head == 0 then break end
     for i = 1, #head, 2 do
       local aid, score = head[i], tonumber(head[i + 1])
@@ -79,29 +80,36 @@ local function main()
         break
       end
       local p = aid .. ':'
-      local t = read_key(10, 'hash', 'HMGET', p .. 'state', p .. 'attempt', p .. 'failures',
-        p .. 'max', p .. 'seq', p .. 'phase', p .. 'payload')
+      -- a ready task needs its attempt, phase and payload; a lapsed one also its failures,
+      -- max and submit order (a task's attempt is set when it is submitted)
+      local t
+      if leased then
+        t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload',
+          p .. 'failures', p .. 'max', p .. 'seq')
+      else
+        t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload')
+      end
       if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
-      local attempt, failures = task_uint(aid, 'attempt', t[2]), task_uint(aid, 'failures', t[3])
-      local seq = task_uint(aid, 'seq', t[5])
-      local task_max = t[4] and task_uint(aid, 'max', t[4]) or max
-      if read_key(4, 'hash', 'HGET', p .. 'status') == 'ok' then
-        ended[#ended + 1] = {aid, end_lease(aid, true, failures, task_max, seq), nil}
+      local attempt = task_uint(aid, 'attempt', t[1])
+      if read_key(4, 'hash', 'HGET', p .. 'status') == 'ok' then -- done, however it was written
+        ended[#ended + 1] = {aid, end_lease(aid, true), nil}
       elseif leased then -- lapsed: that attempt failed
-        local fields, _, state = end_lease(aid, false, failures, task_max, seq)
+        local failures = task_uint(aid, 'failures', t[4])
+        local fields, _, state = end_lease(aid, false, failures,
+          t[5] and task_uint(aid, 'max', t[5]) or max, task_uint(aid, 'seq', t[6]))
         if state == 'dead' then
           ended[#ended + 1] = {aid, fields, nil}
         else
-          chosen, decided = {aid, attempt, failures + 1, t[6], t[7]}, true
+          chosen, decided = {aid, attempt, t[2], t[3], whole(failures + 1)}, true
           break
         end
       else
-        chosen, decided = {aid, attempt, failures, t[6], t[7]}, true
+        chosen, decided = {aid, attempt, t[2], t[3]}, true
         break
       end
     end
-    offset = offset + PAGE
-    if #head < 2 * PAGE then break end
+    offset = offset + size
+    if #head < 2 * size then break end
   end
 
   -- 2. writes
@@ -114,16 +122,19 @@ local function main()
   token = whole(token + 1)
   local expires = whole(now + lease_ms)
   local p = aid .. ':'
-  redis.call('HSET', K_TASKS, p .. 'state', 'leased', p .. 'attempt', attempt,
-    p .. 'failures', whole(chosen[3]), p .. 'max', ARGS[3], p .. 'token', token,
-    p .. 'holder', worker, p .. 'expires', expires)
+  local fields = {p .. 'state', 'leased', p .. 'attempt', attempt, p .. 'max', ARGS[3],
+    p .. 'token', token, p .. 'holder', worker, p .. 'expires', expires}
+  if chosen[5] then -- a lapsed task's failed attempt (a ready task's failures stay as stored)
+    fields[13], fields[14] = p .. 'failures', chosen[5]
+  end
+  redis.call('HSET', K_TASKS, unpack(fields))
   redis.call('ZADD', K_QUEUE, expires, aid)
   local inc = run[3] or (WRITER .. '-' .. WRITER_SEQ) -- as commit() sets it for a 0.1.0 run
   -- lease_token: a counter, not a checkpoint field (set with the version: an R record); the
   -- lease, for a retry of this claim, in the same HSET as the writer's entry
   local delta = commit(run, clock[1], 'claim', {'lease_token', token}, nil, {memo_field,
     WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc})
-  return lease_reply(delta, aid, token, attempt, expires, inc, chosen[4] or '0', chosen[5] or '')
+  return lease_reply(delta, aid, token, attempt, expires, inc, chosen[3] or '0', chosen[4] or '')
 end
 
 --- @include "includes/main"

@@ -74,7 +74,7 @@ local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
 local K_WRITERS, K_TASKS, K_QUEUE
 local CHANNEL, WRITER, WRITER_SEQ
 local ARGS
-local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD, FENCE_TASK
+local FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD
 
 local U64_MAX = '18446744073709551615'
 local EMPTY_LIST = '\144' -- msgpack of []
@@ -547,24 +547,20 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Decimal text of a whole number that may pass 2^31 (string.format('%d') may not).
+-- Decimal text of a whole number below 2^53 (string.format's %d takes a C long: 64 bits on
+-- the servers' builds, as u64_add relies on too; cheaper than %.0f, a float conversion).
 local function whole(n)
-  return string.format('%.0f', n)
+  return string.format('%d', n)
 end
 
 -- A fenced write (FENCE_AID set): the run's incarnation and the agent's current token must be
 -- the lease's, else LUFT_LEASE_LOST "<agent_id> <stale token> <current token or ->" and
--- nothing is written. Returns the fenced agent id, or nil for a write without a lease. The
--- same read leaves the task's state, failures, max and seq in FENCE_TASK[1..4] (as stored,
--- unchecked), for a script that ends the lease without reading the task again.
+-- nothing is written. Returns the fenced agent id, or nil for a write without a lease. Its
+-- read of the task's token is the tasks hash's type check (read_key).
 local function check_fence(run)
   if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "@fence <agent> <token> <inc>"') end
   if not FENCE_AID then return nil end
-  local p = FENCE_AID .. ':'
-  local t = read_key(10, 'hash', 'HMGET', p .. 'token', p .. 'state', p .. 'failures',
-    p .. 'max', p .. 'seq')
-  FENCE_TASK = {t[2], t[3], t[4], t[5]}
-  local current = t[1]
+  local current = read_key(10, 'hash', 'HGET', FENCE_AID .. ':token')
   if (run[3] or '') ~= FENCE_INC then current = nil end
   if current ~= FENCE_TOKEN then
     fail('LEASE_LOST', FENCE_AID .. ' ' .. FENCE_TOKEN .. ' ' .. (current or '-'))
@@ -576,17 +572,16 @@ end
 -- unix ms): every submit order is far below it.
 local LEASE_SCORE = 1e12
 
--- The writes that end task `aid`'s lease as it stands (`state`, `failures` and `max` as
--- stored, `seq` its submit order): `ok` makes it done; otherwise a failed attempt, ready again
--- until `max` failures, then dead. Returns the task's HSET fields, its queue score (nil:
--- leaves the queue) and the new state.
+-- The writes that end task `aid`'s lease as it stands: `ok` makes it done (its failures stay
+-- as stored); otherwise a failed attempt (`failures`, `max` and `seq`, its submit order, as
+-- stored), ready again until `max` failures, then dead. Returns the task's HSET fields, its
+-- queue score (nil: leaves the queue) and the new state.
 local function end_lease(aid, ok, failures, max, seq)
   local p = aid .. ':'
-  local state, score = 'done', nil
-  if not ok then
-    failures = failures + 1
-    if failures >= max then state = 'dead' else state, score = 'ready', seq end
-  end
+  if ok then return {p .. 'state', 'done', p .. 'expires', '0'}, nil, 'done' end
+  local state, score = 'dead', nil
+  failures = failures + 1
+  if failures < max then state, score = 'ready', seq end
   return {p .. 'state', state, p .. 'failures', whole(failures), p .. 'expires', '0'}, score, state
 end
 
@@ -615,7 +610,7 @@ local function begin_call()
     ARGS = {}
     for i = 4, n do ARGS[i - 3] = ARGV[i] end
   end
-  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD, FENCE_TASK = nil, nil, nil, false, nil
+  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false
   local last = ARGS[#ARGS]
   if last and string.sub(last, 1, 7) == '@fence ' then
     ARGS[#ARGS] = nil
