@@ -74,7 +74,7 @@ class AgentLease:
         self._deadline = sent_at + lease_ms / 1000  # local clock, measured before the claim
         self._fork = fork_generation()
         self._stopping = False
-        self._wake = Signal()
+        self._wake: Signal | None = None  # the heartbeat's (made with it)
         self._heartbeat: Worker | None = None
 
     def __repr__(self) -> str:
@@ -120,19 +120,21 @@ class AgentLease:
         attempt as failed (after ``max_attempts`` failures the task is dead). Nothing happens
         when the agent finished with this lease already."""
         self._stopping = True
-        self._wake.notify()
+        if self._wake is not None:
+            self._wake.notify()
         if self.forked or self.released:
             return
         self._backend._release_lease(self, failed)
         self.released = True
 
-    def _beat(self) -> None:
-        """The heartbeat: renew every third of the lease, retrying within the time left."""
+    def _beat(self, wake: Signal) -> None:
+        """The heartbeat: renew every third of the lease, retrying within the time left;
+        ``wake`` ends its pauses when the lease is released or its block left."""
         interval = self.lease_ms / 1000 / HEARTBEAT_FRACTION
         next_beat = time.monotonic() + interval
         while not self._stopping and not self.lost and not self.finished:
             pause = max(0.0, next_beat - time.monotonic())
-            self._wake.wait_for(lambda: self._stopping, pause)
+            wake.wait_for(lambda: self._stopping, pause)
             if self._stopping:
                 return
             now = time.monotonic()
@@ -157,13 +159,15 @@ class AgentLease:
     def __enter__(self) -> AgentLease:
         if self._heartbeat is None and not self.forked:
             name = f"luft-redis-heartbeat-{self.agent_id}"
-            self._heartbeat = Worker(self._beat, name)
+            wake = self._wake = Signal()
+            self._heartbeat = Worker(lambda: self._beat(wake), name)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:  # fmt: skip
         self._stopping = True
-        self._wake.notify()
+        if self._wake is not None:
+            self._wake.notify()
         heartbeat, self._heartbeat = self._heartbeat, None
         if heartbeat is not None:
             heartbeat.join(self.lease_ms / 1000)

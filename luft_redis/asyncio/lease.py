@@ -73,7 +73,7 @@ class AsyncAgentLease:
         self._deadline = sent_at + lease_ms / 1000  # local clock, measured before the claim
         self._fork = fork_generation()
         self._stopping = False
-        self._wake = AsyncSignal()
+        self._wake: AsyncSignal | None = None  # the heartbeat's (made with it)
         self._heartbeat: AsyncWorker | None = None
 
     def __repr__(self) -> str:
@@ -119,19 +119,21 @@ class AsyncAgentLease:
         attempt as failed (after ``max_attempts`` failures the task is dead). Nothing happens
         when the agent finished with this lease already."""
         self._stopping = True
-        self._wake.notify()
+        if self._wake is not None:
+            self._wake.notify()
         if self.forked or self.released:
             return
         await self._backend._release_lease(self, failed)
         self.released = True
 
-    async def _beat(self) -> None:
-        """The heartbeat: renew every third of the lease, retrying within the time left."""
+    async def _beat(self, wake: AsyncSignal) -> None:
+        """The heartbeat: renew every third of the lease, retrying within the time left;
+        ``wake`` ends its pauses when the lease is released or its block left."""
         interval = self.lease_ms / 1000 / HEARTBEAT_FRACTION
         next_beat = time.monotonic() + interval
         while not self._stopping and not self.lost and not self.finished:
             pause = max(0.0, next_beat - time.monotonic())
-            await self._wake.wait_for(lambda: self._stopping, pause)
+            await wake.wait_for(lambda: self._stopping, pause)
             if self._stopping:
                 return
             now = time.monotonic()
@@ -156,13 +158,15 @@ class AsyncAgentLease:
     async def __aenter__(self) -> AsyncAgentLease:
         if self._heartbeat is None and not self.forked:
             name = f"luft-redis-heartbeat-{self.agent_id}"
-            self._heartbeat = AsyncWorker(self._beat, name)
+            wake = self._wake = AsyncSignal()
+            self._heartbeat = AsyncWorker(lambda: self._beat(wake), name)
         return self
 
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:  # fmt: skip
         self._stopping = True
-        self._wake.notify()
+        if self._wake is not None:
+            self._wake.notify()
         heartbeat, self._heartbeat = self._heartbeat, None
         if heartbeat is not None:
             await heartbeat.join(self.lease_ms / 1000)
