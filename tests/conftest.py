@@ -88,6 +88,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Final, TypeAlias, TypeVar
@@ -353,13 +354,30 @@ def server_lacks() -> Callable[[str, str], None]:
 
 @pytest.fixture(scope="session")
 def redis_server(redis_server_binary: str) -> Iterator[LocalRedisServer]:
-    """A private redis-server for the whole session (started on first use)."""
+    """A private redis-server for the whole session (started on first use). At the end no
+    connection may still be subscribed to it: a backend a test left open keeps its listener
+    (and its health-check PINGs, counted by later tests' commandstats) for the session."""
     server = LocalRedisServer(binary=redis_server_binary)
     server.start()
     try:
         yield server
+        left = _subscribed_clients(server.url, wait=3.0)
+        assert not left, f"connections still subscribed at the session's end: {left}"
     finally:
         server.stop()
+
+
+def _subscribed_clients(url: str, wait: float) -> list[str]:
+    """The subscribed connections of the server at ``url`` (``CLIENT LIST`` lines), after up
+    to ``wait`` seconds for them to close (a listener may be closing)."""
+    deadline = time.monotonic() + wait
+    with redis.Redis.from_url(url, socket_timeout=5) as admin:
+        while True:
+            left = [f"id={c['id']} addr={c['addr']} cmd={c['cmd']}" for c in admin.client_list()
+                    if any(int(c.get(k, 0)) for k in ("sub", "psub", "ssub"))]  # fmt: skip
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")

@@ -312,9 +312,9 @@ def _racer(a: dict[str, Any]) -> None:
 def test_cancel_seen_through_cache_alone(target: Target) -> None:
     run_id = uuid.uuid4()
     client = redis.Redis.from_url(target.url)
+    backend = RedisCheckpointBackend(client)
     procs: list[Any] = []
     try:
-        backend = RedisCheckpointBackend(client)
         backend.init_run(run_id, "watch", "/tmp/watch")
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
@@ -328,6 +328,7 @@ def test_cancel_seen_through_cache_alone(target: Target) -> None:
         assert seen["seconds"] < 5
     finally:
         _stop(procs)
+        backend.close()  # its listener: left open, it would stay subscribed for the session
         client.close()
 
 
