@@ -279,8 +279,8 @@ def test_function_flush_mid_run(redis_url: str) -> None:
     library again on "Function not found"."""
     client = redis.Redis.from_url(redis_url)
     admin = redis.Redis.from_url(redis_url)
+    backend = RedisCheckpointBackend(client)
     try:
-        backend = RedisCheckpointBackend(client)
         run_id = uuid.uuid4()
         backend.init_run(run_id, "script flush", "/tmp/flush")
         name = library().name
@@ -307,6 +307,7 @@ def test_function_flush_mid_run(redis_url: str) -> None:
         assert reader.version == 301
         assert backend.get_checkpoint() == fresh
     finally:
+        backend.close()  # its listener (the client's close alone leaves it reconnecting)
         client.close()
         admin.close()
 
