@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import operator
 import re
 import time
 import typing
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import (
     Annotated,
     Any,
@@ -319,6 +320,17 @@ def thaw_json(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+def _ordering(test: Callable[[int, int], bool]) -> Any:
+    """A rich comparison by ``self._cmp(other)``: an int whose sign orders the two, or None
+    when ``other`` does not compare (then ``NotImplemented``)."""
+
+    def compare(self: Any, other: Any) -> Any:
+        order = self._cmp(other)
+        return NotImplemented if order is None else test(order, 0)
+
+    return compare
+
+
 class _StrEnum(str, enum.Enum):  # noqa: UP042 (StrEnum changes format())
     def __str__(self) -> str:
         return str(self.value)
@@ -337,25 +349,15 @@ class Severity(_StrEnum):
     def rank(self) -> int:
         return _SEVERITY_RANK[self]
 
-    def __lt__(self, other: object) -> bool:
+    def _cmp(self, other: object) -> int | None:
         if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank < other.rank
+            return None
+        return _SEVERITY_RANK[self] - _SEVERITY_RANK[other]
 
-    def __le__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank <= other.rank
-
-    def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank > other.rank
-
-    def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank >= other.rank
+    __lt__ = _ordering(operator.lt)
+    __le__ = _ordering(operator.le)
+    __gt__ = _ordering(operator.gt)
+    __ge__ = _ordering(operator.ge)
 
 
 _SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}
@@ -565,21 +567,10 @@ class Timestamp(_Immutable, _dt.datetime):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    def __lt__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c < 0
-
-    def __le__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c <= 0
-
-    def __gt__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c > 0
-
-    def __ge__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c >= 0
+    __lt__ = _ordering(operator.lt)
+    __le__ = _ordering(operator.le)
+    __gt__ = _ordering(operator.gt)
+    __ge__ = _ordering(operator.ge)
 
     def __hash__(self) -> int:
         base = _dt.datetime.__hash__(self)
