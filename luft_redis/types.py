@@ -883,7 +883,9 @@ class _DeltaKind(_Kind):
 
 
 _UUID = _UuidKind()
-_KIND_BY_META = {"u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX)}
+_KIND_BY_META: dict[str, _Kind] = {
+    "u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX), "json": _JsonKind()
+}
 _PLAIN_KINDS: dict[Any, _Kind] = {
     str: _StrKind(), bool: _BoolKind(), uuid.UUID: _UUID, _dt.datetime: _TsKind()
 }
@@ -892,10 +894,7 @@ _PLAIN_KINDS: dict[Any, _Kind] = {
 def _kind_for(tp: Any) -> _Kind:
     origin = get_origin(tp)
     if origin is Annotated:
-        _base, *meta = get_args(tp)
-        if meta and meta[0] == "json":
-            return _JsonKind()
-        return _KIND_BY_META[meta[0]]
+        return _KIND_BY_META[get_args(tp)[1]]
     if origin in (Union, typing.get_origin(int | None)):
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) != 1:
@@ -950,7 +949,6 @@ class Record:
     """
 
     __slots__ = ()
-    _specs: ClassVar[tuple[_Spec, ...]]
 
     @classmethod
     def _field_specs(cls) -> tuple[_Spec, ...]:
@@ -988,11 +986,8 @@ class Record:
 
     def _replace(self: R, **changes: Any) -> R:
         """A copy with ``changes`` applied, trusted like :meth:`_trusted`."""
-        self_cls = type(self)
-        new = object.__new__(self_cls)
-        for spec in self_cls._field_specs():
-            object.__setattr__(new, spec.name, changes.get(spec.name, getattr(self, spec.name)))
-        return new
+        values = {s.name: changes.get(s.name, getattr(self, s.name)) for s in self._field_specs()}
+        return type(self)._trusted(**values)
 
     @classmethod
     def from_json(cls: type[R], obj: Any) -> R:
@@ -1257,12 +1252,11 @@ class AgentEvent(Record):
             raise ValidationError(path, f"expected an event object, got {_tname(obj)}")
         tag = obj.get("type")
         sub = EVENT_TYPES.get(tag) if isinstance(tag, str) else None
+        field = f"{path}.type" if path else "type"
         if sub is None:
-            raise ValidationError(f"{path}.type" if path else "type", f"unknown event type {tag!r}")
+            raise ValidationError(field, f"unknown event type {tag!r}")
         if cls is not AgentEvent and sub is not cls:
-            raise ValidationError(
-                f"{path}.type" if path else "type", f"expected {cls.TYPE!r}, got {tag!r}"
-            )
+            raise ValidationError(field, f"expected {cls.TYPE!r}, got {tag!r}")
         return sub._from_json(obj, path)
 
     def to_json(self) -> dict[str, Any]:
