@@ -688,12 +688,10 @@ class _Kind:
         return value
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _IntKind(_Kind):
-    __slots__ = ("hi", "name")
-
-    def __init__(self, name: str, hi: int) -> None:
-        self.name = name
-        self.hi = hi
+    name: str
+    hi: int
 
     def check(self, value: Any, path: str) -> int:
         if type(value) is not int:
@@ -766,11 +764,9 @@ class _JsonKind(_Kind):
         return thaw_json(value)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _EnumKind(_Kind):
-    __slots__ = ("enum",)
-
-    def __init__(self, enum_cls: type[_StrEnum]) -> None:
-        self.enum = enum_cls
+    enum: type[_StrEnum]
 
     def check(self, value: Any, path: str) -> _StrEnum:
         if isinstance(value, self.enum):
@@ -787,12 +783,10 @@ class _EnumKind(_Kind):
         return str(value.value)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _OptionalKind(_Kind):
-    __slots__ = ("inner",)
     nullable = True
-
-    def __init__(self, inner: _Kind) -> None:
-        self.inner = inner
+    inner: _Kind
 
     def check(self, value: Any, path: str) -> Any:
         return None if value is None else self.inner.check(value, path)
@@ -801,11 +795,9 @@ class _OptionalKind(_Kind):
         return None if value is None else self.inner.dump(value)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _RecordKind(_Kind):
-    __slots__ = ("cls",)
-
-    def __init__(self, cls: type[Record]) -> None:
-        self.cls = cls
+    cls: type[Record]
 
     def check(self, value: Any, path: str) -> Record:
         if isinstance(value, self.cls):
@@ -818,11 +810,9 @@ class _RecordKind(_Kind):
         return value.to_json()
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _TupleKind(_Kind):
-    __slots__ = ("item",)
-
-    def __init__(self, item: _Kind) -> None:
-        self.item = item
+    item: _Kind
 
     def check(self, value: Any, path: str) -> tuple[Any, ...]:
         if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
@@ -839,13 +829,11 @@ class _TupleKind(_Kind):
         return [dump(v) for v in value]
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _MapKind(_Kind):
     """``Mapping[UUID, Record]`` keyed by the record's ``agent_id``."""
 
-    __slots__ = ("item",)
-
-    def __init__(self, item: _RecordKind) -> None:
-        self.item = item
+    item: _RecordKind
 
     def check(self, value: Any, path: str) -> FrozenMap[uuid.UUID, Any]:
         if not isinstance(value, Mapping):
@@ -917,14 +905,12 @@ def _kind_for(tp: Any) -> _Kind:
     raise TypeError(f"unsupported field type {tp!r}")
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Spec:
-    __slots__ = ("default", "has_default", "kind", "name")
-
-    def __init__(self, name: str, kind: _Kind, has_default: bool, default: Any) -> None:
-        self.name = name
-        self.kind = kind
-        self.has_default = has_default
-        self.default = default
+    name: str
+    kind: _Kind
+    has_default: bool
+    default: Any
 
 
 _MISSING = object()
