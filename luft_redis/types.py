@@ -1161,6 +1161,14 @@ class RunCheckpoint(Record):
 # --------------------------------------------------------------------------------------------
 
 
+def _snake_case(name: str) -> str:
+    """``"PipelineStageStarted"`` as ``"pipeline_stage_started"``: the tag luft's serde
+    (``rename_all = "snake_case"``) gives a variant; a delta's ``"kind"`` and an event's
+    ``"type"`` are their class names in this form."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+
 class ProgressDelta(Record):
     """``agent_progress`` payload, tagged by ``"kind"``."""
 
@@ -1185,32 +1193,32 @@ class ProgressDelta(Record):
 
 @_record
 class ProgressMessage(ProgressDelta):
-    KIND: ClassVar[str] = "message"
     text: str
 
 
 @_record
 class ProgressToolCall(ProgressDelta):
-    KIND: ClassVar[str] = "tool_call"
     name: str
     summary: str
 
 
 @_record
 class ProgressFileEdit(ProgressDelta):
-    KIND: ClassVar[str] = "file_edit"
     path: str
 
 
 @_record
 class ProgressTokens(ProgressDelta):
-    KIND: ClassVar[str] = "tokens"
     usage: TokenUsage
 
 
 _DELTA_KINDS: dict[str, type[ProgressDelta]] = {
-    c.KIND: c for c in (ProgressMessage, ProgressToolCall, ProgressFileEdit, ProgressTokens)
+    _snake_case(c.__name__.removeprefix("Progress")): c
+    for c in (ProgressMessage, ProgressToolCall, ProgressFileEdit, ProgressTokens)
 }
+# a delta's "kind" is its class name without "Progress", in snake_case
+for _kind, _delta in _DELTA_KINDS.items():
+    _delta.KIND = _kind
 
 
 @_record
@@ -1251,7 +1259,6 @@ class AgentEvent(Record):
 
 @_record
 class RunStarted(AgentEvent):
-    TYPE: ClassVar[str] = "run_started"
     run_id: uuid.UUID
     task: str
     ts: _dt.datetime = _now()
@@ -1259,7 +1266,6 @@ class RunStarted(AgentEvent):
 
 @_record
 class PhaseStarted(AgentEvent):
-    TYPE: ClassVar[str] = "phase_started"
     run_id: uuid.UUID
     phase_id: U32
     label: str
@@ -1271,7 +1277,6 @@ class PhaseStarted(AgentEvent):
 
 @_record
 class AgentStarted(AgentEvent):
-    TYPE: ClassVar[str] = "agent_started"
     run_id: uuid.UUID
     phase_id: U32
     agent_id: uuid.UUID
@@ -1286,7 +1291,6 @@ class AgentStarted(AgentEvent):
 
 @_record
 class AgentProgress(AgentEvent):
-    TYPE: ClassVar[str] = "agent_progress"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     delta: ProgressDelta
@@ -1294,7 +1298,6 @@ class AgentProgress(AgentEvent):
 
 @_record
 class AcpRaw(AgentEvent):
-    TYPE: ClassVar[str] = "acp_raw"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     kind: str
@@ -1303,7 +1306,6 @@ class AcpRaw(AgentEvent):
 
 @_record
 class AcpRequest(AgentEvent):
-    TYPE: ClassVar[str] = "acp_request"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     method: str
@@ -1312,7 +1314,6 @@ class AcpRequest(AgentEvent):
 
 @_record
 class AgentDone(AgentEvent):
-    TYPE: ClassVar[str] = "agent_done"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     status: AgentStatus
@@ -1329,7 +1330,6 @@ class AgentDone(AgentEvent):
 
 @_record
 class PhaseDone(AgentEvent):
-    TYPE: ClassVar[str] = "phase_done"
     run_id: uuid.UUID
     phase_id: U32
     ok: U64
@@ -1339,7 +1339,6 @@ class PhaseDone(AgentEvent):
 
 @_record
 class RunDone(AgentEvent):
-    TYPE: ClassVar[str] = "run_done"
     run_id: uuid.UUID
     status: RunStatus
     total_tokens: TokenUsage
@@ -1349,7 +1348,6 @@ class RunDone(AgentEvent):
 
 @_record
 class Log(AgentEvent):
-    TYPE: ClassVar[str] = "log"
     run_id: uuid.UUID
     agent_id: uuid.UUID | None = None
     level: LogLevel
@@ -1358,7 +1356,6 @@ class Log(AgentEvent):
 
 @_record
 class BudgetSet(AgentEvent):
-    TYPE: ClassVar[str] = "budget_set"
     run_id: uuid.UUID
     time_limit_ms: U64 | None = None
     max_rounds: U32 | None = None
@@ -1366,7 +1363,6 @@ class BudgetSet(AgentEvent):
 
 @_record
 class ReportEmitted(AgentEvent):
-    TYPE: ClassVar[str] = "report_emitted"
     run_id: uuid.UUID
     phase_id: U32
     report: JsonValue = None
@@ -1374,7 +1370,6 @@ class ReportEmitted(AgentEvent):
 
 @_record
 class ParallelStarted(AgentEvent):
-    TYPE: ClassVar[str] = "parallel_started"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1383,7 +1378,6 @@ class ParallelStarted(AgentEvent):
 
 @_record
 class ParallelDone(AgentEvent):
-    TYPE: ClassVar[str] = "parallel_done"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1395,7 +1389,6 @@ class ParallelDone(AgentEvent):
 
 @_record
 class WorkflowStarted(AgentEvent):
-    TYPE: ClassVar[str] = "workflow_started"
     run_id: uuid.UUID
     span_id: U64
     path: str
@@ -1404,7 +1397,6 @@ class WorkflowStarted(AgentEvent):
 
 @_record
 class WorkflowDone(AgentEvent):
-    TYPE: ClassVar[str] = "workflow_done"
     run_id: uuid.UUID
     span_id: U64
     path: str
@@ -1415,7 +1407,6 @@ class WorkflowDone(AgentEvent):
 
 @_record
 class ConvergeStarted(AgentEvent):
-    TYPE: ClassVar[str] = "converge_started"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1425,7 +1416,6 @@ class ConvergeStarted(AgentEvent):
 
 @_record
 class ConvergeDone(AgentEvent):
-    TYPE: ClassVar[str] = "converge_done"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1439,7 +1429,6 @@ class ConvergeDone(AgentEvent):
 
 @_record
 class PipelineStarted(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_started"
     run_id: uuid.UUID
     total_stages: U64
     items: U64
@@ -1447,7 +1436,6 @@ class PipelineStarted(AgentEvent):
 
 @_record
 class PipelineStageStarted(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_stage_started"
     run_id: uuid.UUID
     stage_index: U64
     label: str
@@ -1456,7 +1444,6 @@ class PipelineStageStarted(AgentEvent):
 
 @_record
 class PipelineItemDone(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_item_done"
     run_id: uuid.UUID
     stage_index: U64
     item_index: U64
@@ -1467,7 +1454,6 @@ class PipelineItemDone(AgentEvent):
 
 @_record
 class PipelineDone(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_done"
     run_id: uuid.UUID
     stages_completed: U64
     total_ok: U64
@@ -1476,7 +1462,6 @@ class PipelineDone(AgentEvent):
 
 @_record
 class SchemaRetry(AgentEvent):
-    TYPE: ClassVar[str] = "schema_retry"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     attempt: U32
@@ -1485,7 +1470,6 @@ class SchemaRetry(AgentEvent):
 
 @_record
 class PlanPreview(AgentEvent):
-    TYPE: ClassVar[str] = "plan_preview"
     run_id: uuid.UUID
     reasoning: str
     phases: tuple[PlanPhase, ...]
@@ -1493,14 +1477,13 @@ class PlanPreview(AgentEvent):
 
 @_record
 class SignalReceived(AgentEvent):
-    TYPE: ClassVar[str] = "signal_received"
     run_id: uuid.UUID | None = None
     signal: str
     ts: _dt.datetime = _now()
 
 
 EVENT_TYPES: dict[str, type[AgentEvent]] = {
-    c.TYPE: c
+    _snake_case(c.__name__): c
     for c in (
         RunStarted, PhaseStarted, AgentStarted, AgentProgress, AcpRaw, AcpRequest, AgentDone,
         PhaseDone, RunDone, Log, BudgetSet, ReportEmitted, ParallelStarted, ParallelDone,
@@ -1509,7 +1492,9 @@ EVENT_TYPES: dict[str, type[AgentEvent]] = {
         SignalReceived,
     )
 }  # fmt: skip
-"""Every event class by its ``"type"`` tag, in the contract's order."""
+"""Every event class by its ``"type"`` tag (its name in snake_case), in the contract's order."""
+for _tag, _event in EVENT_TYPES.items():
+    _event.TYPE = _tag
 
 # Resolve every field spec now, so a bad annotation fails at import, not at first use.
 _ALL_RECORDS: tuple[type[Record], ...] = (
@@ -1518,4 +1503,4 @@ _ALL_RECORDS: tuple[type[Record], ...] = (
 )  # fmt: skip
 for _cls in _ALL_RECORDS:
     _cls._field_specs()
-del _cls
+del _cls, _kind, _delta, _tag, _event
