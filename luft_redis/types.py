@@ -433,7 +433,6 @@ class LogLevel(_StrEnum):
 # Timestamps
 # --------------------------------------------------------------------------------------------
 
-_NS_PER_S = 1_000_000_000
 _US = _dt.timedelta(microseconds=1)
 _PLAIN_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -817,11 +816,10 @@ class _TupleKind(_Kind):
     def check(self, value: Any, path: str) -> tuple[Any, ...]:
         if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
             raise ValidationError(path, f"expected an array, got {_tname(value)}")
-        check = self.item.check
-        if type(value) is tuple and all(
-            type(v) is getattr(self.item, "cls", None) for v in value
-        ):
+        record_cls = getattr(self.item, "cls", None)
+        if type(value) is tuple and all(type(v) is record_cls for v in value):
             return value
+        check = self.item.check
         return tuple(check(v, f"{path}[{i}]") for i, v in enumerate(value))
 
     def dump(self, value: Any) -> list[Any]:
