@@ -712,7 +712,6 @@ class _StrKind(_Kind):
             if not isinstance(value, str):
                 raise ValidationError(path, f"expected a string, got {_tname(value)}")
             value = str(value)
-        assert isinstance(value, str)
         return check_text(value, path)
 
 
@@ -1164,7 +1163,6 @@ def _snake_case(name: str) -> str:
     (``rename_all = "snake_case"``) gives a variant; a delta's ``"kind"`` and an event's
     ``"type"`` are their class names in this form."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
 
 
 class ProgressDelta(Record):
