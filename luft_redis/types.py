@@ -320,7 +320,7 @@ def thaw_json(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
-def _ordering(test: Callable[[int, int], bool]) -> Any:
+def _ordering(test: Callable[[int, int], bool]) -> Callable[[Any, Any], bool]:
     """A rich comparison by ``self._cmp(other)``: an int whose sign orders the two, or None
     when ``other`` does not compare (then ``NotImplemented``)."""
 
@@ -566,10 +566,10 @@ class Timestamp(_Immutable, _dt.datetime):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __lt__ = _ordering(operator.lt)
-    __le__ = _ordering(operator.le)
-    __gt__ = _ordering(operator.gt)
-    __ge__ = _ordering(operator.ge)
+    __lt__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.lt)
+    __le__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.le)
+    __gt__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.gt)
+    __ge__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.ge)
 
     def __hash__(self) -> int:
         base = _dt.datetime.__hash__(self)
