@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import operator
 import re
 import time
 import typing
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import (
     Annotated,
     Any,
@@ -319,6 +320,17 @@ def thaw_json(value: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+def _ordering(test: Callable[[int, int], bool]) -> Callable[[Any, Any], bool]:
+    """A rich comparison by ``self._cmp(other)``: an int whose sign orders the two, or None
+    when ``other`` does not compare (then ``NotImplemented``)."""
+
+    def compare(self: Any, other: Any) -> Any:
+        order = self._cmp(other)
+        return NotImplemented if order is None else test(order, 0)
+
+    return compare
+
+
 class _StrEnum(str, enum.Enum):  # noqa: UP042 (StrEnum changes format())
     def __str__(self) -> str:
         return str(self.value)
@@ -337,25 +349,15 @@ class Severity(_StrEnum):
     def rank(self) -> int:
         return _SEVERITY_RANK[self]
 
-    def __lt__(self, other: object) -> bool:
+    def _cmp(self, other: object) -> int | None:
         if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank < other.rank
+            return None
+        return _SEVERITY_RANK[self] - _SEVERITY_RANK[other]
 
-    def __le__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank <= other.rank
-
-    def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank > other.rank
-
-    def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Severity):
-            return NotImplemented
-        return self.rank >= other.rank
+    __lt__ = _ordering(operator.lt)
+    __le__ = _ordering(operator.le)
+    __gt__ = _ordering(operator.gt)
+    __ge__ = _ordering(operator.ge)
 
 
 _SEVERITY_RANK = {s: i for i, s in enumerate(Severity)}
@@ -431,7 +433,6 @@ class LogLevel(_StrEnum):
 # Timestamps
 # --------------------------------------------------------------------------------------------
 
-_NS_PER_S = 1_000_000_000
 _US = _dt.timedelta(microseconds=1)
 _PLAIN_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 
@@ -565,21 +566,10 @@ class Timestamp(_Immutable, _dt.datetime):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    def __lt__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c < 0
-
-    def __le__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c <= 0
-
-    def __gt__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c > 0
-
-    def __ge__(self, other: _dt.date) -> bool:
-        c = self._cmp(other)
-        return NotImplemented if c is None else c >= 0
+    __lt__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.lt)
+    __le__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.le)
+    __gt__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.gt)
+    __ge__: Callable[[Timestamp, _dt.date], bool] = _ordering(operator.ge)
 
     def __hash__(self) -> int:
         base = _dt.datetime.__hash__(self)
@@ -697,12 +687,10 @@ class _Kind:
         return value
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _IntKind(_Kind):
-    __slots__ = ("hi", "name")
-
-    def __init__(self, name: str, hi: int) -> None:
-        self.name = name
-        self.hi = hi
+    name: str
+    hi: int
 
     def check(self, value: Any, path: str) -> int:
         if type(value) is not int:
@@ -724,7 +712,6 @@ class _StrKind(_Kind):
             if not isinstance(value, str):
                 raise ValidationError(path, f"expected a string, got {_tname(value)}")
             value = str(value)
-        assert isinstance(value, str)
         return check_text(value, path)
 
 
@@ -775,11 +762,9 @@ class _JsonKind(_Kind):
         return thaw_json(value)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _EnumKind(_Kind):
-    __slots__ = ("enum",)
-
-    def __init__(self, enum_cls: type[_StrEnum]) -> None:
-        self.enum = enum_cls
+    enum: type[_StrEnum]
 
     def check(self, value: Any, path: str) -> _StrEnum:
         if isinstance(value, self.enum):
@@ -796,12 +781,10 @@ class _EnumKind(_Kind):
         return str(value.value)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _OptionalKind(_Kind):
-    __slots__ = ("inner",)
     nullable = True
-
-    def __init__(self, inner: _Kind) -> None:
-        self.inner = inner
+    inner: _Kind
 
     def check(self, value: Any, path: str) -> Any:
         return None if value is None else self.inner.check(value, path)
@@ -810,11 +793,9 @@ class _OptionalKind(_Kind):
         return None if value is None else self.inner.dump(value)
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _RecordKind(_Kind):
-    __slots__ = ("cls",)
-
-    def __init__(self, cls: type[Record]) -> None:
-        self.cls = cls
+    cls: type[Record]
 
     def check(self, value: Any, path: str) -> Record:
         if isinstance(value, self.cls):
@@ -827,20 +808,17 @@ class _RecordKind(_Kind):
         return value.to_json()
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _TupleKind(_Kind):
-    __slots__ = ("item",)
-
-    def __init__(self, item: _Kind) -> None:
-        self.item = item
+    item: _Kind
 
     def check(self, value: Any, path: str) -> tuple[Any, ...]:
         if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
             raise ValidationError(path, f"expected an array, got {_tname(value)}")
-        check = self.item.check
-        if type(value) is tuple and all(
-            type(v) is getattr(self.item, "cls", None) for v in value
-        ):
+        record_cls = getattr(self.item, "cls", None)
+        if type(value) is tuple and all(type(v) is record_cls for v in value):
             return value
+        check = self.item.check
         return tuple(check(v, f"{path}[{i}]") for i, v in enumerate(value))
 
     def dump(self, value: Any) -> list[Any]:
@@ -848,13 +826,11 @@ class _TupleKind(_Kind):
         return [dump(v) for v in value]
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _MapKind(_Kind):
     """``Mapping[UUID, Record]`` keyed by the record's ``agent_id``."""
 
-    __slots__ = ("item",)
-
-    def __init__(self, item: _RecordKind) -> None:
-        self.item = item
+    item: _RecordKind
 
     def check(self, value: Any, path: str) -> FrozenMap[uuid.UUID, Any]:
         if not isinstance(value, Mapping):
@@ -892,7 +868,9 @@ class _DeltaKind(_Kind):
 
 
 _UUID = _UuidKind()
-_KIND_BY_META = {"u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX)}
+_KIND_BY_META: dict[str, _Kind] = {
+    "u32": _IntKind("u32", U32_MAX), "u64": _IntKind("u64", U64_MAX), "json": _JsonKind()
+}
 _PLAIN_KINDS: dict[Any, _Kind] = {
     str: _StrKind(), bool: _BoolKind(), uuid.UUID: _UUID, _dt.datetime: _TsKind()
 }
@@ -901,10 +879,7 @@ _PLAIN_KINDS: dict[Any, _Kind] = {
 def _kind_for(tp: Any) -> _Kind:
     origin = get_origin(tp)
     if origin is Annotated:
-        _base, *meta = get_args(tp)
-        if meta and meta[0] == "json":
-            return _JsonKind()
-        return _KIND_BY_META[meta[0]]
+        return _KIND_BY_META[get_args(tp)[1]]
     if origin in (Union, typing.get_origin(int | None)):
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) != 1:
@@ -927,14 +902,12 @@ def _kind_for(tp: Any) -> _Kind:
     raise TypeError(f"unsupported field type {tp!r}")
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Spec:
-    __slots__ = ("default", "has_default", "kind", "name")
-
-    def __init__(self, name: str, kind: _Kind, has_default: bool, default: Any) -> None:
-        self.name = name
-        self.kind = kind
-        self.has_default = has_default
-        self.default = default
+    name: str
+    kind: _Kind
+    has_default: bool
+    default: Any
 
 
 _MISSING = object()
@@ -959,7 +932,6 @@ class Record:
     """
 
     __slots__ = ()
-    _specs: ClassVar[tuple[_Spec, ...]]
 
     @classmethod
     def _field_specs(cls) -> tuple[_Spec, ...]:
@@ -997,11 +969,8 @@ class Record:
 
     def _replace(self: R, **changes: Any) -> R:
         """A copy with ``changes`` applied, trusted like :meth:`_trusted`."""
-        self_cls = type(self)
-        new = object.__new__(self_cls)
-        for spec in self_cls._field_specs():
-            object.__setattr__(new, spec.name, changes.get(spec.name, getattr(self, spec.name)))
-        return new
+        values = {s.name: changes.get(s.name, getattr(self, s.name)) for s in self._field_specs()}
+        return type(self)._trusted(**values)
 
     @classmethod
     def from_json(cls: type[R], obj: Any) -> R:
@@ -1189,6 +1158,13 @@ class RunCheckpoint(Record):
 # --------------------------------------------------------------------------------------------
 
 
+def _snake_case(name: str) -> str:
+    """``"PipelineStageStarted"`` as ``"pipeline_stage_started"``: the tag luft's serde
+    (``rename_all = "snake_case"``) gives a variant; a delta's ``"kind"`` and an event's
+    ``"type"`` are their class names in this form."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
 class ProgressDelta(Record):
     """``agent_progress`` payload, tagged by ``"kind"``."""
 
@@ -1213,32 +1189,32 @@ class ProgressDelta(Record):
 
 @_record
 class ProgressMessage(ProgressDelta):
-    KIND: ClassVar[str] = "message"
     text: str
 
 
 @_record
 class ProgressToolCall(ProgressDelta):
-    KIND: ClassVar[str] = "tool_call"
     name: str
     summary: str
 
 
 @_record
 class ProgressFileEdit(ProgressDelta):
-    KIND: ClassVar[str] = "file_edit"
     path: str
 
 
 @_record
 class ProgressTokens(ProgressDelta):
-    KIND: ClassVar[str] = "tokens"
     usage: TokenUsage
 
 
 _DELTA_KINDS: dict[str, type[ProgressDelta]] = {
-    c.KIND: c for c in (ProgressMessage, ProgressToolCall, ProgressFileEdit, ProgressTokens)
+    _snake_case(c.__name__.removeprefix("Progress")): c
+    for c in (ProgressMessage, ProgressToolCall, ProgressFileEdit, ProgressTokens)
 }
+# a delta's "kind" is its class name without "Progress", in snake_case
+for _kind, _delta in _DELTA_KINDS.items():
+    _delta.KIND = _kind
 
 
 @_record
@@ -1266,12 +1242,11 @@ class AgentEvent(Record):
             raise ValidationError(path, f"expected an event object, got {_tname(obj)}")
         tag = obj.get("type")
         sub = EVENT_TYPES.get(tag) if isinstance(tag, str) else None
+        field = f"{path}.type" if path else "type"
         if sub is None:
-            raise ValidationError(f"{path}.type" if path else "type", f"unknown event type {tag!r}")
+            raise ValidationError(field, f"unknown event type {tag!r}")
         if cls is not AgentEvent and sub is not cls:
-            raise ValidationError(
-                f"{path}.type" if path else "type", f"expected {cls.TYPE!r}, got {tag!r}"
-            )
+            raise ValidationError(field, f"expected {cls.TYPE!r}, got {tag!r}")
         return sub._from_json(obj, path)
 
     def to_json(self) -> dict[str, Any]:
@@ -1280,7 +1255,6 @@ class AgentEvent(Record):
 
 @_record
 class RunStarted(AgentEvent):
-    TYPE: ClassVar[str] = "run_started"
     run_id: uuid.UUID
     task: str
     ts: _dt.datetime = _now()
@@ -1288,7 +1262,6 @@ class RunStarted(AgentEvent):
 
 @_record
 class PhaseStarted(AgentEvent):
-    TYPE: ClassVar[str] = "phase_started"
     run_id: uuid.UUID
     phase_id: U32
     label: str
@@ -1300,7 +1273,6 @@ class PhaseStarted(AgentEvent):
 
 @_record
 class AgentStarted(AgentEvent):
-    TYPE: ClassVar[str] = "agent_started"
     run_id: uuid.UUID
     phase_id: U32
     agent_id: uuid.UUID
@@ -1315,7 +1287,6 @@ class AgentStarted(AgentEvent):
 
 @_record
 class AgentProgress(AgentEvent):
-    TYPE: ClassVar[str] = "agent_progress"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     delta: ProgressDelta
@@ -1323,7 +1294,6 @@ class AgentProgress(AgentEvent):
 
 @_record
 class AcpRaw(AgentEvent):
-    TYPE: ClassVar[str] = "acp_raw"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     kind: str
@@ -1332,7 +1302,6 @@ class AcpRaw(AgentEvent):
 
 @_record
 class AcpRequest(AgentEvent):
-    TYPE: ClassVar[str] = "acp_request"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     method: str
@@ -1341,7 +1310,6 @@ class AcpRequest(AgentEvent):
 
 @_record
 class AgentDone(AgentEvent):
-    TYPE: ClassVar[str] = "agent_done"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     status: AgentStatus
@@ -1358,7 +1326,6 @@ class AgentDone(AgentEvent):
 
 @_record
 class PhaseDone(AgentEvent):
-    TYPE: ClassVar[str] = "phase_done"
     run_id: uuid.UUID
     phase_id: U32
     ok: U64
@@ -1368,7 +1335,6 @@ class PhaseDone(AgentEvent):
 
 @_record
 class RunDone(AgentEvent):
-    TYPE: ClassVar[str] = "run_done"
     run_id: uuid.UUID
     status: RunStatus
     total_tokens: TokenUsage
@@ -1378,7 +1344,6 @@ class RunDone(AgentEvent):
 
 @_record
 class Log(AgentEvent):
-    TYPE: ClassVar[str] = "log"
     run_id: uuid.UUID
     agent_id: uuid.UUID | None = None
     level: LogLevel
@@ -1387,7 +1352,6 @@ class Log(AgentEvent):
 
 @_record
 class BudgetSet(AgentEvent):
-    TYPE: ClassVar[str] = "budget_set"
     run_id: uuid.UUID
     time_limit_ms: U64 | None = None
     max_rounds: U32 | None = None
@@ -1395,7 +1359,6 @@ class BudgetSet(AgentEvent):
 
 @_record
 class ReportEmitted(AgentEvent):
-    TYPE: ClassVar[str] = "report_emitted"
     run_id: uuid.UUID
     phase_id: U32
     report: JsonValue = None
@@ -1403,7 +1366,6 @@ class ReportEmitted(AgentEvent):
 
 @_record
 class ParallelStarted(AgentEvent):
-    TYPE: ClassVar[str] = "parallel_started"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1412,7 +1374,6 @@ class ParallelStarted(AgentEvent):
 
 @_record
 class ParallelDone(AgentEvent):
-    TYPE: ClassVar[str] = "parallel_done"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1424,7 +1385,6 @@ class ParallelDone(AgentEvent):
 
 @_record
 class WorkflowStarted(AgentEvent):
-    TYPE: ClassVar[str] = "workflow_started"
     run_id: uuid.UUID
     span_id: U64
     path: str
@@ -1433,7 +1393,6 @@ class WorkflowStarted(AgentEvent):
 
 @_record
 class WorkflowDone(AgentEvent):
-    TYPE: ClassVar[str] = "workflow_done"
     run_id: uuid.UUID
     span_id: U64
     path: str
@@ -1444,7 +1403,6 @@ class WorkflowDone(AgentEvent):
 
 @_record
 class ConvergeStarted(AgentEvent):
-    TYPE: ClassVar[str] = "converge_started"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1454,7 +1412,6 @@ class ConvergeStarted(AgentEvent):
 
 @_record
 class ConvergeDone(AgentEvent):
-    TYPE: ClassVar[str] = "converge_done"
     run_id: uuid.UUID
     phase_id: U32
     span_id: U64
@@ -1468,7 +1425,6 @@ class ConvergeDone(AgentEvent):
 
 @_record
 class PipelineStarted(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_started"
     run_id: uuid.UUID
     total_stages: U64
     items: U64
@@ -1476,7 +1432,6 @@ class PipelineStarted(AgentEvent):
 
 @_record
 class PipelineStageStarted(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_stage_started"
     run_id: uuid.UUID
     stage_index: U64
     label: str
@@ -1485,7 +1440,6 @@ class PipelineStageStarted(AgentEvent):
 
 @_record
 class PipelineItemDone(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_item_done"
     run_id: uuid.UUID
     stage_index: U64
     item_index: U64
@@ -1496,7 +1450,6 @@ class PipelineItemDone(AgentEvent):
 
 @_record
 class PipelineDone(AgentEvent):
-    TYPE: ClassVar[str] = "pipeline_done"
     run_id: uuid.UUID
     stages_completed: U64
     total_ok: U64
@@ -1505,7 +1458,6 @@ class PipelineDone(AgentEvent):
 
 @_record
 class SchemaRetry(AgentEvent):
-    TYPE: ClassVar[str] = "schema_retry"
     run_id: uuid.UUID
     agent_id: uuid.UUID
     attempt: U32
@@ -1514,7 +1466,6 @@ class SchemaRetry(AgentEvent):
 
 @_record
 class PlanPreview(AgentEvent):
-    TYPE: ClassVar[str] = "plan_preview"
     run_id: uuid.UUID
     reasoning: str
     phases: tuple[PlanPhase, ...]
@@ -1522,14 +1473,13 @@ class PlanPreview(AgentEvent):
 
 @_record
 class SignalReceived(AgentEvent):
-    TYPE: ClassVar[str] = "signal_received"
     run_id: uuid.UUID | None = None
     signal: str
     ts: _dt.datetime = _now()
 
 
 EVENT_TYPES: dict[str, type[AgentEvent]] = {
-    c.TYPE: c
+    _snake_case(c.__name__): c
     for c in (
         RunStarted, PhaseStarted, AgentStarted, AgentProgress, AcpRaw, AcpRequest, AgentDone,
         PhaseDone, RunDone, Log, BudgetSet, ReportEmitted, ParallelStarted, ParallelDone,
@@ -1538,7 +1488,9 @@ EVENT_TYPES: dict[str, type[AgentEvent]] = {
         SignalReceived,
     )
 }  # fmt: skip
-"""Every event class by its ``"type"`` tag, in the contract's order."""
+"""Every event class by its ``"type"`` tag (its name in snake_case), in the contract's order."""
+for _tag, _event in EVENT_TYPES.items():
+    _event.TYPE = _tag
 
 # Resolve every field spec now, so a bad annotation fails at import, not at first use.
 _ALL_RECORDS: tuple[type[Record], ...] = (
@@ -1547,4 +1499,4 @@ _ALL_RECORDS: tuple[type[Record], ...] = (
 )  # fmt: skip
 for _cls in _ALL_RECORDS:
     _cls._field_specs()
-del _cls
+del _cls, _kind, _delta, _tag, _event
