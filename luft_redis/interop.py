@@ -29,7 +29,6 @@ import sqlite3
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -194,6 +193,18 @@ def _check_trimmed(client: Any, prefix: str, run_id: uuid.UUID, allow: bool) -> 
     logger.warning("run %s: %s; exporting what is left (allow_trimmed)", run_id,
                    LOG_TRIMMED_NOTE)  # fmt: skip
     return True
+
+
+@contextlib.contextmanager
+def _translated(run_id: uuid.UUID) -> Iterator[None]:
+    """A Redis error raised inside, as the luft-redis error :func:`translate_error` makes of
+    it; a luft-redis error passes as it is."""
+    try:
+        yield
+    except LuftRedisError:
+        raise
+    except Exception as exc:
+        raise translate_error(exc, run_id=run_id) from exc
 
 
 # --------------------------------------------------------------- JSON as serde_json writes it
@@ -449,11 +460,9 @@ def _read_consistent(
     keys = run_keys(prefix, run_id)
     with RedisCheckpointBackend(client, prefix=prefix, watch=False) as backend:
         for _ in range(20):
-            try:
+            with _translated(run_id):
                 before = client.hmget(keys.run, ["version", "run_dir"])
                 newest = client.xrevrange(keys.events, count=1)
-            except Exception as exc:
-                raise translate_error(exc, run_id=run_id) from exc
             cp = backend.open_run(run_id)
             if cp is None:
                 raise RunNotFoundError(run_id, prefix)
@@ -471,10 +480,8 @@ def _iter_redis_events(client: Any, keys: RunKeys, run_id: uuid.UUID,
         return
     lower = "-"
     while True:
-        try:
+        with _translated(run_id):
             page = client.xrange(keys.events, min=lower, max=last, count=BATCH)
-        except Exception as exc:
-            raise translate_error(exc, run_id=run_id) from exc
         for raw_id, fields in page:
             yield decode_entry(run_id, keys.events, entry_id(raw_id), fields)
         if len(page) < BATCH:
@@ -597,27 +604,6 @@ def _remove(paths: list[Path]) -> None:
 # ------------------------------------------------------------------------- writing to Redis
 
 
-@dataclass
-class _Staging:
-    """The staging keys of one import and what it has written so far."""
-
-    client: Any
-    run_id: uuid.UUID
-    target: RunKeys
-    keys: RunKeys
-    incarnation: str
-    writer: str
-
-    def drop(self) -> None:
-        try:
-            self.client.delete(*self.keys)
-        except Exception:
-            logger.error(
-                "run %s: could not delete the staging keys %s*; they expire in %d s",
-                self.run_id, self.keys.run[: -len("run")], STAGING_TTL, exc_info=True,
-            )  # fmt: skip
-
-
 def _import(
     client: Any,
     cp: t.RunCheckpoint,
@@ -637,53 +623,49 @@ def _import(
     check_prefix(prefix)
     rid = cp.run_id
     target = run_keys(prefix, rid)
-    try:
+    with _translated(rid):
         existed = bool(client.exists(target.run))
-    except Exception as exc:
-        raise translate_error(exc, run_id=rid) from exc
     if existed and not replace:
         raise RunExistsError(rid, f"under prefix {prefix!r}",
                              "pass replace=True / --replace to replace it")  # fmt: skip
     encoder = Encoder(max_payload_size)
-    token = uuid.uuid4().hex
-    staging = _Staging(client, rid, target, staging_keys(prefix, rid, token), uuid.uuid4().hex,
-                       uuid.uuid4().hex)  # fmt: skip
+    s = staging_keys(prefix, rid, uuid.uuid4().hex)
+    incarnation, writer = uuid.uuid4().hex, uuid.uuid4().hex
     save_args = encoder.save(cp, rid)  # checked before anything is written
-    s = staging.keys
     try:
-        try:
+        with _translated(rid):
             client.hset(s.run, mapping={
                 "schema": SCHEMA_VERSION, "run_id": str(rid), "task": cp.task,
                 "run_dir": run_dir, "status": cp.status.value, "current_phase": "0",
                 "total_tokens": "0", "phases": "0", "created_at": str(cp.created_at),
                 "updated_at": str(cp.updated_at), "version": "0",
-                "incarnation": staging.incarnation,
+                "incarnation": incarnation,
             })  # fmt: skip
             client.expire(s.run, STAGING_TTL)
-        except Exception as exc:
-            raise translate_error(exc, run_id=rid) from exc
-        count, started_phase = _stage_events(client, staging, encoder, events, progress, total,
-                                             where)  # fmt: skip
+        count, started_phase = _stage_events(client, rid, s.events, encoder, events, progress,
+                                             total, where)  # fmt: skip
         started = [(a, p) for a in dict.fromkeys(cp.started_agent_ids)
                    if (p := started_phase.get(a)) is not None]  # fmt: skip
-        try:
+        with _translated(rid):
             for i in range(0, len(started), BATCH):
                 client.hset(s.started, mapping={str(a): f"0 {p}" for a, p in
                                                 started[i : i + BATCH]})  # fmt: skip
             save = library().ops.save_checkpoint
             NO_RETRY.call(lambda: call_function(client, save, list(s),
-                                                [staging.writer, "1", *save_args]))  # fmt: skip
+                                                [writer, "1", *save_args]))  # fmt: skip
             pipe = client.pipeline(transaction=False)
             for key in s:
                 pipe.expire(key, STAGING_TTL)
             pipe.execute()
-        except LuftRedisError:
-            raise
-        except Exception as exc:
-            raise translate_error(exc, run_id=rid) from exc
-        reply = _swap(client, staging, cp, replace)
+            restore = library().ops.restore_run
+            args = [writer, "2", "1" if replace else "0", str(cp.updated_at), incarnation]
+            reply = DEFAULT_RETRY.call(lambda: call_function(client, restore, [*target, *s], args))
     except BaseException:
-        staging.drop()
+        try:
+            client.delete(*s)
+        except Exception:
+            logger.error("run %s: could not delete the staging keys %s*; they expire in %d s",
+                         rid, s.run[: -len("run")], STAGING_TTL, exc_info=True)  # fmt: skip
         raise
     try:
         delta = parse_delta(bytes(reply))
@@ -698,7 +680,8 @@ def _import(
 
 def _stage_events(
     client: Any,
-    staging: _Staging,
+    rid: uuid.UUID,
+    key: str,
     encoder: Encoder,
     events: Iterable[tuple[str, t.AgentEvent]],
     progress: Progress | None,
@@ -707,23 +690,16 @@ def _stage_events(
 ) -> tuple[int, dict[uuid.UUID, int]]:
     """XADD the events to the staging stream in pipelined batches; returns their number and
     the phase of each agent's latest agent_started (kept as the normal write path keeps it)."""
-    rid, key = staging.run_id, staging.keys.events
     started_phase: dict[uuid.UUID, int] = {}
     count = 0
     pipe = client.pipeline(transaction=False)
-    queued = 0
 
     def flush() -> None:
-        nonlocal pipe, queued
-        if not queued:
-            return
+        nonlocal pipe
         pipe.expire(key, STAGING_TTL)
-        try:
+        with _translated(rid):
             pipe.execute()
-        except Exception as exc:
-            raise translate_error(exc, run_id=rid) from exc
         pipe = client.pipeline(transaction=False)
-        queued = 0
 
     for position, event in events:
         try:
@@ -735,24 +711,13 @@ def _stage_events(
         if isinstance(event, t.AgentStarted):
             started_phase[event.agent_id] = event.phase_id
         count += 1
-        queued += 1
-        if queued >= BATCH:
+        if count % BATCH == 0:
             flush()
             if progress is not None:
                 progress(count, total)
-    flush()
+    if count % BATCH:
+        flush()
     return count, started_phase
-
-
-def _swap(client: Any, staging: _Staging, cp: t.RunCheckpoint, replace: bool) -> Any:
-    restore = library().ops.restore_run
-    keys = [*staging.target, *staging.keys]
-    args = [staging.writer, "2", "1" if replace else "0", str(cp.updated_at),
-            staging.incarnation]  # fmt: skip
-    try:
-        return DEFAULT_RETRY.call(lambda: call_function(client, restore, keys, args))
-    except Exception as exc:
-        raise translate_error(exc, run_id=staging.run_id) from exc
 
 
 def import_run(
