@@ -221,19 +221,16 @@ def _serde_float(value: float) -> str:
     mantissa, _, exp_text = text.partition("e")
     whole, _, frac = mantissa.partition(".")
     digits = (whole + frac).lstrip("0")
-    k = (int(exp_text) if exp_text else 0) - len(frac)
-    stripped = digits.rstrip("0")
-    k += len(digits) - len(stripped)
-    digits = stripped
-    length = len(digits)
-    kk = length + k  # the decimal point sits after kk digits
+    kk = len(digits) + (int(exp_text) if exp_text else 0) - len(frac)  # the decimal point
+    digits = digits.rstrip("0")  # sits after kk digits, k zeros after the significant ones
+    k = kk - len(digits)
     if k >= 0 and kk <= 16:
         out = digits + "0" * k + ".0"
     elif 0 < kk <= 16:
         out = digits[:kk] + "." + digits[kk:]
     elif -5 < kk <= 0:
         out = "0." + "0" * -kk + digits
-    elif length == 1:
+    elif len(digits) == 1:
         out = f"{digits}e{kk - 1}"
     else:
         out = f"{digits[0]}.{digits[1:]}e{kk - 1}"
@@ -241,14 +238,8 @@ def _serde_float(value: float) -> str:
 
 
 def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(int(value))
+    if value is None or isinstance(value, int):  # null, true, false or the digits (a bool too)
+        return json.dumps(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValidationError("", f"{value!r} has no JSON form")
@@ -333,20 +324,19 @@ class _Repeated(NamedTuple):
     """The JSON objects of one document that named a key more than once (by ``id``; each
     entry keeps its object alive so the id is not reused)."""
 
-    objects: dict[int, tuple[dict[str, Any], list[str]]]
+    objects: dict[int, tuple[dict[str, Any], str]]
 
     def hook(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         """``object_pairs_hook``: the object as ``json.loads`` makes it (the last value of a
-        repeated key wins), remembering the keys it repeated."""
+        repeated key wins), remembering the first key it repeated."""
         obj = dict(pairs)
         if len(obj) != len(pairs):
             seen: set[str] = set()
-            repeated: list[str] = []
             for key, _ in pairs:
-                if key in seen and key not in repeated:
-                    repeated.append(key)
+                if key in seen:
+                    self.objects[id(obj)] = (obj, key)
+                    break
                 seen.add(key)
-            self.objects[id(obj)] = (obj, repeated)
         return obj
 
     def check(self, value: Any, path: str = "") -> None:
@@ -362,7 +352,7 @@ class _Repeated(NamedTuple):
             return
         entry = self.objects.get(id(value))
         if entry is not None and entry[0] is value:
-            key = entry[1][0]
+            key = entry[1]
             raise ValidationError(
                 f"{path}.{key}" if path else key,
                 "field named twice (luft's serde refuses a duplicate field)",
@@ -404,15 +394,20 @@ def _load(text: str, path: Path, line: int | None, record: Callable[[Any], _R]) 
         raise RunFileError(path, line, exc.message, exc.field) from None
 
 
+def _unreadable(path: Path, exc: OSError) -> RunFileError:
+    """The :class:`RunFileError` of a run file that cannot be opened or read."""
+    if isinstance(exc, FileNotFoundError):
+        return RunFileError(path, None, "no such file")
+    return RunFileError(path, None, f"cannot read: {exc.strerror or exc}")
+
+
 def read_checkpoint_file(path: str | os.PathLike[str]) -> t.RunCheckpoint:
     """The RunCheckpoint of a ``checkpoint.json`` (pretty or compact, any key order)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
-    except FileNotFoundError:
-        raise RunFileError(p, None, "no such file") from None
     except OSError as exc:
-        raise RunFileError(p, None, f"cannot read: {exc.strerror or exc}") from None
+        raise _unreadable(p, exc) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -426,10 +421,8 @@ def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.Agent
     p = Path(path)
     try:
         handle = p.open("rb")
-    except FileNotFoundError:
-        raise RunFileError(p, None, "no such file") from None
     except OSError as exc:
-        raise RunFileError(p, None, f"cannot read: {exc.strerror or exc}") from None
+        raise _unreadable(p, exc) from None
     with handle:
         for number, raw in enumerate(handle, 1):
             try:
