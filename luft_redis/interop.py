@@ -839,11 +839,16 @@ def _connect_sqlite(path: str | os.PathLike[str]) -> sqlite3.Connection:
     return conn
 
 
-def _columns(conn: sqlite3.Connection, table: str) -> dict[str, tuple[str, bool, bool]]:
-    """``column -> (declared type, not null, has a default)`` of ``table``."""
-    rows = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
-    return {r[1]: (str(r[2] or "").upper(), bool(r[3]), r[4] is not None or bool(r[5]))
-            for r in rows}  # fmt: skip
+def _columns(conn: sqlite3.Connection, table: str) -> dict[str, str]:
+    """``column -> declared type`` (upper case) of ``table``."""
+    return {r[1]: str(r[2] or "").upper() for r in conn.execute(f'PRAGMA table_info("{table}")')}
+
+
+def _select(conn: sqlite3.Connection, table: str, columns: Iterable[str], run_id: uuid.UUID,
+            rest: str = "") -> sqlite3.Cursor:  # fmt: skip
+    """``columns`` of the rows of ``table`` of run ``run_id`` (``rest``: more of the query)."""
+    return conn.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ?{rest}",
+                        (run_id.bytes,))  # fmt: skip
 
 
 def check_sqlite_schema(conn: sqlite3.Connection, path: str = "<database>") -> None:
@@ -863,10 +868,9 @@ def sqlite_run_ids(path: str | os.PathLike[str]) -> list[uuid.UUID]:
     conn = _connect_sqlite(path)
     try:
         check_sqlite_schema(conn, str(path))
-        ids = []
-        for n, (raw,) in enumerate(conn.execute("SELECT run_id FROM checkpoints"), 1):
-            ids.append(_blob_uuid(raw, str(path), "checkpoints", "run_id", f"row {n}"))
-        return sorted(ids)
+        rows = enumerate(conn.execute("SELECT run_id FROM checkpoints"), 1)
+        return sorted(_blob_uuid(raw, str(path), "checkpoints", "run_id", f"row {n}")
+                      for n, (raw,) in rows)  # fmt: skip
     finally:
         conn.close()
 
@@ -904,23 +908,19 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
                            path: str = "<database>") -> tuple[t.RunCheckpoint, str]:  # fmt: skip
     """Rebuild run ``run_id``'s checkpoint as luft's ``rebuild_checkpoint`` does, and its
     ``run_dir``. The run's finding list is its agents' findings, in the agents' row order."""
-    rid = run_id.bytes
     of_run = f"run {run_id}"
-    run = conn.execute("SELECT task, run_dir FROM runs WHERE run_id = ?", (rid,)).fetchone()
+    run = _select(conn, "runs", ("task", "run_dir"), run_id).fetchone()
     if run is None:
         raise RunNotFoundError(run_id)
     _check_text(run, ("task", "run_dir"), path, "runs", of_run)
-    ck_columns = ("status", "current_phase", "total_tokens", "created_at", "updated_at",
-                  "workflow_meta", "started_agent_ids")  # fmt: skip
-    ck = conn.execute(f"SELECT {', '.join(ck_columns)} FROM checkpoints WHERE run_id = ?",
-                      (rid,)).fetchone()  # fmt: skip
+    ck_columns = SQLITE_COLUMNS["checkpoints"][1:]  # all but run_id
+    ck = _select(conn, "checkpoints", ck_columns, run_id).fetchone()
     if ck is None:
         raise SqliteDataError(path, "checkpoints", of_run, "no checkpoint row")
     _check_text(ck[:5], ck_columns[:5], path, "checkpoints", of_run)
     phase_columns = ("phase_id", "label", "planned", "ok", "failed", "description", "role")
     phases = []
-    for r in conn.execute(f"SELECT {', '.join(phase_columns)} FROM phases WHERE run_id = ? "
-                          "ORDER BY phase_id", (rid,)):  # fmt: skip
+    for r in _select(conn, "phases", phase_columns, run_id, " ORDER BY phase_id"):
         _check_text(r, phase_columns, path, "phases", f"{of_run}, phase {r[0]!r:.40}")
         phases.append(dict(zip(phase_columns, r, strict=True)))
     agent_columns = ("agent_id", "phase_id", "status", "output", "findings_json",
@@ -928,9 +928,8 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
                      "completed_at")  # fmt: skip
     results: dict[str, Any] = {}
     findings: list[Any] = []
-    for n, r in enumerate(conn.execute(
-        f"SELECT {', '.join(agent_columns)} FROM agents "
-        "WHERE run_id = ? AND status != 'running' ORDER BY rowid", (rid,)), 1):  # fmt: skip
+    for n, r in enumerate(_select(conn, "agents", agent_columns, run_id,
+                                  " AND status != 'running' ORDER BY rowid"), 1):  # fmt: skip
         aid = str(_blob_uuid(r[0], path, "agents", "agent_id", f"{of_run}, row {n}"))
         row = f"{of_run}, agent {aid}"
         _check_text(r, agent_columns, path, "agents", row)
@@ -945,12 +944,10 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
         }  # fmt: skip
         if isinstance(agent_findings, list):
             findings += agent_findings
-    session_columns = ("agent_id", "backend_id", "protocol_session_id", "session_id", "status",
-                       "updated_at", "resumable")  # fmt: skip
+    session_columns = SQLITE_COLUMNS["agent_sessions"][1:]  # all but run_id
     sessions: dict[str, Any] = {}
-    for n, r in enumerate(conn.execute(
-        f"SELECT {', '.join(session_columns)} FROM agent_sessions WHERE run_id = ? "
-        "ORDER BY rowid", (rid,)), 1):  # fmt: skip
+    for n, r in enumerate(_select(conn, "agent_sessions", session_columns, run_id,
+                                  " ORDER BY rowid"), 1):  # fmt: skip
         aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id", f"{of_run}, row {n}"))
         _check_text(r, session_columns, path, "agent_sessions", f"{of_run}, agent {aid}")
         sessions[aid] = {**dict(zip(session_columns, r, strict=True)), "agent_id": aid,
@@ -973,9 +970,7 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
 
 def _iter_sqlite_events(conn: sqlite3.Connection, run_id: uuid.UUID,
                         path: str) -> Iterator[tuple[str, t.AgentEvent]]:  # fmt: skip
-    cursor = conn.execute("SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq",
-                          (run_id.bytes,))  # fmt: skip
-    for seq, payload in cursor:
+    for seq, payload in _select(conn, "events", ("seq", "payload"), run_id, " ORDER BY seq"):
         obj = _json_col(payload, path, "events", "payload", f"seq {seq}", struct=True)
         try:
             yield str(seq), t.AgentEvent.from_json(obj)
@@ -1005,8 +1000,7 @@ def import_sqlite(
         check_sqlite_schema(conn, where_path)
         for rid in ids:
             cp, run_dir = read_sqlite_checkpoint(conn, rid, where_path)
-            (total,) = conn.execute("SELECT count(*) FROM events WHERE run_id = ?",
-                                    (rid.bytes,)).fetchone()  # fmt: skip
+            (total,) = _select(conn, "events", ("count(*)",), rid).fetchone()
 
             def where(position: str, exc: LuftRedisError) -> LuftRedisError:
                 return SqliteDataError(where_path, "events", f"seq {position}", str(exc))
@@ -1103,13 +1097,12 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
                       "runs"):  # fmt: skip
             conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
     started_ts = t.format_timestamp(t.Timestamp.from_unix_nanos(cp.created_at * 1_000_000_000))
-    run_cols = _columns(conn, "runs")
+    created_type = _columns(conn, "runs").get("created_at")  # a column of some luft schemas
     first_ts: str | None = None
     run_row: dict[str, Any] = {"run_id": rid, "task": cp.task, "status": cp.status.value,
                                "started_ts": started_ts, "run_dir": run_dir}  # fmt: skip
-    if "created_at" in run_cols:
-        kind = run_cols["created_at"][0]
-        run_row["created_at"] = cp.created_at if "INT" in kind else started_ts
+    if created_type is not None:
+        run_row["created_at"] = cp.created_at if "INT" in created_type else started_ts
     _insert(conn, "runs", run_row)
     _insert(conn, "checkpoints", {
         "run_id": rid, "status": cp.status.value, "current_phase": cp.current_phase,
@@ -1119,29 +1112,25 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
         "started_agent_ids": dumps_compact([str(a) for a in cp.started_agent_ids]),
     })  # fmt: skip
     # the events (streamed), remembering what other tables take from them
-    phase_ts: dict[int, list[str | None]] = {}
+    phase_ts: dict[tuple[str, int], str] = {}  # (phase_started or phase_done, phase id) -> ts
     agent_info: dict[uuid.UUID, dict[str, Any]] = {}
     count = 0
     pending: list[tuple[Any, ...]] = []
-    previous: str | None = None
+    ts = started_ts  # an event without its own ts takes the one before it
     for event in _iter_redis_events(client, keys, cp.run_id, last):
-        ts = _event_ts(event)
+        own_ts = _event_ts(event)
         if isinstance(event, t.RunStarted) and first_ts is None:
-            first_ts = ts
-        if ts is None:
-            ts = previous if previous is not None else started_ts
-        previous = ts
-        if isinstance(event, t.PhaseStarted):
-            phase_ts.setdefault(event.phase_id, [None, None])[0] = ts
-        elif isinstance(event, t.PhaseDone):
-            phase_ts.setdefault(event.phase_id, [None, None])[1] = ts
+            first_ts = own_ts
+        ts = own_ts if own_ts is not None else ts
+        if isinstance(event, (t.PhaseStarted, t.PhaseDone)):
+            phase_ts[event.TYPE, event.phase_id] = ts
         elif isinstance(event, t.AgentStarted):
-            info = agent_info.setdefault(event.agent_id, {})
-            info.update(model=event.model, prompt_preview=event.prompt_preview, started_ts=ts)
+            agent_info.setdefault(event.agent_id, {}).update(
+                model=event.model, prompt_preview=event.prompt_preview, started_ts=ts)  # fmt: skip
         elif isinstance(event, t.AgentDone):
-            info = agent_info.setdefault(event.agent_id, {})
-            info.update(tokens=event.tokens, retry_count=event.retry_count, done_ts=ts,
-                        elapsed_ms=event.elapsed_ms)  # fmt: skip
+            agent_info.setdefault(event.agent_id, {}).update(
+                tokens=event.tokens, retry_count=event.retry_count, done_ts=ts,
+                elapsed_ms=event.elapsed_ms)  # fmt: skip
         pending.append((rid, ts, event.TYPE, dumps_compact(event.to_json())))
         count += 1
         if len(pending) >= BATCH:
@@ -1152,14 +1141,14 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
     _insert_events(conn, pending)
     if first_ts is not None and first_ts != started_ts:
         conn.execute("UPDATE runs SET started_ts = ? WHERE run_id = ?", (first_ts, rid))
-        if "created_at" in run_cols and "INT" not in run_cols["created_at"][0]:
+        if created_type is not None and "INT" not in created_type:
             conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (first_ts, rid))
 
     for p in cp.completed_phases:
-        ts_pair = phase_ts.get(p.phase_id, [None, None])
         # a PhaseSummary's (an AgentSessionCheckpoint's) fields are its table's columns
-        _insert(conn, "phases", {"run_id": rid, **p.to_json(), "started_ts": ts_pair[0],
-                                 "done_ts": ts_pair[1]})  # fmt: skip
+        _insert(conn, "phases", {"run_id": rid, **p.to_json(),
+                                 "started_ts": phase_ts.get(("phase_started", p.phase_id)),
+                                 "done_ts": phase_ts.get(("phase_done", p.phase_id))})  # fmt: skip
     agent_cols = _columns(conn, "agents")
     for aid in sorted(cp.agent_results):
         r = cp.agent_results[aid]
@@ -1199,9 +1188,7 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
 
 
 def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    if rows:
-        conn.executemany("INSERT INTO events (run_id, ts, type, payload) VALUES (?, ?, ?, ?)",
-                         rows)  # fmt: skip
+    conn.executemany("INSERT INTO events (run_id, ts, type, payload) VALUES (?, ?, ?, ?)", rows)
 
 
 def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any],
