@@ -214,11 +214,8 @@ def _serde_float(value: float) -> str:
     """A finite float as serde_json writes an f64 (ryu's shortest digits, its layout)."""
     if value == 0:
         return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-    text = repr(value)
-    sign = ""
-    if text[0] == "-":
-        sign, text = "-", text[1:]
-    mantissa, _, exp_text = text.partition("e")
+    sign = "-" if value < 0 else ""
+    mantissa, _, exp_text = repr(abs(value)).partition("e")
     whole, _, frac = mantissa.partition(".")
     digits = (whole + frac).lstrip("0")
     kk = len(digits) + (int(exp_text) if exp_text else 0) - len(frac)  # the decimal point
@@ -291,8 +288,7 @@ def checkpoint_json(cp: t.RunCheckpoint) -> dict[str, Any]:
     """luft's JSON object of ``cp`` with the maps sorted by agent id (a stable byte form)."""
     obj = cp.to_json()
     for name in ("agent_results", "agent_sessions"):
-        entries = obj[name]
-        obj[name] = {k: entries[k] for k in sorted(entries)}
+        obj[name] = dict(sorted(obj[name].items()))
     return obj
 
 
@@ -763,9 +759,8 @@ def import_run_dir(
         raise RunFileError(events_path, None, "no such file")
 
     def where(position: str, exc: LuftRedisError) -> LuftRedisError:
-        field = getattr(exc, "field", "")
-        message = getattr(exc, "message", str(exc))
-        return RunFileError(events_path, int(position), message, field)
+        return RunFileError(events_path, int(position), getattr(exc, "message", str(exc)),
+                            getattr(exc, "field", ""))  # fmt: skip
 
     events = ((str(n), e) for n, e in read_event_file(events_path))
     return _import(client, cp, events, prefix=prefix,
@@ -1085,16 +1080,11 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
                   keys: RunKeys, run_dir: str, replace: bool, path: str,
                   progress: Progress | None) -> int:  # fmt: skip
     rid = cp.run_id.bytes
-    exists = conn.execute(
-        "SELECT 1 FROM runs WHERE run_id = ? UNION ALL SELECT 1 FROM checkpoints WHERE run_id = ?",
-        (rid, rid),
-    ).fetchone()
-    if exists is not None:
+    if any(_select(conn, table, ("1",), cp.run_id).fetchone() for table in ("runs", "checkpoints")):
         if not replace:
             raise RunExistsError(cp.run_id, "in this SQLite database",
                                  "pass replace=True / --replace to replace it")  # fmt: skip
-        for table in ("events", "findings", "agent_sessions", "agents", "phases", "checkpoints",
-                      "runs"):  # fmt: skip
+        for table in reversed(SQLITE_COLUMNS):  # the rows that reference a run first, runs last
             conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
     started_ts = t.format_timestamp(t.Timestamp.from_unix_nanos(cp.created_at * 1_000_000_000))
     created_type = _columns(conn, "runs").get("created_at")  # a column of some luft schemas
@@ -1166,9 +1156,7 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
             "cache_key_hash": r.cache_key_hash, "description": r.description, "role": r.role,
             "completed_at": r.completed_at, "retry_count": info.get("retry_count", 0),
         }  # fmt: skip
-        for extra in _AGENT_EXTRAS:
-            if extra in agent_cols and extra in info:
-                row[extra] = info[extra]
+        row.update({k: info[k] for k in _AGENT_EXTRAS if k in agent_cols and k in info})
         _insert(conn, "agents", row)
         for f in r.findings:
             line = f.location.line if f.location is not None else None
