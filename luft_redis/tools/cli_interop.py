@@ -67,11 +67,7 @@ def progress_reporter(
         console = importlib.import_module("rich.console").Console(file=out)
         with rich_progress.Progress(console=console, transient=True) as bar:
             task = bar.add_task(label, total=None)
-
-            def update_rich(done: int, total: int | None) -> None:
-                bar.update(task, completed=done, total=total)
-
-            yield update_rich
+            yield lambda done, total: bar.update(task, completed=done, total=total)
         return
     last = 0.0
 
@@ -191,9 +187,7 @@ def add_commands(sub: Any) -> None:
     )
     imp.add_argument("directory", metavar="DIR")
     imp.add_argument("--replace", action="store_true", help="replace the run if it exists")
-    imp.add_argument(
-        "--run-dir", default=None, help="run_dir to store (default: DIR's absolute path)"
-    )
+    imp.add_argument("--run-dir", help="run_dir to store (default: DIR's absolute path)")
     _add_connection(imp, _cmd_import)
 
     isql = sub.add_parser(
@@ -206,7 +200,6 @@ def add_commands(sub: Any) -> None:
         "--run",
         metavar="RUN_ID",
         type=parse_run_id,
-        default=None,
         help="only this run (default: every run with a checkpoint)",
     )
     isql.add_argument("--replace", action="store_true", help="replace runs that exist")
