@@ -681,14 +681,12 @@ def _stage_events(
     the phase of each agent's latest agent_started (kept as the normal write path keeps it)."""
     started_phase: dict[uuid.UUID, int] = {}
     count = 0
-    pipe = client.pipeline(transaction=False)
+    pipe = client.pipeline(transaction=False)  # execute() empties it for the next batch
 
     def flush() -> None:
-        nonlocal pipe
         pipe.expire(key, STAGING_TTL)
         with _translated(rid):
             pipe.execute()
-        pipe = client.pipeline(transaction=False)
 
     for position, event in events:
         try:
