@@ -522,9 +522,8 @@ def export_run_dir(
     try:
         tmp_events = _create_temp(targets[0], temps)
         with tmp_events.open("w", encoding="utf-8", newline="\n") as handle:
-            for event in _iter_redis_events(client, keys, rid, last):
+            for count, event in enumerate(_iter_redis_events(client, keys, rid, last), 1):
                 handle.write(dumps_compact(event.to_json()) + "\n")
-                count += 1
                 if progress is not None and count % BATCH == 0:
                     progress(count, None)
         if not trimmed:  # trimmed while it was read: the file may lack the oldest events
@@ -688,7 +687,7 @@ def _stage_events(
         with _translated(rid):
             pipe.execute()
 
-    for position, event in events:
+    for count, (position, event) in enumerate(events, 1):
         try:
             args = encoder.event(event, "event", rid)
         except LuftRedisError as exc:
@@ -697,7 +696,6 @@ def _stage_events(
         pipe.xadd(key, dict(zip(entry[::2], entry[1::2], strict=True)))
         if isinstance(event, t.AgentStarted):
             started_phase[event.agent_id] = event.phase_id
-        count += 1
         if count % BATCH == 0:
             flush()
             if progress is not None:
@@ -1105,7 +1103,7 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
     count = 0
     pending: list[tuple[Any, ...]] = []
     ts = started_ts  # an event without its own ts takes the one before it
-    for event in _iter_redis_events(client, keys, cp.run_id, last):
+    for count, event in enumerate(_iter_redis_events(client, keys, cp.run_id, last), 1):
         own_ts = _event_ts(event)
         if isinstance(event, t.RunStarted) and first_ts is None:
             first_ts = own_ts
@@ -1120,7 +1118,6 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
                 tokens=event.tokens, retry_count=event.retry_count, done_ts=ts,
                 elapsed_ms=event.elapsed_ms)  # fmt: skip
         pending.append((rid, ts, event.TYPE, dumps_compact(event.to_json())))
-        count += 1
         if len(pending) >= BATCH:
             _insert_events(conn, pending)
             pending = []
