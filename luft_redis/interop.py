@@ -526,8 +526,8 @@ def export_run_dir(
                 handle.write(dumps_compact(event.to_json()) + "\n")
                 if progress is not None and count % BATCH == 0:
                     progress(count, None)
-        if not trimmed:  # trimmed while it was read: the file may lack the oldest events
-            trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
+        # trimmed while it was read? the file may lack the oldest events
+        trimmed = trimmed or _check_trimmed(client, prefix, rid, allow_trimmed)
         tmp_cp = _create_temp(targets[1], temps)
         tmp_cp.write_text(dumps_pretty(checkpoint_json(cp)), encoding="utf-8", newline="\n")
         _check_export_targets(out, targets, overwrite)  # again: the export took a while
@@ -1045,8 +1045,8 @@ def export_sqlite(
         try:
             count = _write_sqlite(conn, client, cp, last, keys, run_dir, replace, where_path,
                                   progress)  # fmt: skip
-            if not trimmed:  # trimmed while it was read: the rows may lack the oldest events
-                trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
+            # trimmed while it was read? the rows may lack the oldest events
+            trimmed = trimmed or _check_trimmed(client, prefix, rid, allow_trimmed)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
