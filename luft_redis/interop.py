@@ -29,7 +29,6 @@ import sqlite3
 import stat
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -196,6 +195,18 @@ def _check_trimmed(client: Any, prefix: str, run_id: uuid.UUID, allow: bool) -> 
     return True
 
 
+@contextlib.contextmanager
+def _translated(run_id: uuid.UUID) -> Iterator[None]:
+    """A Redis error raised inside, as the luft-redis error :func:`translate_error` makes of
+    it; a luft-redis error passes as it is."""
+    try:
+        yield
+    except LuftRedisError:
+        raise
+    except Exception as exc:
+        raise translate_error(exc, run_id=run_id) from exc
+
+
 # --------------------------------------------------------------- JSON as serde_json writes it
 
 
@@ -203,26 +214,20 @@ def _serde_float(value: float) -> str:
     """A finite float as serde_json writes an f64 (ryu's shortest digits, its layout)."""
     if value == 0:
         return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-    text = repr(value)
-    sign = ""
-    if text[0] == "-":
-        sign, text = "-", text[1:]
-    mantissa, _, exp_text = text.partition("e")
+    sign = "-" if value < 0 else ""
+    mantissa, _, exp_text = repr(abs(value)).partition("e")
     whole, _, frac = mantissa.partition(".")
     digits = (whole + frac).lstrip("0")
-    k = (int(exp_text) if exp_text else 0) - len(frac)
-    stripped = digits.rstrip("0")
-    k += len(digits) - len(stripped)
-    digits = stripped
-    length = len(digits)
-    kk = length + k  # the decimal point sits after kk digits
+    kk = len(digits) + (int(exp_text) if exp_text else 0) - len(frac)  # the decimal point
+    digits = digits.rstrip("0")  # sits after kk digits, k zeros after the significant ones
+    k = kk - len(digits)
     if k >= 0 and kk <= 16:
         out = digits + "0" * k + ".0"
     elif 0 < kk <= 16:
         out = digits[:kk] + "." + digits[kk:]
     elif -5 < kk <= 0:
         out = "0." + "0" * -kk + digits
-    elif length == 1:
+    elif len(digits) == 1:
         out = f"{digits}e{kk - 1}"
     else:
         out = f"{digits[0]}.{digits[1:]}e{kk - 1}"
@@ -230,14 +235,8 @@ def _serde_float(value: float) -> str:
 
 
 def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return str(int(value))
+    if value is None or isinstance(value, int):  # null, true, false or the digits (a bool too)
+        return json.dumps(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValidationError("", f"{value!r} has no JSON form")
@@ -289,8 +288,7 @@ def checkpoint_json(cp: t.RunCheckpoint) -> dict[str, Any]:
     """luft's JSON object of ``cp`` with the maps sorted by agent id (a stable byte form)."""
     obj = cp.to_json()
     for name in ("agent_results", "agent_sessions"):
-        entries = obj[name]
-        obj[name] = {k: entries[k] for k in sorted(entries)}
+        obj[name] = dict(sorted(obj[name].items()))
     return obj
 
 
@@ -322,20 +320,19 @@ class _Repeated(NamedTuple):
     """The JSON objects of one document that named a key more than once (by ``id``; each
     entry keeps its object alive so the id is not reused)."""
 
-    objects: dict[int, tuple[dict[str, Any], list[str]]]
+    objects: dict[int, tuple[dict[str, Any], str]]
 
     def hook(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         """``object_pairs_hook``: the object as ``json.loads`` makes it (the last value of a
-        repeated key wins), remembering the keys it repeated."""
+        repeated key wins), remembering the first key it repeated."""
         obj = dict(pairs)
         if len(obj) != len(pairs):
             seen: set[str] = set()
-            repeated: list[str] = []
             for key, _ in pairs:
-                if key in seen and key not in repeated:
-                    repeated.append(key)
+                if key in seen:
+                    self.objects[id(obj)] = (obj, key)
+                    break
                 seen.add(key)
-            self.objects[id(obj)] = (obj, repeated)
         return obj
 
     def check(self, value: Any, path: str = "") -> None:
@@ -351,7 +348,7 @@ class _Repeated(NamedTuple):
             return
         entry = self.objects.get(id(value))
         if entry is not None and entry[0] is value:
-            key = entry[1][0]
+            key = entry[1]
             raise ValidationError(
                 f"{path}.{key}" if path else key,
                 "field named twice (luft's serde refuses a duplicate field)",
@@ -393,15 +390,20 @@ def _load(text: str, path: Path, line: int | None, record: Callable[[Any], _R]) 
         raise RunFileError(path, line, exc.message, exc.field) from None
 
 
+def _unreadable(path: Path, exc: OSError) -> RunFileError:
+    """The :class:`RunFileError` of a run file that cannot be opened or read."""
+    if isinstance(exc, FileNotFoundError):
+        return RunFileError(path, None, "no such file")
+    return RunFileError(path, None, f"cannot read: {exc.strerror or exc}")
+
+
 def read_checkpoint_file(path: str | os.PathLike[str]) -> t.RunCheckpoint:
     """The RunCheckpoint of a ``checkpoint.json`` (pretty or compact, any key order)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
-    except FileNotFoundError:
-        raise RunFileError(p, None, "no such file") from None
     except OSError as exc:
-        raise RunFileError(p, None, f"cannot read: {exc.strerror or exc}") from None
+        raise _unreadable(p, exc) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -415,10 +417,8 @@ def read_event_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, t.Agent
     p = Path(path)
     try:
         handle = p.open("rb")
-    except FileNotFoundError:
-        raise RunFileError(p, None, "no such file") from None
     except OSError as exc:
-        raise RunFileError(p, None, f"cannot read: {exc.strerror or exc}") from None
+        raise _unreadable(p, exc) from None
     with handle:
         for number, raw in enumerate(handle, 1):
             try:
@@ -449,11 +449,9 @@ def _read_consistent(
     keys = run_keys(prefix, run_id)
     with RedisCheckpointBackend(client, prefix=prefix, watch=False) as backend:
         for _ in range(20):
-            try:
+            with _translated(run_id):
                 before = client.hmget(keys.run, ["version", "run_dir"])
                 newest = client.xrevrange(keys.events, count=1)
-            except Exception as exc:
-                raise translate_error(exc, run_id=run_id) from exc
             cp = backend.open_run(run_id)
             if cp is None:
                 raise RunNotFoundError(run_id, prefix)
@@ -471,10 +469,8 @@ def _iter_redis_events(client: Any, keys: RunKeys, run_id: uuid.UUID,
         return
     lower = "-"
     while True:
-        try:
+        with _translated(run_id):
             page = client.xrange(keys.events, min=lower, max=last, count=BATCH)
-        except Exception as exc:
-            raise translate_error(exc, run_id=run_id) from exc
         for raw_id, fields in page:
             yield decode_entry(run_id, keys.events, entry_id(raw_id), fields)
         if len(page) < BATCH:
@@ -526,13 +522,12 @@ def export_run_dir(
     try:
         tmp_events = _create_temp(targets[0], temps)
         with tmp_events.open("w", encoding="utf-8", newline="\n") as handle:
-            for event in _iter_redis_events(client, keys, rid, last):
+            for count, event in enumerate(_iter_redis_events(client, keys, rid, last), 1):
                 handle.write(dumps_compact(event.to_json()) + "\n")
-                count += 1
                 if progress is not None and count % BATCH == 0:
                     progress(count, None)
-        if not trimmed:  # trimmed while it was read: the file may lack the oldest events
-            trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
+        # trimmed while it was read? the file may lack the oldest events
+        trimmed = trimmed or _check_trimmed(client, prefix, rid, allow_trimmed)
         tmp_cp = _create_temp(targets[1], temps)
         tmp_cp.write_text(dumps_pretty(checkpoint_json(cp)), encoding="utf-8", newline="\n")
         _check_export_targets(out, targets, overwrite)  # again: the export took a while
@@ -597,27 +592,6 @@ def _remove(paths: list[Path]) -> None:
 # ------------------------------------------------------------------------- writing to Redis
 
 
-@dataclass
-class _Staging:
-    """The staging keys of one import and what it has written so far."""
-
-    client: Any
-    run_id: uuid.UUID
-    target: RunKeys
-    keys: RunKeys
-    incarnation: str
-    writer: str
-
-    def drop(self) -> None:
-        try:
-            self.client.delete(*self.keys)
-        except Exception:
-            logger.error(
-                "run %s: could not delete the staging keys %s*; they expire in %d s",
-                self.run_id, self.keys.run[: -len("run")], STAGING_TTL, exc_info=True,
-            )  # fmt: skip
-
-
 def _import(
     client: Any,
     cp: t.RunCheckpoint,
@@ -637,53 +611,49 @@ def _import(
     check_prefix(prefix)
     rid = cp.run_id
     target = run_keys(prefix, rid)
-    try:
+    with _translated(rid):
         existed = bool(client.exists(target.run))
-    except Exception as exc:
-        raise translate_error(exc, run_id=rid) from exc
     if existed and not replace:
         raise RunExistsError(rid, f"under prefix {prefix!r}",
                              "pass replace=True / --replace to replace it")  # fmt: skip
     encoder = Encoder(max_payload_size)
-    token = uuid.uuid4().hex
-    staging = _Staging(client, rid, target, staging_keys(prefix, rid, token), uuid.uuid4().hex,
-                       uuid.uuid4().hex)  # fmt: skip
+    s = staging_keys(prefix, rid, uuid.uuid4().hex)
+    incarnation, writer = uuid.uuid4().hex, uuid.uuid4().hex
     save_args = encoder.save(cp, rid)  # checked before anything is written
-    s = staging.keys
     try:
-        try:
+        with _translated(rid):
             client.hset(s.run, mapping={
                 "schema": SCHEMA_VERSION, "run_id": str(rid), "task": cp.task,
                 "run_dir": run_dir, "status": cp.status.value, "current_phase": "0",
                 "total_tokens": "0", "phases": "0", "created_at": str(cp.created_at),
                 "updated_at": str(cp.updated_at), "version": "0",
-                "incarnation": staging.incarnation,
+                "incarnation": incarnation,
             })  # fmt: skip
             client.expire(s.run, STAGING_TTL)
-        except Exception as exc:
-            raise translate_error(exc, run_id=rid) from exc
-        count, started_phase = _stage_events(client, staging, encoder, events, progress, total,
-                                             where)  # fmt: skip
+        count, started_phase = _stage_events(client, rid, s.events, encoder, events, progress,
+                                             total, where)  # fmt: skip
         started = [(a, p) for a in dict.fromkeys(cp.started_agent_ids)
                    if (p := started_phase.get(a)) is not None]  # fmt: skip
-        try:
+        with _translated(rid):
             for i in range(0, len(started), BATCH):
                 client.hset(s.started, mapping={str(a): f"0 {p}" for a, p in
                                                 started[i : i + BATCH]})  # fmt: skip
             save = library().ops.save_checkpoint
             NO_RETRY.call(lambda: call_function(client, save, list(s),
-                                                [staging.writer, "1", *save_args]))  # fmt: skip
+                                                [writer, "1", *save_args]))  # fmt: skip
             pipe = client.pipeline(transaction=False)
             for key in s:
                 pipe.expire(key, STAGING_TTL)
             pipe.execute()
-        except LuftRedisError:
-            raise
-        except Exception as exc:
-            raise translate_error(exc, run_id=rid) from exc
-        reply = _swap(client, staging, cp, replace)
+            restore = library().ops.restore_run
+            args = [writer, "2", "1" if replace else "0", str(cp.updated_at), incarnation]
+            reply = DEFAULT_RETRY.call(lambda: call_function(client, restore, [*target, *s], args))
     except BaseException:
-        staging.drop()
+        try:
+            client.delete(*s)
+        except Exception:
+            logger.error("run %s: could not delete the staging keys %s*; they expire in %d s",
+                         rid, s.run[: -len("run")], STAGING_TTL, exc_info=True)  # fmt: skip
         raise
     try:
         delta = parse_delta(bytes(reply))
@@ -698,7 +668,8 @@ def _import(
 
 def _stage_events(
     client: Any,
-    staging: _Staging,
+    rid: uuid.UUID,
+    key: str,
     encoder: Encoder,
     events: Iterable[tuple[str, t.AgentEvent]],
     progress: Progress | None,
@@ -707,25 +678,16 @@ def _stage_events(
 ) -> tuple[int, dict[uuid.UUID, int]]:
     """XADD the events to the staging stream in pipelined batches; returns their number and
     the phase of each agent's latest agent_started (kept as the normal write path keeps it)."""
-    rid, key = staging.run_id, staging.keys.events
     started_phase: dict[uuid.UUID, int] = {}
     count = 0
-    pipe = client.pipeline(transaction=False)
-    queued = 0
+    pipe = client.pipeline(transaction=False)  # execute() empties it for the next batch
 
     def flush() -> None:
-        nonlocal pipe, queued
-        if not queued:
-            return
         pipe.expire(key, STAGING_TTL)
-        try:
+        with _translated(rid):
             pipe.execute()
-        except Exception as exc:
-            raise translate_error(exc, run_id=rid) from exc
-        pipe = client.pipeline(transaction=False)
-        queued = 0
 
-    for position, event in events:
+    for count, (position, event) in enumerate(events, 1):
         try:
             args = encoder.event(event, "event", rid)
         except LuftRedisError as exc:
@@ -734,25 +696,13 @@ def _stage_events(
         pipe.xadd(key, dict(zip(entry[::2], entry[1::2], strict=True)))
         if isinstance(event, t.AgentStarted):
             started_phase[event.agent_id] = event.phase_id
-        count += 1
-        queued += 1
-        if queued >= BATCH:
+        if count % BATCH == 0:
             flush()
             if progress is not None:
                 progress(count, total)
-    flush()
+    if count % BATCH:
+        flush()
     return count, started_phase
-
-
-def _swap(client: Any, staging: _Staging, cp: t.RunCheckpoint, replace: bool) -> Any:
-    restore = library().ops.restore_run
-    keys = [*staging.target, *staging.keys]
-    args = [staging.writer, "2", "1" if replace else "0", str(cp.updated_at),
-            staging.incarnation]  # fmt: skip
-    try:
-        return DEFAULT_RETRY.call(lambda: call_function(client, restore, keys, args))
-    except Exception as exc:
-        raise translate_error(exc, run_id=staging.run_id) from exc
 
 
 def import_run(
@@ -805,9 +755,8 @@ def import_run_dir(
         raise RunFileError(events_path, None, "no such file")
 
     def where(position: str, exc: LuftRedisError) -> LuftRedisError:
-        field = getattr(exc, "field", "")
-        message = getattr(exc, "message", str(exc))
-        return RunFileError(events_path, int(position), message, field)
+        return RunFileError(events_path, int(position), getattr(exc, "message", str(exc)),
+                            getattr(exc, "field", ""))  # fmt: skip
 
     events = ((str(n), e) for n, e in read_event_file(events_path))
     return _import(client, cp, events, prefix=prefix,
@@ -881,11 +830,16 @@ def _connect_sqlite(path: str | os.PathLike[str]) -> sqlite3.Connection:
     return conn
 
 
-def _columns(conn: sqlite3.Connection, table: str) -> dict[str, tuple[str, bool, bool]]:
-    """``column -> (declared type, not null, has a default)`` of ``table``."""
-    rows = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
-    return {r[1]: (str(r[2] or "").upper(), bool(r[3]), r[4] is not None or bool(r[5]))
-            for r in rows}  # fmt: skip
+def _columns(conn: sqlite3.Connection, table: str) -> dict[str, str]:
+    """``column -> declared type`` (upper case) of ``table``."""
+    return {r[1]: str(r[2] or "").upper() for r in conn.execute(f'PRAGMA table_info("{table}")')}
+
+
+def _select(conn: sqlite3.Connection, table: str, columns: Iterable[str], run_id: uuid.UUID,
+            rest: str = "") -> sqlite3.Cursor:  # fmt: skip
+    """``columns`` of the rows of ``table`` of run ``run_id`` (``rest``: more of the query)."""
+    return conn.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE run_id = ?{rest}",
+                        (run_id.bytes,))  # fmt: skip
 
 
 def check_sqlite_schema(conn: sqlite3.Connection, path: str = "<database>") -> None:
@@ -905,10 +859,9 @@ def sqlite_run_ids(path: str | os.PathLike[str]) -> list[uuid.UUID]:
     conn = _connect_sqlite(path)
     try:
         check_sqlite_schema(conn, str(path))
-        ids = []
-        for n, (raw,) in enumerate(conn.execute("SELECT run_id FROM checkpoints"), 1):
-            ids.append(_blob_uuid(raw, str(path), "checkpoints", "run_id", f"row {n}"))
-        return sorted(ids)
+        rows = enumerate(conn.execute("SELECT run_id FROM checkpoints"), 1)
+        return sorted(_blob_uuid(raw, str(path), "checkpoints", "run_id", f"row {n}")
+                      for n, (raw,) in rows)  # fmt: skip
     finally:
         conn.close()
 
@@ -946,23 +899,19 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
                            path: str = "<database>") -> tuple[t.RunCheckpoint, str]:  # fmt: skip
     """Rebuild run ``run_id``'s checkpoint as luft's ``rebuild_checkpoint`` does, and its
     ``run_dir``. The run's finding list is its agents' findings, in the agents' row order."""
-    rid = run_id.bytes
     of_run = f"run {run_id}"
-    run = conn.execute("SELECT task, run_dir FROM runs WHERE run_id = ?", (rid,)).fetchone()
+    run = _select(conn, "runs", ("task", "run_dir"), run_id).fetchone()
     if run is None:
         raise RunNotFoundError(run_id)
     _check_text(run, ("task", "run_dir"), path, "runs", of_run)
-    ck_columns = ("status", "current_phase", "total_tokens", "created_at", "updated_at",
-                  "workflow_meta", "started_agent_ids")  # fmt: skip
-    ck = conn.execute(f"SELECT {', '.join(ck_columns)} FROM checkpoints WHERE run_id = ?",
-                      (rid,)).fetchone()  # fmt: skip
+    ck_columns = SQLITE_COLUMNS["checkpoints"][1:]  # all but run_id
+    ck = _select(conn, "checkpoints", ck_columns, run_id).fetchone()
     if ck is None:
         raise SqliteDataError(path, "checkpoints", of_run, "no checkpoint row")
     _check_text(ck[:5], ck_columns[:5], path, "checkpoints", of_run)
     phase_columns = ("phase_id", "label", "planned", "ok", "failed", "description", "role")
     phases = []
-    for r in conn.execute(f"SELECT {', '.join(phase_columns)} FROM phases WHERE run_id = ? "
-                          "ORDER BY phase_id", (rid,)):  # fmt: skip
+    for r in _select(conn, "phases", phase_columns, run_id, " ORDER BY phase_id"):
         _check_text(r, phase_columns, path, "phases", f"{of_run}, phase {r[0]!r:.40}")
         phases.append(dict(zip(phase_columns, r, strict=True)))
     agent_columns = ("agent_id", "phase_id", "status", "output", "findings_json",
@@ -970,9 +919,8 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
                      "completed_at")  # fmt: skip
     results: dict[str, Any] = {}
     findings: list[Any] = []
-    for n, r in enumerate(conn.execute(
-        f"SELECT {', '.join(agent_columns)} FROM agents "
-        "WHERE run_id = ? AND status != 'running' ORDER BY rowid", (rid,)), 1):  # fmt: skip
+    for n, r in enumerate(_select(conn, "agents", agent_columns, run_id,
+                                  " AND status != 'running' ORDER BY rowid"), 1):  # fmt: skip
         aid = str(_blob_uuid(r[0], path, "agents", "agent_id", f"{of_run}, row {n}"))
         row = f"{of_run}, agent {aid}"
         _check_text(r, agent_columns, path, "agents", row)
@@ -987,12 +935,10 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
         }  # fmt: skip
         if isinstance(agent_findings, list):
             findings += agent_findings
-    session_columns = ("agent_id", "backend_id", "protocol_session_id", "session_id", "status",
-                       "updated_at", "resumable")  # fmt: skip
+    session_columns = SQLITE_COLUMNS["agent_sessions"][1:]  # all but run_id
     sessions: dict[str, Any] = {}
-    for n, r in enumerate(conn.execute(
-        f"SELECT {', '.join(session_columns)} FROM agent_sessions WHERE run_id = ? "
-        "ORDER BY rowid", (rid,)), 1):  # fmt: skip
+    for n, r in enumerate(_select(conn, "agent_sessions", session_columns, run_id,
+                                  " ORDER BY rowid"), 1):  # fmt: skip
         aid = str(_blob_uuid(r[0], path, "agent_sessions", "agent_id", f"{of_run}, row {n}"))
         _check_text(r, session_columns, path, "agent_sessions", f"{of_run}, agent {aid}")
         sessions[aid] = {**dict(zip(session_columns, r, strict=True)), "agent_id": aid,
@@ -1015,9 +961,7 @@ def read_sqlite_checkpoint(conn: sqlite3.Connection, run_id: uuid.UUID,
 
 def _iter_sqlite_events(conn: sqlite3.Connection, run_id: uuid.UUID,
                         path: str) -> Iterator[tuple[str, t.AgentEvent]]:  # fmt: skip
-    cursor = conn.execute("SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq",
-                          (run_id.bytes,))  # fmt: skip
-    for seq, payload in cursor:
+    for seq, payload in _select(conn, "events", ("seq", "payload"), run_id, " ORDER BY seq"):
         obj = _json_col(payload, path, "events", "payload", f"seq {seq}", struct=True)
         try:
             yield str(seq), t.AgentEvent.from_json(obj)
@@ -1047,8 +991,7 @@ def import_sqlite(
         check_sqlite_schema(conn, where_path)
         for rid in ids:
             cp, run_dir = read_sqlite_checkpoint(conn, rid, where_path)
-            (total,) = conn.execute("SELECT count(*) FROM events WHERE run_id = ?",
-                                    (rid.bytes,)).fetchone()  # fmt: skip
+            (total,) = _select(conn, "events", ("count(*)",), rid).fetchone()
 
             def where(position: str, exc: LuftRedisError) -> LuftRedisError:
                 return SqliteDataError(where_path, "events", f"seq {position}", str(exc))
@@ -1102,8 +1045,8 @@ def export_sqlite(
         try:
             count = _write_sqlite(conn, client, cp, last, keys, run_dir, replace, where_path,
                                   progress)  # fmt: skip
-            if not trimmed:  # trimmed while it was read: the rows may lack the oldest events
-                trimmed = _check_trimmed(client, prefix, rid, allow_trimmed)
+            # trimmed while it was read? the rows may lack the oldest events
+            trimmed = trimmed or _check_trimmed(client, prefix, rid, allow_trimmed)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -1133,25 +1076,19 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
                   keys: RunKeys, run_dir: str, replace: bool, path: str,
                   progress: Progress | None) -> int:  # fmt: skip
     rid = cp.run_id.bytes
-    exists = conn.execute(
-        "SELECT 1 FROM runs WHERE run_id = ? UNION ALL SELECT 1 FROM checkpoints WHERE run_id = ?",
-        (rid, rid),
-    ).fetchone()
-    if exists is not None:
+    if any(_select(conn, table, ("1",), cp.run_id).fetchone() for table in ("runs", "checkpoints")):
         if not replace:
             raise RunExistsError(cp.run_id, "in this SQLite database",
                                  "pass replace=True / --replace to replace it")  # fmt: skip
-        for table in ("events", "findings", "agent_sessions", "agents", "phases", "checkpoints",
-                      "runs"):  # fmt: skip
+        for table in reversed(SQLITE_COLUMNS):  # the rows that reference a run first, runs last
             conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
     started_ts = t.format_timestamp(t.Timestamp.from_unix_nanos(cp.created_at * 1_000_000_000))
-    run_cols = _columns(conn, "runs")
+    created_type = _columns(conn, "runs").get("created_at")  # a column of some luft schemas
     first_ts: str | None = None
     run_row: dict[str, Any] = {"run_id": rid, "task": cp.task, "status": cp.status.value,
                                "started_ts": started_ts, "run_dir": run_dir}  # fmt: skip
-    if "created_at" in run_cols:
-        kind = run_cols["created_at"][0]
-        run_row["created_at"] = cp.created_at if "INT" in kind else started_ts
+    if created_type is not None:
+        run_row["created_at"] = cp.created_at if "INT" in created_type else started_ts
     _insert(conn, "runs", run_row)
     _insert(conn, "checkpoints", {
         "run_id": rid, "status": cp.status.value, "current_phase": cp.current_phase,
@@ -1161,31 +1098,26 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
         "started_agent_ids": dumps_compact([str(a) for a in cp.started_agent_ids]),
     })  # fmt: skip
     # the events (streamed), remembering what other tables take from them
-    phase_ts: dict[int, list[str | None]] = {}
+    phase_ts: dict[tuple[str, int], str] = {}  # (phase_started or phase_done, phase id) -> ts
     agent_info: dict[uuid.UUID, dict[str, Any]] = {}
     count = 0
     pending: list[tuple[Any, ...]] = []
-    previous: str | None = None
-    for event in _iter_redis_events(client, keys, cp.run_id, last):
-        ts = _event_ts(event)
+    ts = started_ts  # an event without its own ts takes the one before it
+    for count, event in enumerate(_iter_redis_events(client, keys, cp.run_id, last), 1):
+        own_ts = _event_ts(event)
         if isinstance(event, t.RunStarted) and first_ts is None:
-            first_ts = ts
-        if ts is None:
-            ts = previous if previous is not None else started_ts
-        previous = ts
-        if isinstance(event, t.PhaseStarted):
-            phase_ts.setdefault(event.phase_id, [None, None])[0] = ts
-        elif isinstance(event, t.PhaseDone):
-            phase_ts.setdefault(event.phase_id, [None, None])[1] = ts
+            first_ts = own_ts
+        ts = own_ts if own_ts is not None else ts
+        if isinstance(event, (t.PhaseStarted, t.PhaseDone)):
+            phase_ts[event.TYPE, event.phase_id] = ts
         elif isinstance(event, t.AgentStarted):
-            info = agent_info.setdefault(event.agent_id, {})
-            info.update(model=event.model, prompt_preview=event.prompt_preview, started_ts=ts)
+            agent_info.setdefault(event.agent_id, {}).update(
+                model=event.model, prompt_preview=event.prompt_preview, started_ts=ts)  # fmt: skip
         elif isinstance(event, t.AgentDone):
-            info = agent_info.setdefault(event.agent_id, {})
-            info.update(tokens=event.tokens, retry_count=event.retry_count, done_ts=ts,
-                        elapsed_ms=event.elapsed_ms)  # fmt: skip
+            agent_info.setdefault(event.agent_id, {}).update(
+                tokens=event.tokens, retry_count=event.retry_count, done_ts=ts,
+                elapsed_ms=event.elapsed_ms)  # fmt: skip
         pending.append((rid, ts, event.TYPE, dumps_compact(event.to_json())))
-        count += 1
         if len(pending) >= BATCH:
             _insert_events(conn, pending)
             pending = []
@@ -1194,14 +1126,14 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
     _insert_events(conn, pending)
     if first_ts is not None and first_ts != started_ts:
         conn.execute("UPDATE runs SET started_ts = ? WHERE run_id = ?", (first_ts, rid))
-        if "created_at" in run_cols and "INT" not in run_cols["created_at"][0]:
+        if created_type is not None and "INT" not in created_type:
             conn.execute("UPDATE runs SET created_at = ? WHERE run_id = ?", (first_ts, rid))
 
     for p in cp.completed_phases:
-        ts_pair = phase_ts.get(p.phase_id, [None, None])
         # a PhaseSummary's (an AgentSessionCheckpoint's) fields are its table's columns
-        _insert(conn, "phases", {"run_id": rid, **p.to_json(), "started_ts": ts_pair[0],
-                                 "done_ts": ts_pair[1]})  # fmt: skip
+        _insert(conn, "phases", {"run_id": rid, **p.to_json(),
+                                 "started_ts": phase_ts.get(("phase_started", p.phase_id)),
+                                 "done_ts": phase_ts.get(("phase_done", p.phase_id))})  # fmt: skip
     agent_cols = _columns(conn, "agents")
     for aid in sorted(cp.agent_results):
         r = cp.agent_results[aid]
@@ -1219,9 +1151,7 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
             "cache_key_hash": r.cache_key_hash, "description": r.description, "role": r.role,
             "completed_at": r.completed_at, "retry_count": info.get("retry_count", 0),
         }  # fmt: skip
-        for extra in _AGENT_EXTRAS:
-            if extra in agent_cols and extra in info:
-                row[extra] = info[extra]
+        row.update({k: info[k] for k in _AGENT_EXTRAS if k in agent_cols and k in info})
         _insert(conn, "agents", row)
         for f in r.findings:
             line = f.location.line if f.location is not None else None
@@ -1241,9 +1171,7 @@ def _write_sqlite(conn: sqlite3.Connection, client: Any, cp: t.RunCheckpoint, la
 
 
 def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    if rows:
-        conn.executemany("INSERT INTO events (run_id, ts, type, payload) VALUES (?, ?, ?, ?)",
-                         rows)  # fmt: skip
+    conn.executemany("INSERT INTO events (run_id, ts, type, payload) VALUES (?, ?, ?, ?)", rows)
 
 
 def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any],

@@ -35,20 +35,13 @@ __all__ = ["add_commands", "progress_reporter"]
 _T = TypeVar("_T")
 
 
-
-def _add_connection(parser: argparse.ArgumentParser) -> None:
-    """The CLI's connection options (given before or after the command) and ``--quiet``."""
+def _add_connection(parser: argparse.ArgumentParser,
+                    handler: Callable[[argparse.Namespace], int]) -> None:  # fmt: skip
+    """The CLI's connection options (given before or after the command), ``--quiet`` and the
+    command's ``handler``."""
     add_connection(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress display")
-
-
-@contextlib.contextmanager
-def _client(args: argparse.Namespace) -> Iterator[Any]:
-    client = make_client(args.redis, cluster=args.cluster, **client_kwargs(args))
-    try:
-        yield client
-    finally:
-        client.close()
+    parser.set_defaults(handler=handler)
 
 
 # ------------------------------------------------------------------------------- progress
@@ -74,11 +67,7 @@ def progress_reporter(
         console = importlib.import_module("rich.console").Console(file=out)
         with rich_progress.Progress(console=console, transient=True) as bar:
             task = bar.add_task(label, total=None)
-
-            def update_rich(done: int, total: int | None) -> None:
-                bar.update(task, completed=done, total=total)
-
-            yield update_rich
+            yield lambda done, total: bar.update(task, completed=done, total=total)
         return
     last = 0.0
 
@@ -122,8 +111,10 @@ _ALLOW_TRIMMED_HELP = (
 
 def _transfer(args: argparse.Namespace, label: str,
               work: Callable[[Any, interop.Progress | None], _T]) -> _T:  # fmt: skip
-    """``work(client, progress)`` on a client of ``args``, with the progress display."""
-    with _client(args) as client, progress_reporter(label, enabled=not args.quiet) as bar:
+    """``work(client, progress)`` on a client of ``args`` (closed after), with the progress
+    display."""
+    client = make_client(args.redis, cluster=args.cluster, **client_kwargs(args))
+    with contextlib.closing(client), progress_reporter(label, enabled=not args.quiet) as bar:
         return work(client, bar)
 
 
@@ -186,8 +177,7 @@ def add_commands(sub: Any) -> None:
     export.add_argument("-o", "--output", metavar="DIR", required=True, help="the run directory")
     export.add_argument("--force", action="store_true", help="replace files already in DIR")
     export.add_argument("--allow-trimmed", action="store_true", help=_ALLOW_TRIMMED_HELP)
-    _add_connection(export)
-    export.set_defaults(handler=_cmd_export)
+    _add_connection(export, _cmd_export)
 
     imp = sub.add_parser(
         "import",
@@ -197,11 +187,8 @@ def add_commands(sub: Any) -> None:
     )
     imp.add_argument("directory", metavar="DIR")
     imp.add_argument("--replace", action="store_true", help="replace the run if it exists")
-    imp.add_argument(
-        "--run-dir", default=None, help="run_dir to store (default: DIR's absolute path)"
-    )
-    _add_connection(imp)
-    imp.set_defaults(handler=_cmd_import)
+    imp.add_argument("--run-dir", help="run_dir to store (default: DIR's absolute path)")
+    _add_connection(imp, _cmd_import)
 
     isql = sub.add_parser(
         "import-sqlite",
@@ -213,12 +200,10 @@ def add_commands(sub: Any) -> None:
         "--run",
         metavar="RUN_ID",
         type=parse_run_id,
-        default=None,
         help="only this run (default: every run with a checkpoint)",
     )
     isql.add_argument("--replace", action="store_true", help="replace runs that exist")
-    _add_connection(isql)
-    isql.set_defaults(handler=_cmd_import_sqlite)
+    _add_connection(isql, _cmd_import_sqlite)
 
     esql = sub.add_parser(
         "export-sqlite",
@@ -229,5 +214,4 @@ def add_commands(sub: Any) -> None:
     esql.add_argument("run_id", metavar="RUN_ID", type=parse_run_id)
     esql.add_argument("--replace", action="store_true", help="replace the run if it is there")
     esql.add_argument("--allow-trimmed", action="store_true", help=_ALLOW_TRIMMED_HELP)
-    _add_connection(esql)
-    esql.set_defaults(handler=_cmd_export_sqlite)
+    _add_connection(esql, _cmd_export_sqlite)
