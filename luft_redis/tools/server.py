@@ -26,7 +26,6 @@ import importlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -36,7 +35,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeAlias
 
 import redis
@@ -76,14 +74,11 @@ _live_lock = threading.Lock()
 
 def _stop_all_at_exit() -> None:
     with _live_lock:
-        clusters = list(_live_clusters)
-        servers = list(_live_servers)
-    for cluster in clusters:  # first: their nodes live in the cluster's directory
+        # The clusters first: their nodes live in the cluster's directory.
+        live: list[LocalRedisCluster | LocalRedisServer] = [*_live_clusters, *_live_servers]
+    for each in live:
         with contextlib.suppress(Exception):
-            cluster.stop()
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.stop()
+            each.stop()
 
 
 atexit.register(_stop_all_at_exit)
@@ -236,6 +231,15 @@ def no_server_message() -> str:
     )
 
 
+def _server_binary(binary: str | None) -> str:
+    """``binary``, else what :func:`find_redis_server` finds; :class:`FileNotFoundError` when
+    there is none."""
+    found = binary or find_redis_server()
+    if found is None:
+        raise FileNotFoundError(no_server_message())
+    return found
+
+
 def server_version(binary: str) -> str:
     """What ``<binary> --version`` says, e.g. ``Redis server v=8.2.3 ...`` (or the error)."""
     try:
@@ -280,15 +284,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of what ``path`` holds past ``offset`` ("" if unreadable)."""
+def _read(path: Path, offset: int = 0) -> str:
+    """What ``path`` holds past ``offset`` ("" if unreadable)."""
     try:
         with path.open("rb") as fh:
             fh.seek(offset)
-            text = fh.read().decode("utf-8", errors="replace")
+            return fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+
+
+def _tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of what ``path`` holds past ``offset`` ("" if unreadable)."""
+    return "\n".join(_read(path, offset).splitlines()[-lines:])
 
 
 def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -345,7 +353,6 @@ class LocalRedisServer:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of strings, not a string")
         self._port: int | None = port
-        self._port_fixed = port is not None
         self._given_dir = Path(dir) if dir is not None else None
         self._dir: Path | None = self._given_dir
         self._owns_dir = False
@@ -403,12 +410,6 @@ class LocalRedisServer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _resolve_binary(self) -> str:
-        binary = self._binary or find_redis_server()
-        if binary is None:
-            raise FileNotFoundError(no_server_message())
-        return binary
-
     def _ensure_dir(self) -> Path:
         if self._dir is None or (self._owns_dir and not self._dir.exists()):
             self._dir = Path(tempfile.mkdtemp(prefix="luft-redis-"))
@@ -440,9 +441,9 @@ class LocalRedisServer:
         with self._lock:
             if self.running:
                 return self
-            binary = self._resolve_binary()
+            binary = _server_binary(self._binary)
             workdir = self._ensure_dir()
-            attempts = 1 if (self._port_fixed or self._port is not None) else 2
+            attempts = 1 if self._port is not None else 2
             for attempt in range(1, attempts + 1):
                 if self._port is None:
                     self._port = find_free_port()
@@ -490,7 +491,10 @@ class LocalRedisServer:
                     f"redis-server exited with code {proc.returncode} during startup "
                     f"(port {port}, dir {workdir}); log tail:\n{details}"
                 )
-            if _ping(LOOPBACK, port) or self._log_says_ready(log_path, log_offset):
+            # The log covers setups where a plain-TCP PING cannot work (e.g. TLS only).
+            if _ping(LOOPBACK, port) or (
+                "Ready to accept connections" in _read(log_path, log_offset)
+            ):
                 logger.info("redis-server pid %d ready on %s:%d", proc.pid, LOOPBACK, port)
                 return
             if time.monotonic() >= deadline:
@@ -502,31 +506,19 @@ class LocalRedisServer:
                 )
             time.sleep(0.02)
 
-    @staticmethod
-    def _log_says_ready(log_path: Path, offset: int) -> bool:
-        # Covers setups where a plain-TCP PING cannot work (e.g. TLS only).
-        try:
-            with log_path.open("rb") as fh:
-                fh.seek(offset)
-                return b"Ready to accept connections" in fh.read()
-        except OSError:
-            return False
-
     def _terminate(self, *, kill_first: bool) -> None:
-        proc = self._proc
-        self._proc = None
+        # Popen's terminate() and kill() do nothing once the process has exited (and been
+        # reaped by poll() or wait()).
+        proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            if kill_first:
-                proc.kill()
-            else:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=_STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    logger.warning("redis-server pid %d ignored SIGTERM; killing", proc.pid)
-                    proc.kill()
+        if not kill_first:
+            proc.terminate()
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                logger.warning("redis-server pid %d ignored SIGTERM; killing", proc.pid)
+        proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=_STOP_TIMEOUT)
 
@@ -559,20 +551,12 @@ class LocalRedisServer:
         directory (so an AOF written with ``appendfsync always`` survives).
         """
         with self._lock:
-            proc = self._proc
-            if proc is not None and proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
             self._terminate(kill_first=True)
 
     def __enter__(self) -> LocalRedisServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -625,6 +609,11 @@ def _parse_nodes(text: str) -> list[_NodeView]:
             )
         )
     return views
+
+
+def _connect(node: LocalRedisServer) -> redis.Redis:
+    """A connection to ``node`` for the cluster's own questions (replies decoded)."""
+    return redis.Redis(host=node.host, port=node.port, socket_timeout=2, decode_responses=True)
 
 
 _Topology: TypeAlias = frozenset[tuple[str, bool, str | None, tuple[tuple[int, int], ...]]]
@@ -769,9 +758,7 @@ class LocalRedisCluster:
         """
         if self._nodes:
             return self
-        binary = self._binary or find_redis_server()
-        if binary is None:
-            raise FileNotFoundError(no_server_message())
+        binary = _server_binary(self._binary)
         cli = find_redis_cli(binary)
         if cli is None:
             raise FileNotFoundError("redis-cli not found (it ships with redis-server/redis-tools)")
@@ -822,14 +809,13 @@ class LocalRedisCluster:
         """What *node* says about the cluster (None when it does not answer); records it in
         *last* for the error message."""
         try:
-            with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
-                info: Any = conn.execute_command("CLUSTER", "INFO")
-                nodes: Any = conn.execute_command("CLUSTER", "NODES")
+            with _connect(node) as conn:
+                text: str = conn.execute_command("CLUSTER", "INFO")
+                nodes: str = conn.execute_command("CLUSTER", "NODES")
                 replication: Any = conn.info("replication")
         except redis.RedisError as exc:
             last[node.port] = repr(exc)
             return None
-        text = info.decode() if isinstance(info, bytes) else str(info)
         fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
         role = replication.get("role")
         link = replication.get("master_link_status")
@@ -840,8 +826,7 @@ class LocalRedisCluster:
             and fields.get("cluster_known_nodes", "").strip() == str(len(self._nodes))
         )
         linked_to = int(replication["master_port"]) if role == "slave" and link == "up" else None
-        nodes_text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
-        return _NodeState(ok, linked_to, _topology(_parse_nodes(nodes_text)))
+        return _NodeState(ok, linked_to, _topology(_parse_nodes(nodes)))
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until every node is ``ok``, knows every other node and agrees with the others
@@ -887,11 +872,10 @@ class LocalRedisCluster:
         if not node.running:
             return None
         try:
-            with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
-                reply: Any = conn.execute_command("CLUSTER", "NODES")
+            with _connect(node) as conn:
+                text: str = conn.execute_command("CLUSTER", "NODES")
         except redis.RedisError:
             return None
-        text = reply.decode() if isinstance(reply, bytes) else str(reply)
         return next((view for view in _parse_nodes(text) if view.myself), None)
 
     def _node_id(self, node: LocalRedisServer) -> str:
@@ -912,16 +896,14 @@ class LocalRedisCluster:
         """
         if not 0 <= slot < _CLUSTER_SLOTS:
             raise ValueError(f"slot must be in 0..{_CLUSTER_SLOTS - 1}, not {slot}")
-        best: tuple[int, LocalRedisServer] | None = None
-        for node in self._nodes:
-            view = self._view(node)
-            if view is None or not view.is_primary or not view.serves(slot):
-                continue
-            if best is None or view.config_epoch > best[0]:
-                best = (view.config_epoch, node)
-        if best is None:
+        claims = [
+            (view.config_epoch, node)
+            for node in self._nodes
+            if (view := self._view(node)) is not None and view.is_primary and view.serves(slot)
+        ]
+        if not claims:
             raise RuntimeError(f"no running primary serves slot {slot}")
-        return best[1]
+        return max(claims, key=lambda claim: claim[0])[1]  # the first of the highest epoch
 
     def is_primary(self, slot: int, node: LocalRedisServer) -> bool:
         """Whether *node* serves *slot* as a primary now: :meth:`primary_for_slot` without its
@@ -1000,12 +982,7 @@ class LocalRedisCluster:
     def __enter__(self) -> LocalRedisCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
