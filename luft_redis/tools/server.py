@@ -399,9 +399,7 @@ class LocalRedisServer:
     def pid(self) -> int | None:
         """PID of the running process, or ``None`` when not running."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None
-        return proc.pid
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     @property
     def running(self) -> bool:
@@ -443,19 +441,18 @@ class LocalRedisServer:
                 return self
             binary = _server_binary(self._binary)
             workdir = self._ensure_dir()
-            attempts = 1 if self._port is not None else 2
-            for attempt in range(1, attempts + 1):
+            # A port picked here may be taken before redis binds it: then once more, on another.
+            for retry in (self._port is None, False):
                 if self._port is None:
                     self._port = find_free_port()
                 try:
                     self._spawn_and_wait(binary, self._port, workdir)
+                    return self
                 except _PortInUse as exc:
-                    if attempt < attempts:
-                        logger.info("port %d was taken before redis bound it; retrying", exc.port)
-                        self._port = None
-                        continue
-                    raise RuntimeError(str(exc)) from None
-                return self
+                    if not retry:
+                        raise RuntimeError(str(exc)) from None
+                    logger.info("port %d was taken before redis bound it; retrying", self._port)
+                    self._port = None
             raise AssertionError("unreachable")  # pragma: no cover
 
     def _spawn_and_wait(self, binary: str, port: int, workdir: Path) -> None:
@@ -473,7 +470,6 @@ class LocalRedisServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=workdir,
-                close_fds=True,
             )
         self._proc = proc
         with _live_lock:
@@ -486,7 +482,7 @@ class LocalRedisServer:
                 log = _tail(log_path, log_offset)
                 details = "\n".join(x for x in (log, _tail(out_path, lines=10)) if x)
                 if "Address already in use" in details:
-                    raise _PortInUse(port, details)
+                    raise _PortInUse(f"port {port} is already in use; log tail:\n{details}")
                 raise RuntimeError(
                     f"redis-server exited with code {proc.returncode} during startup "
                     f"(port {port}, dir {workdir}); log tail:\n{details}"
@@ -564,9 +560,7 @@ class LocalRedisServer:
 
 
 class _PortInUse(Exception):
-    def __init__(self, port: int, details: str) -> None:
-        super().__init__(f"port {port} is already in use; log tail:\n{details}")
-        self.port = port
+    """redis-server could not bind its port: another process has it."""
 
 
 @dataclass(frozen=True)
@@ -774,7 +768,7 @@ class LocalRedisCluster:
             for index in range(self.masters * (1 + self.replicas)):
                 self._nodes.append(self._start_node(index, binary))
             self._create(cli)
-            self._wait_ok(self.startup_timeout)
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -838,9 +832,7 @@ class LocalRedisCluster:
         Raises :class:`RuntimeError` (with what each node said) after *timeout* seconds
         (default *startup_timeout*).
         """
-        self._wait_ok(self.startup_timeout if timeout is None else timeout)
-
-    def _wait_ok(self, timeout: float) -> None:
+        timeout = self.startup_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         last: dict[int, str] = {}
         while True:
