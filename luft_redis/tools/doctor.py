@@ -35,9 +35,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias
 
 import redis
 import redis.cluster
@@ -70,7 +70,6 @@ LEVELS: Final[tuple[Level, ...]] = ("ok", "unknown", "warn", "unsafe")
 MIN_REDIS_VERSION: Final = (7, 0)
 """The oldest Redis the Lua scripts run on (they use 7.0 features)."""
 
-_A = TypeVar("_A")
 _SAFE_POLICY: Final = "noeviction"
 
 
@@ -135,24 +134,6 @@ def _ask(what: str, call: Any, *args: Any) -> Any:
         raise _Refused(f"{what} refused: {exc}") from exc
 
 
-def _info(client: redis.Redis, section: str) -> dict[str, str]:
-    """``INFO <section>`` as a dict of text; raises :class:`_Refused`."""
-    reply = _ask(f"INFO {section}", client.info, section)
-    if not isinstance(reply, Mapping):
-        raise _Refused(f"INFO {section} gave an unexpected reply {reply!r}")
-    return {_text(k): _text(v) for k, v in reply.items()}
-
-
-def _config(client: redis.Redis, name: str) -> str:
-    """The value of one ``CONFIG GET`` parameter; raises :class:`_Refused`."""
-    reply = _ask(f"CONFIG GET {name}", client.config_get, name)
-    if isinstance(reply, Mapping):
-        for key, value in reply.items():
-            if _text(key).lower() == name:
-                return _text(value)
-    raise _Refused(f"CONFIG GET {name} did not return {name}")
-
-
 def _parse_version(text: str) -> tuple[int, ...] | None:
     parts: list[int] = []
     for piece in text.strip().split("."):
@@ -164,31 +145,39 @@ def _parse_version(text: str) -> tuple[int, ...] | None:
 
 
 class _Probe:
-    """Asks one server each question once (lazily) and remembers the answer or the refusal."""
+    """Asks one server each question once (lazily) and remembers the reply or the refusal."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._infos: dict[str, dict[str, str] | _Refused] = {}
-        self._configs: dict[str, str | _Refused] = {}
+        self._replies: dict[str, Any] = {}  # by question: the reply, or the _Refused
+
+    def _once(self, question: str, call: Any, *args: Any) -> Any:
+        """``_ask(question, call, *args)`` the first time; then its reply or refusal again."""
+        if question not in self._replies:
+            try:
+                self._replies[question] = _ask(question, call, *args)
+            except _Refused as exc:
+                self._replies[question] = exc
+        reply = self._replies[question]
+        if isinstance(reply, _Refused):
+            raise reply
+        return reply
 
     def info(self, section: str) -> dict[str, str]:
-        return self._once(self._infos, section, _info)
+        """``INFO <section>`` as a dict of text; raises :class:`_Refused`."""
+        reply = self._once(f"INFO {section}", self.client.info, section)
+        if not isinstance(reply, Mapping):
+            raise _Refused(f"INFO {section} gave an unexpected reply {reply!r}")
+        return {_text(k): _text(v) for k, v in reply.items()}
 
     def config(self, name: str) -> str:
-        return self._once(self._configs, name, _config)
-
-    def _once(self, answers: dict[str, _A | _Refused], key: str,
-              ask: Callable[[redis.Redis, str], _A]) -> _A:  # fmt: skip
-        """``ask(client, key)``, or the refusal it raised, the first time; then the same."""
-        if key not in answers:
-            try:
-                answers[key] = ask(self.client, key)
-            except _Refused as exc:
-                answers[key] = exc
-        answer = answers[key]
-        if isinstance(answer, _Refused):
-            raise answer
-        return answer
+        """The value of one ``CONFIG GET`` parameter; raises :class:`_Refused`."""
+        reply = self._once(f"CONFIG GET {name}", self.client.config_get, name)
+        if isinstance(reply, Mapping):
+            for key, value in reply.items():
+                if _text(key).lower() == name:
+                    return _text(value)
+        raise _Refused(f"CONFIG GET {name} did not return {name}")
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -266,10 +255,8 @@ def _policy(probe: _Probe) -> _Outcome:
 
 
 def _aof_enabled(probe: _Probe) -> bool | None:
-    try:
+    with contextlib.suppress(_Refused):
         return probe.config("appendonly").strip().lower() == "yes"
-    except _Refused:
-        pass
     try:
         return probe.info("persistence")["aof_enabled"].strip() == "1"
     except (_Refused, KeyError):
@@ -408,11 +395,10 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
+def _run_memory(client: Any, prefix: str, sample: list[Any]) -> _Outcome:
     """MEMORY USAGE summed over the keys of each sampled run."""
-    name = "run-memory"
     if not sample:
-        return Check(name, "ok", f"no runs under prefix {prefix!r}")
+        return "ok", f"no runs under prefix {prefix!r}"
     sizes: list[tuple[int, Any]] = []
     try:
         for run_id in sample:
@@ -420,14 +406,12 @@ def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
                         for key in run_keys(prefix, run_id))  # fmt: skip
             sizes.append((total, run_id))
     except _Refused as exc:
-        return Check(name, "unknown", f"cannot measure the runs ({exc})")
+        return "unknown", f"cannot measure the runs ({exc})"
     mean = sum(size for size, _ in sizes) / len(sizes)
     largest, largest_id = max(sizes, key=lambda item: item[0])
-    return Check(
-        name,
-        "ok",
+    return "ok", (
         f"{_size(mean)} per run on average over {len(sizes)} sampled run(s); largest "
-        f"{_size(largest)} (run {largest_id})",
+        f"{_size(largest)} (run {largest_id})"
     )
 
 
@@ -483,15 +467,16 @@ def check_runs(
         return [Check("runs-without-ttl", "unknown", f"cannot read the runs ({exc})")]
     at_least = "at least " if capped else ""
     where = f"{at_least}{runs} run(s) under prefix {prefix!r}"
+    ttl: _Outcome = "ok", f"every finished run expires ({finished} finished of {where})"
     if no_ttl:
-        ttl_check = Check("runs-without-ttl", "warn", (
+        ttl = "warn", (
             f"{at_least}{no_ttl} of {finished} finished run(s) ({where}) have no TTL and stay "
             "until deleted: give the backends expire_finished_after=, or run luft-redis gc "
-            "--older-than 7d"))  # fmt: skip
-    else:
-        ttl_check = Check("runs-without-ttl", "ok",
-                          f"every finished run expires ({finished} finished of {where})")
-    return [_run_memory(client, prefix, sampled), ttl_check]
+            "--older-than 7d")  # fmt: skip
+    return [
+        Check("run-memory", *_run_memory(client, prefix, sampled)),
+        Check("runs-without-ttl", *ttl),
+    ]
 
 
 def check_server(client: Any, *, prefix: str | None = None) -> ServerReport:
@@ -514,13 +499,12 @@ def check_server(client: Any, *, prefix: str | None = None) -> ServerReport:
             checks.append(Check("cluster-mode", "unsafe", "the cluster has no primary"))
         for primary in sorted(primaries, key=lambda n: (n.host, n.port)):
             node_client = client.get_redis_connection(primary)
-            checks.extend(
-                _check_node(node_client, cluster_client=True, node=f"{primary.host}:{primary.port}")
-            )
+            node = f"{primary.host}:{primary.port}"
+            checks += _check_node(node_client, cluster_client=True, node=node)
     else:
-        checks.extend(_check_node(client, cluster_client=False, node=None))
+        checks += _check_node(client, cluster_client=False, node=None)
     if prefix is not None:
-        checks.extend(check_runs(client, prefix))
+        checks += check_runs(client, prefix)
     ok = not any(check.level == "unsafe" for check in checks)
     for check in checks:
         log = logger.info if check.level in ("warn", "unsafe") else logger.debug
