@@ -33,9 +33,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -555,13 +555,17 @@ class _PortInUse(Exception):
 
 @dataclass(frozen=True)
 class _NodeView:
-    """One line of a CLUSTER NODES reply: a node as the answering node sees it."""
+    """One line of a CLUSTER NODES reply: a node as the answering node sees it.
+
+    Equal views say the same about who is a primary of which slots and who replicates whom
+    (whichever node answered, whatever epoch it knows): nodes that agree give equal sets.
+    """
 
     node_id: str
-    myself: bool
+    myself: bool = field(compare=False)
     is_primary: bool
     primary_id: str | None
-    config_epoch: int
+    config_epoch: int = field(compare=False)
     slots: tuple[tuple[int, int], ...]
 
     def serves(self, slot: int) -> bool:
@@ -597,19 +601,11 @@ def _connect(node: LocalRedisServer) -> redis.Redis:
     return redis.Redis(host=node.host, port=node.port, socket_timeout=2, decode_responses=True)
 
 
-_Topology: TypeAlias = frozenset[tuple[str, bool, str | None, tuple[tuple[int, int], ...]]]
-
-
-def _topology(views: Sequence[_NodeView]) -> _Topology:
-    """Who is a primary of which slots and who replicates whom: equal on nodes that agree."""
-    return frozenset((v.node_id, v.is_primary, v.primary_id, v.slots) for v in views)
-
-
 @dataclass(frozen=True)
 class _NodeState:
     ok: bool  # cluster_state ok, every slot assigned, every node known
     linked_to: int | None  # a replica whose link is up: its primary's port
-    topology: _Topology
+    topology: frozenset[_NodeView]  # equal on nodes that agree (see _NodeView)
 
 
 class LocalRedisCluster:
@@ -804,7 +800,7 @@ class LocalRedisCluster:
             and fields.get("cluster_known_nodes", "").strip() == str(len(self._nodes))
         )
         linked_to = int(replication["master_port"]) if role == "slave" and link == "up" else None
-        return _NodeState(ok, linked_to, _topology(_parse_nodes(nodes)))
+        return _NodeState(ok, linked_to, frozenset(_parse_nodes(nodes)))
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until every node is ``ok``, knows every other node and agrees with the others
