@@ -22,7 +22,8 @@
 ]]
 --- @include "includes/common"
 
-local PAGE, SCAN = 4, 64 -- queue entries read at a time (the first read: one), at most by one claim
+-- queue entries read at a time (the first read takes one), and at most by one claim
+local PAGE, SCAN = 4, 64
 
 -- The reply of a lease; `phase` and `payload` as stored (nil: read them, for a retry).
 local function lease_reply(delta, aid, token, attempt, expires, inc, phase, payload)
