@@ -61,7 +61,7 @@ from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, exception_chain, is_access_error
 from ..scripts import translate_error
 from ..tasks import TaskState
-from ..wire import decode_entry
+from ..wire import decode_entry, entry_id
 from . import cli_interop, cli_retention, live
 from .cli_common import (
     DEFAULT_URL,
@@ -91,16 +91,19 @@ _PIPE_WIDTH: Final = 240
 
 
 @contextlib.contextmanager
-def _backend(args: argparse.Namespace) -> Iterator[RedisCheckpointBackend]:
+def _backend(
+    args: argparse.Namespace, *, watch: bool = False
+) -> Iterator[RedisCheckpointBackend]:
     """A backend on its own client, closed on exit.
 
-    No change listener (``watch=False``) and no retries: an operator wants one quick, clear
-    answer, and can simply run the command again.
+    No retries: an operator wants one quick, clear answer, and can simply run the command
+    again. No change listener unless ``watch`` (``luft-redis watch``: the listener keeps the
+    cache current from the run's notices).
     """
     client = connect(args)
     try:
         with RedisCheckpointBackend(
-            client, prefix=args.prefix, watch=False, retry=NO_RETRY
+            client, prefix=args.prefix, watch=watch, retry=NO_RETRY
         ) as backend:
             yield backend
     finally:
@@ -140,14 +143,23 @@ def dumps(value: Any) -> str:
     return json.dumps(value, default=_json_default, ensure_ascii=False, sort_keys=False)
 
 
-def _positive_or_zero(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return value
+def _whole(least: int = 0, most: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=``: a whole number, 0 or more, at least ``least``, at most ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError("must be 0 or more")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}")
+        return value
+
+    return parse
 
 
 # ---------------------------------------------------------------------------- doctor
@@ -163,13 +175,13 @@ def print_report(report: ServerReport, out: TextIO) -> None:
         where = f"[{check.node}] " if check.node else ""
         label = _LABELS.get(check.level, check.level.upper())
         print(f"{label:<8} {where}{check.name:<{width}}  {check.message}", file=out)
-    unsafe = len(report.by_level("unsafe"))
-    warn = len(report.by_level("warn"))
-    unknown = len(report.by_level("unknown"))
+    counts: Counter[str] = Counter(check.level for check in report.checks)
     if not report.ok:
-        print(f"\nUNSAFE: {unsafe} problem(s) can lose checkpoints; fix them first.", file=out)
+        print(f"\nUNSAFE: {counts['unsafe']} problem(s) can lose checkpoints; fix them first.",
+              file=out)  # fmt: skip
     else:
-        notes = [f"{n} {what}" for n, what in ((warn, "warning(s)"), (unknown, "unknown")) if n]
+        notes = [f"{counts[level]} {what}" for level, what in
+                 (("warn", "warning(s)"), ("unknown", "unknown")) if counts[level]]  # fmt: skip
         print("\nsafe" + (f" ({', '.join(notes)})" if notes else ""), file=out)
 
 
@@ -210,7 +222,9 @@ def _print(renderable: Any) -> None:
         print(line.rstrip())
 
 
-def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
+def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
+    """A run as ``show --json`` prints it (also the web view's ``state`` message):
+    ``events`` is the length of its log (None when unknown)."""
     statuses = dict(Counter(result.status for result in cp.agent_results.values()))
     return {
         "run_id": str(cp.run_id),
@@ -226,6 +240,8 @@ def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
         "agent_sessions": len(cp.agent_sessions),
         "findings": len(cp.findings),
         "can_resume": cp.can_resume(),
+        "events": events,
+        "log_trimmed": log_trimmed,  # retention: the log lost its oldest events
     }
 
 
@@ -242,24 +258,10 @@ def run_row_json(row: index.IndexRow) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
-    """A run as ``show --json`` prints it (also the web view's ``state`` message):
-    ``events`` is the length of its log (None when unknown)."""
-    summary = _summary(cp)
-    summary["events"] = events
-    summary["log_trimmed"] = log_trimmed  # retention: the log lost its oldest events
-    return summary
-
-
 def event_json(entry_id: str, event: t.AgentEvent) -> dict[str, Any]:
     """One event as ``show`` prints it: its stream entry id, then luft's JSON form (the web
     view's ``event`` message)."""
     return {"id": entry_id, **event.to_json()}
-
-
-def _one_line(text: str, limit: int = 60) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
 
 
 _DURATION: Final = re.compile(r"^(\d+)([smhdw])$")
@@ -283,13 +285,6 @@ def parse_since(text: str, now: float | None = None) -> float:
             f"{text!r} has no time zone: add Z or an offset such as +02:00"
         )
     return when.timestamp()
-
-
-def _positive(text: str) -> int:
-    value = _positive_or_zero(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
@@ -319,9 +314,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         table.add_column("task", overflow="ellipsis", no_wrap=True, ratio=1)
         for row in page.rows:
             table.add_row(
-                str(row.run_id), Text(row.status, style=_STATUS_STYLE.get(row.status, "")),
+                str(row.run_id), Text(row.status, style=live.STATUS_STYLE.get(row.status, "")),
                 str(row.total_tokens), str(row.agents), _timestamp(row.updated_at),
-                Text(_one_line(row.task)),
+                Text(live.one_line(row.task)),
             )  # fmt: skip
         _print(table)
         more = ""
@@ -339,14 +334,12 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_STATUS_STYLE: Final = {"running": "cyan", "completed": "green", "failed": "red",
-                        "cancelled": "yellow"}  # fmt: skip
-
-
 # ---------------------------------------------------------------------------- show
 
 
-def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int) -> list[Any]:
+def _last_events(
+    backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int
+) -> list[tuple[str, t.AgentEvent]]:
     """The last ``count`` events of the run as (entry id, event), oldest first."""
     if count == 0:
         return []
@@ -355,9 +348,17 @@ def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int)
         page = backend.client.xrevrange(key, max="+", min="-", count=count)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise translate_error(exc, run_id=run_id) from exc
-    out: list[Any] = []
-    for entry_id, fields in reversed(page):
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return decode_page(run_id, key, page)
+
+
+def decode_page(
+    run_id: uuid.UUID, key: str, page: Sequence[Any]
+) -> list[tuple[str, t.AgentEvent]]:
+    """An ``XREVRANGE`` page of the run's event log as (entry id, event), oldest first
+    (:class:`~luft_redis.errors.LuftRedisError` for an entry that does not decode)."""
+    out: list[tuple[str, t.AgentEvent]] = []
+    for raw_id, fields in reversed(page):
+        eid = entry_id(raw_id)
         out.append((eid, decode_entry(run_id, key, eid, fields)))
     return out
 
@@ -382,7 +383,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         for name, value in summary.items():
             multiline = isinstance(value, str) and not value.isprintable()
             shown = dumps(value) if isinstance(value, dict) or multiline else str(value)
-            style = _STATUS_STYLE.get(shown, "") if name == "status" else ""
+            style = live.STATUS_STYLE.get(shown, "") if name == "status" else ""
             grid.add_row(name + ":", Text(shown, style=style))
         _print(grid)
         if events:
@@ -435,20 +436,14 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    run_id: uuid.UUID = args.run_id
-    client = connect(args)
-    try:
-        # watch=True: the change listener keeps the cache current from the run's notices
-        with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
-            _open_run(backend, args)
-            try:
-                final = live.watch_run(backend, _console())
-            except KeyboardInterrupt:
-                return EXIT_OK
-            if final is None:
-                raise CommandFailed(f"run {run_id} was deleted")
-    finally:
-        client.close()
+    with _backend(args, watch=True) as backend:
+        _open_run(backend, args)
+        try:
+            final = live.watch_run(backend, _console())
+        except KeyboardInterrupt:
+            return EXIT_OK
+        if final is None:
+            raise CommandFailed(f"run {args.run_id} was deleted")
     return EXIT_OK
 
 
@@ -492,19 +487,16 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         cp = _open_run(backend, args)
-        before = cp.status
         backend.cancel()
         after = backend.get_checkpoint()
         assert after is not None
         status = after.status.value
-        if after.status is t.CheckpointStatus.CANCELLED and before is not after.status:
-            print(f"run {run_id}: {status}")
-        elif after.status is t.CheckpointStatus.CANCELLED:
-            print(f"run {run_id}: {status} (it already was)")
-        else:
+        if after.status is not t.CheckpointStatus.CANCELLED:
             raise CommandFailed(
                 f"run {run_id} is {status}: only a running run can be cancelled; nothing changed"
             )
+        already = " (it already was)" if cp.status is after.status else ""
+        print(f"run {run_id}: {status}{already}")
     return EXIT_OK
 
 
@@ -533,7 +525,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             if status is None:
                 raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
             what = (f"{status.decode('utf-8', 'replace')}, {count} event(s), task "
-                    f"{_one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
+                    f"{live.one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
             if not _confirm(f"Delete run {run_id} ({what}) and its event log? [y/N] "):
                 raise CommandFailed(f"run {run_id}: not deleted")
         if not backend.delete_run(run_id):
@@ -546,13 +538,6 @@ def _cmd_delete(args: argparse.Namespace) -> int:
 
 
 _WEB_TOKEN_ENV: Final = "LUFT_REDIS_WEB_TOKEN"
-
-
-def _port(text: str) -> int:
-    value = _positive_or_zero(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError("must be at most 65535")
-    return value
 
 
 def _cmd_web(args: argparse.Namespace) -> int:
@@ -650,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--since", type=parse_since, metavar="WHEN", default=None,
                       help="only runs created, finished or resumed since: a duration ago "
                            "(7d, 12h, 30m) or an RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
-    runs.add_argument("--limit", type=_positive, default=_DEFAULT_LIMIT, metavar="N",
+    runs.add_argument("--limit", type=_whole(1), default=_DEFAULT_LIMIT, metavar="N",
                       help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
     runs.add_argument("--json", action="store_true", help="one JSON object per run")
     runs.add_argument("--rebuild-index", action="store_true",
@@ -664,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--events",
         metavar="N",
-        type=_positive_or_zero,
+        type=_whole(),
         default=_DEFAULT_EVENTS,
         help=f"how many of the last events to print as JSON lines (default {_DEFAULT_EVENTS})",
     )
@@ -734,7 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     web.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; others need --token)")
-    web.add_argument("--port", type=_port, default=8470, help="port to bind (default 8470)")
+    web.add_argument("--port", type=_whole(most=65535), default=8470,
+                     help="port to bind (default 8470)")  # fmt: skip
     web.add_argument("--token", default=None,
                      help=f"the access token (default: env {_WEB_TOKEN_ENV}); required to bind "
                           "an address other than loopback")  # fmt: skip

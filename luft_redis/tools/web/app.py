@@ -52,8 +52,8 @@ from starlette.staticfiles import StaticFiles
 from ... import index
 from ...errors import CorruptDataError, LuftRedisError
 from ...keys import run_keys
-from ...wire import decode_entry, entry_id
-from ..cli import _timestamp, dumps, event_json, run_row_json
+from ..cli import _timestamp, decode_page, dumps, event_json, run_row_json
+from ..live import one_line
 from .hub import Hubs, RunHub
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
@@ -408,7 +408,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                           f"<td class=\"a-running\">{row.agents_running}{mark}</td>")
             parts.append(
                 f"<tr data-run=\"{row.run_id}\"><td><a href=\"/runs/{row.run_id}\">"
-                f"{_e(_short(row.task)) or '(no task)'}</a></td>"
+                f"{_e(one_line(row.task, 80)) or '(no task)'}</a></td>"
                 f"<td class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
                 f"<td>{row.current_phase}</td><td class=\"a-all\">{row.agents}</td>{agents}"
                 f"<td>{row.total_tokens:,}</td><td>{_timestamp(row.created_at)}</td>"
@@ -464,7 +464,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         task = state.get("task", "")
         body = f"""
 <div class="banner hidden" id="banner"></div>
-<h1 id="title">{_e(_short(task, 120)) or '(no task)'}</h1>
+<h1 id="title">{_e(one_line(task, 120)) or '(no task)'}</h1>
 <p class="age" id="age">connecting…</p>
 <section class="head"><dl id="head">
 <dt>status</dt><dd id="status" class="st-{_e(state.get('status'))}">{_e(state.get('status'))}</dd>
@@ -547,14 +547,10 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             page = await async_client.xrevrange(key, max=upper, min="-", count=count)
         except Exception as exc:
             return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
-        events = []
-        for raw_id, fields in reversed(page):
-            eid = entry_id(raw_id)
-            try:  # every stored format (a log upgraded in flight holds two)
-                event = decode_entry(run_id, key, eid, fields)
-            except LuftRedisError as exc:
-                return JSONResponse({"error": str(exc)}, 500)
-            events.append(event_json(eid, event))
+        try:  # every stored format (a log upgraded in flight holds two)
+            events = [event_json(eid, event) for eid, event in decode_page(run_id, key, page)]
+        except LuftRedisError as exc:
+            return JSONResponse({"error": str(exc)}, 500)
         return Response(dumps({"events": events, "more": len(page) == count}),
                         media_type="application/json")
 
@@ -610,8 +606,3 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
 
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
-
-
-def _short(text: str, limit: int = 80) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
