@@ -73,6 +73,7 @@ COUNTS_MAX_AGE: Final = 15.0
 counts by status counted over the index are reused before they are counted again (in the
 background: a page load never waits for a count)."""
 LOG_PAGE: Final = 200
+_READ_ONLY: Final = "read-only: start luft-redis web with --allow-cancel to cancel runs"
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -182,8 +183,7 @@ class Guard:
             await response(scope, receive, secured)
             return
         if scope["method"] not in ("GET", "HEAD") and not self.config.allow_cancel:
-            await JSONResponse({"error": "read-only: start luft-redis web with --allow-cancel "
-                                "to cancel runs"}, 403)(scope, receive, secured)  # fmt: skip
+            await JSONResponse({"error": _READ_ONLY}, 403)(scope, receive, secured)
             return
         await self.app(scope, receive, secured)
 
@@ -248,19 +248,15 @@ class _Runs:
 
     async def page(self, statuses: Sequence[str], text: str, page: int) -> tuple[
             list[index.IndexRow], int, bool]:  # fmt: skip
-        """(rows of page ``page``, runs indexed, whether a next page exists)."""
-        if text:
-            found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
-                                            limit=SEARCH_DEPTH, statuses=statuses)  # fmt: skip
-            needle = text.casefold()
-            rows = [r for r in found.rows if needle in r.task.casefold()]
-            chunk = rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
-            return chunk, found.indexed, len(rows) > (page + 1) * PAGE_SIZE
-        limit = min(MAX_ROWS, (page + 1) * PAGE_SIZE + 1)
+        """(rows of page ``page``, runs indexed, whether a next page exists). A text search
+        filters the newest :data:`SEARCH_DEPTH` runs."""
+        end = (page + 1) * PAGE_SIZE
+        limit = SEARCH_DEPTH if text else min(MAX_ROWS, end + 1)
         found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
                                         limit=limit, statuses=statuses)  # fmt: skip
-        chunk = found.rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
-        return chunk, found.indexed, len(found.rows) > (page + 1) * PAGE_SIZE
+        needle = text.casefold()
+        rows = [r for r in found.rows if needle in r.task.casefold()] if text else found.rows
+        return rows[end - PAGE_SIZE:end], found.indexed, len(rows) > end
 
     async def status_counts(self) -> _Counts:
         """The counts by status: exact and current when the index keeps them for every run
@@ -348,21 +344,19 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         statuses = [status] if status in _STATUSES else []
         text = request.query_params.get("q", "").strip()[:200]
         page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
-        counts = _Counts()
+        rows: list[index.IndexRow] = []
+        indexed, more, counts = 0, False, _Counts()
+        banner, code = "", 200
         try:
             if request.query_params.get("wait_counts") == "1":  # tests: counts before the page
                 await runs.status_counts()
                 await runs.wait_counts()
             (rows, indexed, more), counts = await asyncio.gather(
                 runs.page(statuses, text, page), runs.status_counts())
-            banner = ""
-            code = 200
         except CorruptDataError as exc:
-            rows, indexed, more = [], 0, False
             banner = f"<div class=\"banner\" id=\"banner\">Corrupt data: {_e(exc)}</div>"
             code = 500
         except Exception as exc:
-            rows, indexed, more = [], 0, False
             banner = (f"<div class=\"banner\" id=\"banner\">Redis is unreachable: {_e(exc)}. "
                       "Reload to try again.</div>")
             code = 503
@@ -457,17 +451,16 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         warm = asyncio.get_running_loop().create_task(warm_up(run_id))
         warming.add(warm)
         warm.add_done_callback(warming.discard)
-        state = {"task": _text(raw_task), "status": _text(raw_status)}
+        task, status = _text(raw_task), _text(raw_status)
         meta = f"<meta name=\"luft-run\" content=\"{run_id}\">"
         if config.allow_cancel:
             meta += f"<meta name=\"luft-csrf\" content=\"{config.csrf_token()}\">"
-        task = state.get("task", "")
         body = f"""
 <div class="banner hidden" id="banner"></div>
 <h1 id="title">{_e(one_line(task, 120)) or '(no task)'}</h1>
 <p class="age" id="age">connecting…</p>
 <section class="head"><dl id="head">
-<dt>status</dt><dd id="status" class="st-{_e(state.get('status'))}">{_e(state.get('status'))}</dd>
+<dt>status</dt><dd id="status" class="st-{_e(status)}">{_e(status)}</dd>
 </dl><div id="actions"></div></section>
 <section><h2>Phases</h2><div id="phases"></div></section>
 <section class="charts"><div><h2>Tokens over time</h2><div id="chart-tokens"></div></div>
@@ -556,8 +549,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
 
     async def api_cancel(request: Request) -> Response:
         if not config.allow_cancel:
-            return JSONResponse({"error": "read-only: start luft-redis web with "
-                                 "--allow-cancel to cancel runs"}, 403)  # fmt: skip
+            return JSONResponse({"error": _READ_ONLY}, 403)
         given = request.headers.get("x-csrf-token", "")
         if not hmac.compare_digest(given.encode(), config.csrf_token().encode()):
             return JSONResponse({"error": "missing or wrong CSRF token"}, 403)
@@ -600,8 +592,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         lifespan=lifespan,
     )
     app.state.hubs = hubs
-    guarded = Guard(app, config)
-    return guarded
+    return Guard(app, config)
 
 
 def _text(raw: Any) -> str:
