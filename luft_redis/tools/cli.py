@@ -77,6 +77,7 @@ from .cli_common import (
     redact_url,
 )
 from .doctor import ServerReport, check_server
+from .live import utc_time
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
 
@@ -116,14 +117,6 @@ def _open_run(backend: RedisCheckpointBackend, args: argparse.Namespace) -> t.Ru
     if cp is None:
         raise CommandFailed(str(RunNotFoundError(args.run_id, args.prefix)))
     return cp
-
-
-def _timestamp(seconds: int) -> str:
-    """Unix seconds as ISO 8601 UTC (``2025-01-31T12:00:00Z``)."""
-    try:
-        return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (OverflowError, OSError, ValueError):
-        return str(seconds)
 
 
 def _json_default(value: Any) -> Any:
@@ -232,8 +225,8 @@ def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dic
         "task": cp.task,
         "current_phase": cp.current_phase,
         "total_tokens": cp.total_tokens,
-        "created_at": _timestamp(cp.created_at),
-        "updated_at": _timestamp(cp.updated_at),
+        "created_at": utc_time(cp.created_at),
+        "updated_at": utc_time(cp.updated_at),
         "completed_phases": len(cp.completed_phases),
         "agents_started": len(cp.started_agent_ids),
         "agent_results": statuses,
@@ -251,8 +244,8 @@ def run_row_json(row: index.IndexRow) -> dict[str, Any]:
         "run_id": str(row.run_id), "status": row.status, "task": row.task,
         "current_phase": row.current_phase, "total_tokens": row.total_tokens,
         "agents": row.agents, "agents_ok": row.agents_ok, "agents_failed": row.agents_failed,
-        "agents_running": row.agents_running, "created_at": _timestamp(row.created_at),
-        "updated_at": _timestamp(row.updated_at),
+        "agents_running": row.agents_running, "created_at": utc_time(row.created_at),
+        "updated_at": utc_time(row.updated_at),
         **({"counts_counted": True} if row.counted else {}),
         **({"problem": row.problem} if row.problem else {}),
     }  # fmt: skip
@@ -315,13 +308,12 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         for row in page.rows:
             table.add_row(
                 str(row.run_id), Text(row.status, style=live.STATUS_STYLE.get(row.status, "")),
-                str(row.total_tokens), str(row.agents), _timestamp(row.updated_at),
+                str(row.total_tokens), str(row.agents), utc_time(row.updated_at),
                 Text(live.one_line(row.task)),
             )  # fmt: skip
         _print(table)
-        more = ""
-        if len(page.rows) == args.limit and page.indexed > len(page.rows):
-            more = " (--limit shows more)"
+        cut = len(page.rows) == args.limit and page.indexed > len(page.rows)
+        more = " (--limit shows more)" if cut else ""
         print(f"{len(page.rows)} run(s) shown of {page.indexed} indexed under prefix "
               f"{args.prefix!r}{more}", file=sys.stderr)  # fmt: skip
     if page.gone:
@@ -797,40 +789,31 @@ def main(argv: list[str] | None = None) -> int:
             refused = _refusal(exc, args)
             if refused is None:
                 raise
-        print(f"luft-redis {args.command}: Redis refused this client: {refused}",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_REFUSED
+        message, code = f"Redis refused this client: {refused}", EXIT_REFUSED
     except CommandFailed as exc:
-        print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
-        return exc.code
+        message, code = str(exc), exc.code
     except KeyboardInterrupt:
-        print(f"luft-redis {args.command}: interrupted", file=sys.stderr)
-        return 130
+        message, code = "interrupted", 130
     except Exception as exc:
-        auth = _auth_failure(exc)
-        if auth is None:
-            return _report(args, exc)
-        print(f"luft-redis {args.command}: Redis at {redact_url(args.redis)} refused the "
-              f"credentials or the permission (check the user and password in the URL, and "
-              f"the ACL): {auth}", file=sys.stderr)  # fmt: skip
-        return EXIT_FAILURE
+        message, code = _failure(args, exc)
+    print(f"luft-redis {args.command}: {message}", file=sys.stderr)
+    return code
 
 
-def _report(args: argparse.Namespace, exc: Exception) -> int:
-    """Print a failure of a subcommand; its exit code (re-raises what is not ours)."""
+def _failure(args: argparse.Namespace, exc: Exception) -> tuple[str, int]:
+    """The message and exit code of a failure of a subcommand (re-raises what is not ours)."""
+    auth = _auth_failure(exc)
+    if auth is not None:
+        return (f"Redis at {redact_url(args.redis)} refused the credentials or the permission "
+                f"(check the user and password in the URL, and the ACL): {auth}",
+                EXIT_FAILURE)  # fmt: skip
     if isinstance(exc, (ConnectionError, redis.exceptions.ConnectionError,
                         redis.exceptions.TimeoutError, redis.exceptions.RedisClusterException)):
-        print(
-            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
-            file=sys.stderr,
-        )
-        return EXIT_UNREACHABLE
+        return f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
     if isinstance(exc, LuftRedisError):
-        print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return str(exc), EXIT_FAILURE
     if isinstance(exc, redis.exceptions.RedisError):
-        print(f"luft-redis {args.command}: Redis error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return f"Redis error: {exc}", EXIT_FAILURE
     raise exc
 
 

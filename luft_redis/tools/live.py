@@ -27,7 +27,7 @@ from ..backend import LogEntry, RedisCheckpointBackend
 from ..tasks import TaskInfo, TaskState
 
 __all__ = ["STATUS_STYLE", "event_line", "follow_events", "lease_left", "one_line", "render_run",
-           "task_table", "watch_run"]  # fmt: skip
+           "task_table", "utc_time", "watch_run"]  # fmt: skip
 
 _FINAL: Final = frozenset(
     {t.CheckpointStatus.COMPLETED, t.CheckpointStatus.FAILED, t.CheckpointStatus.CANCELLED}
@@ -101,9 +101,11 @@ def follow_events(
 # ------------------------------------------------------------------------------ watch
 
 
-def _when(seconds: int) -> str:
+def utc_time(seconds: int, form: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
+    """Unix seconds as UTC in ``form`` (default ISO 8601: ``2025-01-31T12:00:00Z``); the
+    number itself when it is out of range."""
     try:
-        return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime(form)
     except (OverflowError, OSError, ValueError):
         return str(seconds)
 
@@ -193,7 +195,7 @@ def render_run(cp: t.RunCheckpoint, *, note: str = "", tasks: Sequence[TaskInfo]
                                 f"{failed} failed"))  # fmt: skip
     if tasks:
         head.add_row("tasks", Text(_fleet_line(tasks)))
-    head.add_row("updated", Text(_when(cp.updated_at)))
+    head.add_row("updated", Text(utc_time(cp.updated_at, "%Y-%m-%d %H:%M:%S UTC")))
 
     phase = next((p for p in cp.completed_phases if p.phase_id == cp.current_phase), None)
     parts: list[RenderableType] = [head]

@@ -52,8 +52,8 @@ from starlette.staticfiles import StaticFiles
 from ... import index
 from ...errors import CorruptDataError, LuftRedisError
 from ...keys import run_keys
-from ..cli import _timestamp, decode_page, dumps, event_json, run_row_json
-from ..live import one_line
+from ..cli import decode_page, dumps, event_json, run_row_json
+from ..live import one_line, utc_time
 from .hub import Hubs, RunHub
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
@@ -405,8 +405,8 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                 f"{_e(one_line(row.task, 80)) or '(no task)'}</a></td>"
                 f"<td class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
                 f"<td>{row.current_phase}</td><td class=\"a-all\">{row.agents}</td>{agents}"
-                f"<td>{row.total_tokens:,}</td><td>{_timestamp(row.created_at)}</td>"
-                f"<td>{_timestamp(row.updated_at)}</td></tr>")  # fmt: skip
+                f"<td>{row.total_tokens:,}</td><td>{utc_time(row.created_at)}</td>"
+                f"<td>{utc_time(row.updated_at)}</td></tr>")  # fmt: skip
         parts.append("</tbody></table>")
         if counted:
             parts.append("<p class=\"note\" id=\"rows-note\"><sup>*</sup> a run written by an "

@@ -122,8 +122,7 @@ class _Aggregates:
         elif isinstance(event, t.AgentDone):
             agent = self.agents.setdefault(event.agent_id, _Agent())
             usage = event.tokens
-            agent.tokens = {"input": usage.input, "output": usage.output,
-                            "cache_read": usage.cache_read, "cache_write": usage.cache_write}
+            agent.tokens = {key: getattr(usage, key) for key in self.tokens}
             agent.elapsed_ms = event.elapsed_ms
             agent.retries = max(agent.retries, event.retry_count)
             agent.name = event.name or agent.name
@@ -193,7 +192,6 @@ class RunHub:
         self.caught_up = False
         self.as_of = time.time()
         self._base: dict[str, Any] = {}
-        self._agent_order: list[uuid.UUID] = []
         self._rows: list[dict[str, Any]] = []
         self._texts: dict[int, str] = {}
         self._chunks: dict[tuple[int, int, int, int, bool], bytes] = {}
