@@ -359,9 +359,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         cp = _open_run(backend, args)
-        count: int | None
         try:
-            count = backend.client.xlen(run_keys(args.prefix, run_id).events)
+            count: int | None = backend.client.xlen(run_keys(args.prefix, run_id).events)
         except redis.exceptions.RedisError:
             count = None
         summary = show_json(cp, count, backend.log_trimmed)
@@ -419,11 +418,10 @@ def _cmd_events(args: argparse.Namespace) -> int:
                     line = live.event_line(entry.id, entry.event)
                 print(line, flush=args.follow)
         except KeyboardInterrupt:  # the way out of --follow: not an error
-            return EXIT_OK
+            pass
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             with contextlib.suppress(OSError):
                 sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit
-            return EXIT_OK
     return EXIT_OK
 
 

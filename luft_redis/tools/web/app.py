@@ -220,9 +220,6 @@ def _page(title: str, body: str, *, meta: str = "", script: bool = False) -> str
             f"<main>{body}</main></body></html>")  # fmt: skip
 
 
-_STATUSES: Final = index.STATUSES
-
-
 @dataclass
 class _Counts:
     """Runs by status: read in one round trip from the counts kept next to the index
@@ -246,12 +243,14 @@ class _Runs:
         self.prefix = prefix
         self.counts = _Counts()
 
-    async def page(self, statuses: Sequence[str], text: str, page: int) -> tuple[
+    async def page(self, status: str, text: str, page: int) -> tuple[
             list[index.IndexRow], int, bool]:  # fmt: skip
-        """(rows of page ``page``, runs indexed, whether a next page exists). A text search
-        filters the newest :data:`SEARCH_DEPTH` runs."""
+        """(rows of page ``page``, runs indexed, whether a next page exists) of the runs of
+        ``status`` (any status when it names none). A text search filters the newest
+        :data:`SEARCH_DEPTH` runs."""
         end = (page + 1) * PAGE_SIZE
         limit = SEARCH_DEPTH if text else min(MAX_ROWS, end + 1)
+        statuses = [status] if status in index.STATUSES else []
         found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
                                         limit=limit, statuses=statuses)  # fmt: skip
         needle = text.casefold()
@@ -299,6 +298,14 @@ def _int_arg(request: Request, name: str, default: int = 0) -> int:
         return default
 
 
+def _filter(request: Request) -> tuple[str, str, int]:
+    """The runs' filter of a request: ``?status=``, ``?q=`` (the text, at most 200
+    characters), ``?page=`` (at most the page of :data:`MAX_ROWS`)."""
+    params = request.query_params
+    page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+    return params.get("status", ""), params.get("q", "").strip()[:200], page
+
+
 def _parse_run(request: Request) -> uuid.UUID | None:
     try:
         return uuid.UUID(request.path_params["run_id"])
@@ -340,10 +347,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         return hub
 
     async def runs_page(request: Request) -> Response:
-        status = request.query_params.get("status", "")
-        statuses = [status] if status in _STATUSES else []
-        text = request.query_params.get("q", "").strip()[:200]
-        page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+        status, text, page = _filter(request)
         rows: list[index.IndexRow] = []
         indexed, more, counts = 0, False, _Counts()
         banner, code = "", 200
@@ -352,7 +356,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                 await runs.status_counts()
                 await runs.wait_counts()
             (rows, indexed, more), counts = await asyncio.gather(
-                runs.page(statuses, text, page), runs.status_counts())
+                runs.page(status, text, page), runs.status_counts())
         except CorruptDataError as exc:
             banner = f"<div class=\"banner\" id=\"banner\">Corrupt data: {_e(exc)}</div>"
             code = 500
@@ -362,7 +366,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             code = 503
         parts = [banner, "<h1>Runs</h1><ul class=\"counts\" id=\"counts\">"]
         parts.append(f"<li><a href=\"/\" data-status=\"all\">all <b>{indexed}</b></a></li>")
-        for name in _STATUSES:
+        for name in index.STATUSES:
             current = " class=\"current\"" if name == status else ""
             shown = counts.counts.get(name, 0) if counts.counts else "…"
             parts.append(f"<li{current}><a href=\"/?status={name}\" data-status=\"{name}\" "
@@ -380,7 +384,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                          "exact from then on</p>")
         parts.append("<form class=\"filter\" method=\"get\" action=\"/\">"
                      "<label>status <select name=\"status\"><option value=\"\">any</option>")
-        for name in _STATUSES:
+        for name in index.STATUSES:
             selected = " selected" if name == status else ""
             parts.append(f"<option{selected}>{name}</option>")
         parts.append(f"</select></label> <label>task contains <input name=\"q\" "
@@ -481,13 +485,10 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         return HTMLResponse(_page(f"Run {run_id}", body, meta=meta, script=True))
 
     async def api_runs(request: Request) -> Response:
-        status = request.query_params.get("status", "")
-        statuses = [status] if status in _STATUSES else []
-        text = request.query_params.get("q", "").strip()[:200]
-        page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+        status, text, page = _filter(request)
         try:
             (rows, indexed, more), counts = await asyncio.gather(
-                runs.page(statuses, text, page), runs.status_counts())
+                runs.page(status, text, page), runs.status_counts())
         except CorruptDataError as exc:
             return JSONResponse({"error": str(exc)}, 500)
         except Exception as exc:

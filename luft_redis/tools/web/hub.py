@@ -421,11 +421,8 @@ class RunHub:
         page = min(max(page, 0), pages - 1)
         out = dict(self._base)
         if "view" in out:
-            view = dict(out["view"])
-            view["agents_page"] = page
-            view["agents_pages"] = pages
-            view["agents"] = self._rows[page * AGENTS_PAGE:(page + 1) * AGENTS_PAGE]
-            out["view"] = view
+            out["view"] = {**out["view"], "agents_page": page, "agents_pages": pages,
+                           "agents": self._rows[page * AGENTS_PAGE:(page + 1) * AGENTS_PAGE]}
         return out
 
     def state_text(self, page: int) -> str:
