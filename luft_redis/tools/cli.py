@@ -158,16 +158,12 @@ def _whole(least: int = 0, most: int | None = None) -> Callable[[str], int]:
 # ---------------------------------------------------------------------------- doctor
 
 
-_LABELS: Final = {"ok": "OK", "warn": "WARN", "unsafe": "UNSAFE", "unknown": "UNKNOWN"}
-
-
 def print_report(report: ServerReport, out: TextIO) -> None:
     """Print one line per check, then a verdict."""
     width = max((len(c.name) for c in report.checks), default=0)
     for check in report.checks:
         where = f"[{check.node}] " if check.node else ""
-        label = _LABELS.get(check.level, check.level.upper())
-        print(f"{label:<8} {where}{check.name:<{width}}  {check.message}", file=out)
+        print(f"{check.level.upper():<8} {where}{check.name:<{width}}  {check.message}", file=out)
     counts: Counter[str] = Counter(check.level for check in report.checks)
     if not report.ok:
         print(f"\nUNSAFE: {counts['unsafe']} problem(s) can lose checkpoints; fix them first.",

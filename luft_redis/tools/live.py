@@ -29,9 +29,6 @@ from ..tasks import TaskInfo, TaskState
 __all__ = ["STATUS_STYLE", "event_line", "follow_events", "lease_left", "one_line", "render_run",
            "task_table", "utc_time", "watch_run"]  # fmt: skip
 
-_FINAL: Final = frozenset(
-    {t.CheckpointStatus.COMPLETED, t.CheckpointStatus.FAILED, t.CheckpointStatus.CANCELLED}
-)
 _FIRST: Final = ("status", "level", "msg", "label", "phase_id", "agent_id", "name", "role",
                  "model", "tokens", "ok", "failed", "elapsed_ms", "task")  # fmt: skip
 _SKIP: Final = frozenset({"type", "run_id", "ts"})
@@ -259,7 +256,7 @@ def watch_run(backend: RedisCheckpointBackend, console: Console) -> t.RunCheckpo
     try:
         with Live(render_run(cp, tasks=tasks), console=console, auto_refresh=False,
                   transient=False) as live:  # fmt: skip
-            while cp.status not in _FINAL:
+            while cp.status is t.CheckpointStatus.RUNNING:  # not yet final
                 # woken by the run's change notices (the listener); the timeout only keeps the
                 # display honest about a listener that lost its connection, and a lease lapsing
                 wait = TICK if lapse_at is None else min(TICK, max(0.05, lapse_at - time.time()))
