@@ -61,7 +61,7 @@ from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, exception_chain, is_access_error
 from ..scripts import translate_error
 from ..tasks import TaskState
-from ..wire import decode_entry
+from ..wire import decode_entry, entry_id
 from . import cli_interop, cli_retention, live
 from .cli_common import (
     DEFAULT_URL,
@@ -77,6 +77,7 @@ from .cli_common import (
     redact_url,
 )
 from .doctor import ServerReport, check_server
+from .live import utc_time
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
 
@@ -91,16 +92,19 @@ _PIPE_WIDTH: Final = 240
 
 
 @contextlib.contextmanager
-def _backend(args: argparse.Namespace) -> Iterator[RedisCheckpointBackend]:
+def _backend(
+    args: argparse.Namespace, *, watch: bool = False
+) -> Iterator[RedisCheckpointBackend]:
     """A backend on its own client, closed on exit.
 
-    No change listener (``watch=False``) and no retries: an operator wants one quick, clear
-    answer, and can simply run the command again.
+    No retries: an operator wants one quick, clear answer, and can simply run the command
+    again. No change listener unless ``watch`` (``luft-redis watch``: the listener keeps the
+    cache current from the run's notices).
     """
     client = connect(args)
     try:
         with RedisCheckpointBackend(
-            client, prefix=args.prefix, watch=False, retry=NO_RETRY
+            client, prefix=args.prefix, watch=watch, retry=NO_RETRY
         ) as backend:
             yield backend
     finally:
@@ -113,14 +117,6 @@ def _open_run(backend: RedisCheckpointBackend, args: argparse.Namespace) -> t.Ru
     if cp is None:
         raise CommandFailed(str(RunNotFoundError(args.run_id, args.prefix)))
     return cp
-
-
-def _timestamp(seconds: int) -> str:
-    """Unix seconds as ISO 8601 UTC (``2025-01-31T12:00:00Z``)."""
-    try:
-        return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    except (OverflowError, OSError, ValueError):
-        return str(seconds)
 
 
 def _json_default(value: Any) -> Any:
@@ -140,20 +136,26 @@ def dumps(value: Any) -> str:
     return json.dumps(value, default=_json_default, ensure_ascii=False, sort_keys=False)
 
 
-def _positive_or_zero(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return value
+def _whole(least: int = 0, most: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=``: a whole number, 0 or more, at least ``least``, at most ``most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError("must be 0 or more")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most}")
+        return value
+
+    return parse
 
 
 # ---------------------------------------------------------------------------- doctor
-
-
-_LABELS: Final = {"ok": "OK", "warn": "WARN", "unsafe": "UNSAFE", "unknown": "UNKNOWN"}
 
 
 def print_report(report: ServerReport, out: TextIO) -> None:
@@ -161,15 +163,14 @@ def print_report(report: ServerReport, out: TextIO) -> None:
     width = max((len(c.name) for c in report.checks), default=0)
     for check in report.checks:
         where = f"[{check.node}] " if check.node else ""
-        label = _LABELS.get(check.level, check.level.upper())
-        print(f"{label:<8} {where}{check.name:<{width}}  {check.message}", file=out)
-    unsafe = len(report.by_level("unsafe"))
-    warn = len(report.by_level("warn"))
-    unknown = len(report.by_level("unknown"))
+        print(f"{check.level.upper():<8} {where}{check.name:<{width}}  {check.message}", file=out)
+    counts: Counter[str] = Counter(check.level for check in report.checks)
     if not report.ok:
-        print(f"\nUNSAFE: {unsafe} problem(s) can lose checkpoints; fix them first.", file=out)
+        print(f"\nUNSAFE: {counts['unsafe']} problem(s) can lose checkpoints; fix them first.",
+              file=out)  # fmt: skip
     else:
-        notes = [f"{n} {what}" for n, what in ((warn, "warning(s)"), (unknown, "unknown")) if n]
+        notes = [f"{counts[level]} {what}" for level, what in
+                 (("warn", "warning(s)"), ("unknown", "unknown")) if counts[level]]  # fmt: skip
         print("\nsafe" + (f" ({', '.join(notes)})" if notes else ""), file=out)
 
 
@@ -210,7 +211,9 @@ def _print(renderable: Any) -> None:
         print(line.rstrip())
 
 
-def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
+def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
+    """A run as ``show --json`` prints it (also the web view's ``state`` message):
+    ``events`` is the length of its log (None when unknown)."""
     statuses = dict(Counter(result.status for result in cp.agent_results.values()))
     return {
         "run_id": str(cp.run_id),
@@ -218,14 +221,16 @@ def _summary(cp: t.RunCheckpoint) -> dict[str, Any]:
         "task": cp.task,
         "current_phase": cp.current_phase,
         "total_tokens": cp.total_tokens,
-        "created_at": _timestamp(cp.created_at),
-        "updated_at": _timestamp(cp.updated_at),
+        "created_at": utc_time(cp.created_at),
+        "updated_at": utc_time(cp.updated_at),
         "completed_phases": len(cp.completed_phases),
         "agents_started": len(cp.started_agent_ids),
         "agent_results": statuses,
         "agent_sessions": len(cp.agent_sessions),
         "findings": len(cp.findings),
         "can_resume": cp.can_resume(),
+        "events": events,
+        "log_trimmed": log_trimmed,  # retention: the log lost its oldest events
     }
 
 
@@ -235,31 +240,17 @@ def run_row_json(row: index.IndexRow) -> dict[str, Any]:
         "run_id": str(row.run_id), "status": row.status, "task": row.task,
         "current_phase": row.current_phase, "total_tokens": row.total_tokens,
         "agents": row.agents, "agents_ok": row.agents_ok, "agents_failed": row.agents_failed,
-        "agents_running": row.agents_running, "created_at": _timestamp(row.created_at),
-        "updated_at": _timestamp(row.updated_at),
+        "agents_running": row.agents_running, "created_at": utc_time(row.created_at),
+        "updated_at": utc_time(row.updated_at),
         **({"counts_counted": True} if row.counted else {}),
         **({"problem": row.problem} if row.problem else {}),
     }  # fmt: skip
-
-
-def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
-    """A run as ``show --json`` prints it (also the web view's ``state`` message):
-    ``events`` is the length of its log (None when unknown)."""
-    summary = _summary(cp)
-    summary["events"] = events
-    summary["log_trimmed"] = log_trimmed  # retention: the log lost its oldest events
-    return summary
 
 
 def event_json(entry_id: str, event: t.AgentEvent) -> dict[str, Any]:
     """One event as ``show`` prints it: its stream entry id, then luft's JSON form (the web
     view's ``event`` message)."""
     return {"id": entry_id, **event.to_json()}
-
-
-def _one_line(text: str, limit: int = 60) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
 
 
 _DURATION: Final = re.compile(r"^(\d+)([smhdw])$")
@@ -283,13 +274,6 @@ def parse_since(text: str, now: float | None = None) -> float:
             f"{text!r} has no time zone: add Z or an offset such as +02:00"
         )
     return when.timestamp()
-
-
-def _positive(text: str) -> int:
-    value = _positive_or_zero(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
@@ -319,14 +303,13 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         table.add_column("task", overflow="ellipsis", no_wrap=True, ratio=1)
         for row in page.rows:
             table.add_row(
-                str(row.run_id), Text(row.status, style=_STATUS_STYLE.get(row.status, "")),
-                str(row.total_tokens), str(row.agents), _timestamp(row.updated_at),
-                Text(_one_line(row.task)),
+                str(row.run_id), Text(row.status, style=live.STATUS_STYLE.get(row.status, "")),
+                str(row.total_tokens), str(row.agents), utc_time(row.updated_at),
+                Text(live.one_line(row.task)),
             )  # fmt: skip
         _print(table)
-        more = ""
-        if len(page.rows) == args.limit and page.indexed > len(page.rows):
-            more = " (--limit shows more)"
+        cut = len(page.rows) == args.limit and page.indexed > len(page.rows)
+        more = " (--limit shows more)" if cut else ""
         print(f"{len(page.rows)} run(s) shown of {page.indexed} indexed under prefix "
               f"{args.prefix!r}{more}", file=sys.stderr)  # fmt: skip
     if page.gone:
@@ -339,14 +322,12 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_STATUS_STYLE: Final = {"running": "cyan", "completed": "green", "failed": "red",
-                        "cancelled": "yellow"}  # fmt: skip
-
-
 # ---------------------------------------------------------------------------- show
 
 
-def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int) -> list[Any]:
+def _last_events(
+    backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int
+) -> list[tuple[str, t.AgentEvent]]:
     """The last ``count`` events of the run as (entry id, event), oldest first."""
     if count == 0:
         return []
@@ -355,9 +336,17 @@ def _last_events(backend: RedisCheckpointBackend, run_id: uuid.UUID, count: int)
         page = backend.client.xrevrange(key, max="+", min="-", count=count)
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise translate_error(exc, run_id=run_id) from exc
-    out: list[Any] = []
-    for entry_id, fields in reversed(page):
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    return decode_page(run_id, key, page)
+
+
+def decode_page(
+    run_id: uuid.UUID, key: str, page: Sequence[Any]
+) -> list[tuple[str, t.AgentEvent]]:
+    """An ``XREVRANGE`` page of the run's event log as (entry id, event), oldest first
+    (:class:`~luft_redis.errors.LuftRedisError` for an entry that does not decode)."""
+    out: list[tuple[str, t.AgentEvent]] = []
+    for raw_id, fields in reversed(page):
+        eid = entry_id(raw_id)
         out.append((eid, decode_entry(run_id, key, eid, fields)))
     return out
 
@@ -366,9 +355,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         cp = _open_run(backend, args)
-        count: int | None
         try:
-            count = backend.client.xlen(run_keys(args.prefix, run_id).events)
+            count: int | None = backend.client.xlen(run_keys(args.prefix, run_id).events)
         except redis.exceptions.RedisError:
             count = None
         summary = show_json(cp, count, backend.log_trimmed)
@@ -382,7 +370,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         for name, value in summary.items():
             multiline = isinstance(value, str) and not value.isprintable()
             shown = dumps(value) if isinstance(value, dict) or multiline else str(value)
-            style = _STATUS_STYLE.get(shown, "") if name == "status" else ""
+            style = live.STATUS_STYLE.get(shown, "") if name == "status" else ""
             grid.add_row(name + ":", Text(shown, style=style))
         _print(grid)
         if events:
@@ -426,29 +414,22 @@ def _cmd_events(args: argparse.Namespace) -> int:
                     line = live.event_line(entry.id, entry.event)
                 print(line, flush=args.follow)
         except KeyboardInterrupt:  # the way out of --follow: not an error
-            return EXIT_OK
+            pass
         except BrokenPipeError:  # `| head`: the reader has what it wanted
             with contextlib.suppress(OSError):
                 sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit
-            return EXIT_OK
     return EXIT_OK
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    run_id: uuid.UUID = args.run_id
-    client = connect(args)
-    try:
-        # watch=True: the change listener keeps the cache current from the run's notices
-        with RedisCheckpointBackend(client, prefix=args.prefix, retry=NO_RETRY) as backend:
-            _open_run(backend, args)
-            try:
-                final = live.watch_run(backend, _console())
-            except KeyboardInterrupt:
-                return EXIT_OK
-            if final is None:
-                raise CommandFailed(f"run {run_id} was deleted")
-    finally:
-        client.close()
+    with _backend(args, watch=True) as backend:
+        _open_run(backend, args)
+        try:
+            final = live.watch_run(backend, _console())
+        except KeyboardInterrupt:
+            return EXIT_OK
+        if final is None:
+            raise CommandFailed(f"run {args.run_id} was deleted")
     return EXIT_OK
 
 
@@ -492,19 +473,16 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
         cp = _open_run(backend, args)
-        before = cp.status
         backend.cancel()
         after = backend.get_checkpoint()
         assert after is not None
         status = after.status.value
-        if after.status is t.CheckpointStatus.CANCELLED and before is not after.status:
-            print(f"run {run_id}: {status}")
-        elif after.status is t.CheckpointStatus.CANCELLED:
-            print(f"run {run_id}: {status} (it already was)")
-        else:
+        if after.status is not t.CheckpointStatus.CANCELLED:
             raise CommandFailed(
                 f"run {run_id} is {status}: only a running run can be cancelled; nothing changed"
             )
+        already = " (it already was)" if cp.status is after.status else ""
+        print(f"run {run_id}: {status}{already}")
     return EXIT_OK
 
 
@@ -533,7 +511,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             if status is None:
                 raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
             what = (f"{status.decode('utf-8', 'replace')}, {count} event(s), task "
-                    f"{_one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
+                    f"{live.one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
             if not _confirm(f"Delete run {run_id} ({what}) and its event log? [y/N] "):
                 raise CommandFailed(f"run {run_id}: not deleted")
         if not backend.delete_run(run_id):
@@ -546,13 +524,6 @@ def _cmd_delete(args: argparse.Namespace) -> int:
 
 
 _WEB_TOKEN_ENV: Final = "LUFT_REDIS_WEB_TOKEN"
-
-
-def _port(text: str) -> int:
-    value = _positive_or_zero(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError("must be at most 65535")
-    return value
 
 
 def _cmd_web(args: argparse.Namespace) -> int:
@@ -650,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--since", type=parse_since, metavar="WHEN", default=None,
                       help="only runs created, finished or resumed since: a duration ago "
                            "(7d, 12h, 30m) or an RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
-    runs.add_argument("--limit", type=_positive, default=_DEFAULT_LIMIT, metavar="N",
+    runs.add_argument("--limit", type=_whole(1), default=_DEFAULT_LIMIT, metavar="N",
                       help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
     runs.add_argument("--json", action="store_true", help="one JSON object per run")
     runs.add_argument("--rebuild-index", action="store_true",
@@ -664,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--events",
         metavar="N",
-        type=_positive_or_zero,
+        type=_whole(),
         default=_DEFAULT_EVENTS,
         help=f"how many of the last events to print as JSON lines (default {_DEFAULT_EVENTS})",
     )
@@ -734,7 +705,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     web.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; others need --token)")
-    web.add_argument("--port", type=_port, default=8470, help="port to bind (default 8470)")
+    web.add_argument("--port", type=_whole(most=65535), default=8470,
+                     help="port to bind (default 8470)")  # fmt: skip
     web.add_argument("--token", default=None,
                      help=f"the access token (default: env {_WEB_TOKEN_ENV}); required to bind "
                           "an address other than loopback")  # fmt: skip
@@ -811,40 +783,31 @@ def main(argv: list[str] | None = None) -> int:
             refused = _refusal(exc, args)
             if refused is None:
                 raise
-        print(f"luft-redis {args.command}: Redis refused this client: {refused}",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_REFUSED
+        message, code = f"Redis refused this client: {refused}", EXIT_REFUSED
     except CommandFailed as exc:
-        print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
-        return exc.code
+        message, code = str(exc), exc.code
     except KeyboardInterrupt:
-        print(f"luft-redis {args.command}: interrupted", file=sys.stderr)
-        return 130
+        message, code = "interrupted", 130
     except Exception as exc:
-        auth = _auth_failure(exc)
-        if auth is None:
-            return _report(args, exc)
-        print(f"luft-redis {args.command}: Redis at {redact_url(args.redis)} refused the "
-              f"credentials or the permission (check the user and password in the URL, and "
-              f"the ACL): {auth}", file=sys.stderr)  # fmt: skip
-        return EXIT_FAILURE
+        message, code = _failure(args, exc)
+    print(f"luft-redis {args.command}: {message}", file=sys.stderr)
+    return code
 
 
-def _report(args: argparse.Namespace, exc: Exception) -> int:
-    """Print a failure of a subcommand; its exit code (re-raises what is not ours)."""
+def _failure(args: argparse.Namespace, exc: Exception) -> tuple[str, int]:
+    """The message and exit code of a failure of a subcommand (re-raises what is not ours)."""
+    auth = _auth_failure(exc)
+    if auth is not None:
+        return (f"Redis at {redact_url(args.redis)} refused the credentials or the permission "
+                f"(check the user and password in the URL, and the ACL): {auth}",
+                EXIT_FAILURE)  # fmt: skip
     if isinstance(exc, (ConnectionError, redis.exceptions.ConnectionError,
                         redis.exceptions.TimeoutError, redis.exceptions.RedisClusterException)):
-        print(
-            f"luft-redis {args.command}: cannot reach Redis at {redact_url(args.redis)}: {exc}",
-            file=sys.stderr,
-        )
-        return EXIT_UNREACHABLE
+        return f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
     if isinstance(exc, LuftRedisError):
-        print(f"luft-redis {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return str(exc), EXIT_FAILURE
     if isinstance(exc, redis.exceptions.RedisError):
-        print(f"luft-redis {args.command}: Redis error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return f"Redis error: {exc}", EXIT_FAILURE
     raise exc
 
 

@@ -26,11 +26,9 @@ from .. import types as t
 from ..backend import LogEntry, RedisCheckpointBackend
 from ..tasks import TaskInfo, TaskState
 
-__all__ = ["event_line", "follow_events", "lease_left", "render_run", "task_table", "watch_run"]
+__all__ = ["STATUS_STYLE", "event_line", "follow_events", "lease_left", "one_line", "render_run",
+           "task_table", "utc_time", "watch_run"]  # fmt: skip
 
-_FINAL: Final = frozenset(
-    {t.CheckpointStatus.COMPLETED, t.CheckpointStatus.FAILED, t.CheckpointStatus.CANCELLED}
-)
 _FIRST: Final = ("status", "level", "msg", "label", "phase_id", "agent_id", "name", "role",
                  "model", "tokens", "ok", "failed", "elapsed_ms", "task")  # fmt: skip
 _SKIP: Final = frozenset({"type", "run_id", "ts"})
@@ -51,12 +49,14 @@ def _entry_time(entry_id: str) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S.") + f"{stamp.microsecond // 1000:03d}"
 
 
-def _short(value: Any) -> str:
+def one_line(value: Any, limit: int = _WIDTH) -> str:
+    """``value`` on one line of at most ``limit`` characters: a string with its whitespace
+    runs made one space, anything else as compact JSON; cut short with an ellipsis."""
     if isinstance(value, str):
         text = " ".join(value.split())
     else:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return text if len(text) <= _WIDTH else text[: _WIDTH - 1] + "\u2026"
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def event_line(entry_id: str, event: t.AgentEvent) -> str:
@@ -69,7 +69,7 @@ def event_line(entry_id: str, event: t.AgentEvent) -> str:
         obj.pop("prompt", None)
     names = [n for n in _FIRST if n in obj] + [n for n in obj if n not in _FIRST]
     fields = " ".join(
-        f"{name}={_short(obj[name])}" for name in names
+        f"{name}={one_line(obj[name])}" for name in names
         if name not in _SKIP and obj[name] is not None and obj[name] != [] and obj[name] != {}
     )  # fmt: skip
     return f"{_entry_time(entry_id)}  {entry_id:<17} {event.TYPE:<16} {fields}".rstrip()
@@ -98,13 +98,18 @@ def follow_events(
 # ------------------------------------------------------------------------------ watch
 
 
-def _when(seconds: int) -> str:
+def utc_time(seconds: int, form: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
+    """Unix seconds as UTC in ``form`` (default ISO 8601: ``2025-01-31T12:00:00Z``); the
+    number itself when it is out of range."""
     try:
-        return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime(form)
     except (OverflowError, OSError, ValueError):
         return str(seconds)
 
 
+STATUS_STYLE: Final = {"running": "cyan", "completed": "green", "failed": "red",
+                       "cancelled": "yellow"}  # fmt: skip
+"""The colour of each run status (``runs``, ``show``, ``watch``)."""
 _STATE_STYLE: Final = {"ready": "cyan", "leased": "bold", "done": "green", "dead": "red"}
 _PAYLOAD_WIDTH: Final = 40
 
@@ -155,10 +160,8 @@ def task_table(tasks: Sequence[TaskInfo], now: float, *, limit: int | None = Non
             cells.append(str(task.failures))
         cells += [str(task.token) if task.token else "-", Text(lease_left(task, now))]
         if not compact:
-            payload = "" if task.payload is None else _short(t.thaw_json(task.payload))
-            if len(payload) > _PAYLOAD_WIDTH:
-                payload = payload[: _PAYLOAD_WIDTH - 1] + "\u2026"
-            cells.append(Text(payload))
+            payload = t.thaw_json(task.payload)
+            cells.append(Text("" if payload is None else one_line(payload, _PAYLOAD_WIDTH)))
         table.add_row(*cells)
     return table
 
@@ -181,18 +184,15 @@ def render_run(cp: t.RunCheckpoint, *, note: str = "", tasks: Sequence[TaskInfo]
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold", no_wrap=True)
     head.add_column(overflow="fold")
-    colour = {"running": "cyan", "completed": "green", "failed": "red"}.get(
-        cp.status.value, "yellow"
-    )
     head.add_row("run", Text(str(cp.run_id)))
     head.add_row("task", Text(" ".join(cp.task.split())))
-    head.add_row("status", Text(cp.status.value, style=f"bold {colour}"))
+    head.add_row("status", Text(cp.status.value, style=f"bold {STATUS_STYLE[cp.status.value]}"))
     head.add_row("tokens", Text(f"{cp.total_tokens:,}"))
     head.add_row("agents", Text(f"{len(cp.started_agent_ids)} started, {done} done, "
                                 f"{failed} failed"))  # fmt: skip
     if tasks:
         head.add_row("tasks", Text(_fleet_line(tasks)))
-    head.add_row("updated", Text(_when(cp.updated_at)))
+    head.add_row("updated", Text(utc_time(cp.updated_at, "%Y-%m-%d %H:%M:%S UTC")))
 
     phase = next((p for p in cp.completed_phases if p.phase_id == cp.current_phase), None)
     parts: list[RenderableType] = [head]
@@ -256,7 +256,7 @@ def watch_run(backend: RedisCheckpointBackend, console: Console) -> t.RunCheckpo
     try:
         with Live(render_run(cp, tasks=tasks), console=console, auto_refresh=False,
                   transient=False) as live:  # fmt: skip
-            while cp.status not in _FINAL:
+            while cp.status is t.CheckpointStatus.RUNNING:  # not yet final
                 # woken by the run's change notices (the listener); the timeout only keeps the
                 # display honest about a listener that lost its connection, and a lease lapsing
                 wait = TICK if lapse_at is None else min(TICK, max(0.05, lapse_at - time.time()))

@@ -52,8 +52,8 @@ from starlette.staticfiles import StaticFiles
 from ... import index
 from ...errors import CorruptDataError, LuftRedisError
 from ...keys import run_keys
-from ...wire import decode_entry, entry_id
-from ..cli import _timestamp, dumps, event_json, run_row_json
+from ..cli import decode_page, dumps, event_json, run_row_json
+from ..live import one_line, utc_time
 from .hub import Hubs, RunHub
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
@@ -73,6 +73,7 @@ COUNTS_MAX_AGE: Final = 15.0
 counts by status counted over the index are reused before they are counted again (in the
 background: a page load never waits for a count)."""
 LOG_PAGE: Final = 200
+_READ_ONLY: Final = "read-only: start luft-redis web with --allow-cancel to cancel runs"
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -182,8 +183,7 @@ class Guard:
             await response(scope, receive, secured)
             return
         if scope["method"] not in ("GET", "HEAD") and not self.config.allow_cancel:
-            await JSONResponse({"error": "read-only: start luft-redis web with --allow-cancel "
-                                "to cancel runs"}, 403)(scope, receive, secured)  # fmt: skip
+            await JSONResponse({"error": _READ_ONLY}, 403)(scope, receive, secured)
             return
         await self.app(scope, receive, secured)
 
@@ -220,9 +220,6 @@ def _page(title: str, body: str, *, meta: str = "", script: bool = False) -> str
             f"<main>{body}</main></body></html>")  # fmt: skip
 
 
-_STATUSES: Final = index.STATUSES
-
-
 @dataclass
 class _Counts:
     """Runs by status: read in one round trip from the counts kept next to the index
@@ -246,21 +243,19 @@ class _Runs:
         self.prefix = prefix
         self.counts = _Counts()
 
-    async def page(self, statuses: Sequence[str], text: str, page: int) -> tuple[
+    async def page(self, status: str, text: str, page: int) -> tuple[
             list[index.IndexRow], int, bool]:  # fmt: skip
-        """(rows of page ``page``, runs indexed, whether a next page exists)."""
-        if text:
-            found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
-                                            limit=SEARCH_DEPTH, statuses=statuses)  # fmt: skip
-            needle = text.casefold()
-            rows = [r for r in found.rows if needle in r.task.casefold()]
-            chunk = rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
-            return chunk, found.indexed, len(rows) > (page + 1) * PAGE_SIZE
-        limit = min(MAX_ROWS, (page + 1) * PAGE_SIZE + 1)
+        """(rows of page ``page``, runs indexed, whether a next page exists) of the runs of
+        ``status`` (any status when it names none). A text search filters the newest
+        :data:`SEARCH_DEPTH` runs."""
+        end = (page + 1) * PAGE_SIZE
+        limit = SEARCH_DEPTH if text else min(MAX_ROWS, end + 1)
+        statuses = [status] if status in index.STATUSES else []
         found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
                                         limit=limit, statuses=statuses)  # fmt: skip
-        chunk = found.rows[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]
-        return chunk, found.indexed, len(found.rows) > (page + 1) * PAGE_SIZE
+        needle = text.casefold()
+        rows = [r for r in found.rows if needle in r.task.casefold()] if text else found.rows
+        return rows[end - PAGE_SIZE:end], found.indexed, len(rows) > end
 
     async def status_counts(self) -> _Counts:
         """The counts by status: exact and current when the index keeps them for every run
@@ -301,6 +296,14 @@ def _int_arg(request: Request, name: str, default: int = 0) -> int:
         return max(0, int(request.query_params.get(name, default)))
     except ValueError:
         return default
+
+
+def _filter(request: Request) -> tuple[str, str, int]:
+    """The runs' filter of a request: ``?status=``, ``?q=`` (the text, at most 200
+    characters), ``?page=`` (at most the page of :data:`MAX_ROWS`)."""
+    params = request.query_params
+    page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+    return params.get("status", ""), params.get("q", "").strip()[:200], page
 
 
 def _parse_run(request: Request) -> uuid.UUID | None:
@@ -344,31 +347,26 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         return hub
 
     async def runs_page(request: Request) -> Response:
-        status = request.query_params.get("status", "")
-        statuses = [status] if status in _STATUSES else []
-        text = request.query_params.get("q", "").strip()[:200]
-        page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
-        counts = _Counts()
+        status, text, page = _filter(request)
+        rows: list[index.IndexRow] = []
+        indexed, more, counts = 0, False, _Counts()
+        banner, code = "", 200
         try:
             if request.query_params.get("wait_counts") == "1":  # tests: counts before the page
                 await runs.status_counts()
                 await runs.wait_counts()
             (rows, indexed, more), counts = await asyncio.gather(
-                runs.page(statuses, text, page), runs.status_counts())
-            banner = ""
-            code = 200
+                runs.page(status, text, page), runs.status_counts())
         except CorruptDataError as exc:
-            rows, indexed, more = [], 0, False
             banner = f"<div class=\"banner\" id=\"banner\">Corrupt data: {_e(exc)}</div>"
             code = 500
         except Exception as exc:
-            rows, indexed, more = [], 0, False
             banner = (f"<div class=\"banner\" id=\"banner\">Redis is unreachable: {_e(exc)}. "
                       "Reload to try again.</div>")
             code = 503
         parts = [banner, "<h1>Runs</h1><ul class=\"counts\" id=\"counts\">"]
         parts.append(f"<li><a href=\"/\" data-status=\"all\">all <b>{indexed}</b></a></li>")
-        for name in _STATUSES:
+        for name in index.STATUSES:
             current = " class=\"current\"" if name == status else ""
             shown = counts.counts.get(name, 0) if counts.counts else "…"
             parts.append(f"<li{current}><a href=\"/?status={name}\" data-status=\"{name}\" "
@@ -386,7 +384,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                          "exact from then on</p>")
         parts.append("<form class=\"filter\" method=\"get\" action=\"/\">"
                      "<label>status <select name=\"status\"><option value=\"\">any</option>")
-        for name in _STATUSES:
+        for name in index.STATUSES:
             selected = " selected" if name == status else ""
             parts.append(f"<option{selected}>{name}</option>")
         parts.append(f"</select></label> <label>task contains <input name=\"q\" "
@@ -408,11 +406,11 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                           f"<td class=\"a-running\">{row.agents_running}{mark}</td>")
             parts.append(
                 f"<tr data-run=\"{row.run_id}\"><td><a href=\"/runs/{row.run_id}\">"
-                f"{_e(_short(row.task)) or '(no task)'}</a></td>"
+                f"{_e(one_line(row.task, 80)) or '(no task)'}</a></td>"
                 f"<td class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
                 f"<td>{row.current_phase}</td><td class=\"a-all\">{row.agents}</td>{agents}"
-                f"<td>{row.total_tokens:,}</td><td>{_timestamp(row.created_at)}</td>"
-                f"<td>{_timestamp(row.updated_at)}</td></tr>")  # fmt: skip
+                f"<td>{row.total_tokens:,}</td><td>{utc_time(row.created_at)}</td>"
+                f"<td>{utc_time(row.updated_at)}</td></tr>")  # fmt: skip
         parts.append("</tbody></table>")
         if counted:
             parts.append("<p class=\"note\" id=\"rows-note\"><sup>*</sup> a run written by an "
@@ -457,17 +455,16 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         warm = asyncio.get_running_loop().create_task(warm_up(run_id))
         warming.add(warm)
         warm.add_done_callback(warming.discard)
-        state = {"task": _text(raw_task), "status": _text(raw_status)}
+        task, status = _text(raw_task), _text(raw_status)
         meta = f"<meta name=\"luft-run\" content=\"{run_id}\">"
         if config.allow_cancel:
             meta += f"<meta name=\"luft-csrf\" content=\"{config.csrf_token()}\">"
-        task = state.get("task", "")
         body = f"""
 <div class="banner hidden" id="banner"></div>
-<h1 id="title">{_e(_short(task, 120)) or '(no task)'}</h1>
+<h1 id="title">{_e(one_line(task, 120)) or '(no task)'}</h1>
 <p class="age" id="age">connecting…</p>
 <section class="head"><dl id="head">
-<dt>status</dt><dd id="status" class="st-{_e(state.get('status'))}">{_e(state.get('status'))}</dd>
+<dt>status</dt><dd id="status" class="st-{_e(status)}">{_e(status)}</dd>
 </dl><div id="actions"></div></section>
 <section><h2>Phases</h2><div id="phases"></div></section>
 <section class="charts"><div><h2>Tokens over time</h2><div id="chart-tokens"></div></div>
@@ -488,13 +485,10 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         return HTMLResponse(_page(f"Run {run_id}", body, meta=meta, script=True))
 
     async def api_runs(request: Request) -> Response:
-        status = request.query_params.get("status", "")
-        statuses = [status] if status in _STATUSES else []
-        text = request.query_params.get("q", "").strip()[:200]
-        page = min(_int_arg(request, "page"), MAX_ROWS // PAGE_SIZE - 1)
+        status, text, page = _filter(request)
         try:
             (rows, indexed, more), counts = await asyncio.gather(
-                runs.page(statuses, text, page), runs.status_counts())
+                runs.page(status, text, page), runs.status_counts())
         except CorruptDataError as exc:
             return JSONResponse({"error": str(exc)}, 500)
         except Exception as exc:
@@ -547,21 +541,16 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             page = await async_client.xrevrange(key, max=upper, min="-", count=count)
         except Exception as exc:
             return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
-        events = []
-        for raw_id, fields in reversed(page):
-            eid = entry_id(raw_id)
-            try:  # every stored format (a log upgraded in flight holds two)
-                event = decode_entry(run_id, key, eid, fields)
-            except LuftRedisError as exc:
-                return JSONResponse({"error": str(exc)}, 500)
-            events.append(event_json(eid, event))
+        try:  # every stored format (a log upgraded in flight holds two)
+            events = [event_json(eid, event) for eid, event in decode_page(run_id, key, page)]
+        except LuftRedisError as exc:
+            return JSONResponse({"error": str(exc)}, 500)
         return Response(dumps({"events": events, "more": len(page) == count}),
                         media_type="application/json")
 
     async def api_cancel(request: Request) -> Response:
         if not config.allow_cancel:
-            return JSONResponse({"error": "read-only: start luft-redis web with "
-                                 "--allow-cancel to cancel runs"}, 403)  # fmt: skip
+            return JSONResponse({"error": _READ_ONLY}, 403)
         given = request.headers.get("x-csrf-token", "")
         if not hmac.compare_digest(given.encode(), config.csrf_token().encode()):
             return JSONResponse({"error": "missing or wrong CSRF token"}, 403)
@@ -604,14 +593,8 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         lifespan=lifespan,
     )
     app.state.hubs = hubs
-    guarded = Guard(app, config)
-    return guarded
+    return Guard(app, config)
 
 
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
-
-
-def _short(text: str, limit: int = 80) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"

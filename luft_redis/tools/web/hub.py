@@ -37,6 +37,7 @@ from ...errors import LuftRedisError
 from ...keys import run_keys
 from ...retry import NO_RETRY
 from ...tasks import TaskInfo
+from ...wire import entry_id
 from ..cli import dumps, event_json, show_json
 
 __all__ = ["AGENTS_PAGE", "EVENT_RING", "Hubs", "RunHub", "Viewer"]
@@ -121,8 +122,7 @@ class _Aggregates:
         elif isinstance(event, t.AgentDone):
             agent = self.agents.setdefault(event.agent_id, _Agent())
             usage = event.tokens
-            agent.tokens = {"input": usage.input, "output": usage.output,
-                            "cache_read": usage.cache_read, "cache_write": usage.cache_write}
+            agent.tokens = {key: getattr(usage, key) for key in self.tokens}
             agent.elapsed_ms = event.elapsed_ms
             agent.retries = max(agent.retries, event.retry_count)
             agent.name = event.name or agent.name
@@ -142,9 +142,14 @@ def _downsample(points: list[tuple[float, int]], most: int = CHART_POINTS) -> li
     return [[points[round(i * step)][0], points[round(i * step)][1]] for i in range(most)]
 
 
+def _phase(phase_id: int, label: str = "", planned: int = 0) -> dict[str, Any]:
+    """A phase of the state's ``view``, before its agents are counted."""
+    return {"phase_id": phase_id, "label": label, "planned": planned, "ok": 0, "failed": 0,
+            "running": 0}  # fmt: skip
+
+
 def _stream_id(raw: Any) -> tuple[int, int]:
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    ms, _, seq = text.partition("-")
+    ms, _, seq = entry_id(raw).partition("-")
     return int(ms), int(seq or 0)
 
 
@@ -187,7 +192,6 @@ class RunHub:
         self.caught_up = False
         self.as_of = time.time()
         self._base: dict[str, Any] = {}
-        self._agent_order: list[uuid.UUID] = []
         self._rows: list[dict[str, Any]] = []
         self._texts: dict[int, str] = {}
         self._chunks: dict[tuple[int, int, int, int, bool], bytes] = {}
@@ -266,9 +270,7 @@ class RunHub:
                     # the state builder wakes the viewers, with the state and these events
                     # together: one wake-up per viewer per MIN_INTERVAL however fast events come
                     self._dirty.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis went away: say so, retry
+            except Exception as exc:  # Redis went away: say so, retry (cancelling passes through)
                 self._down(exc)
                 await asyncio.sleep(1.0)
 
@@ -303,8 +305,6 @@ class RunHub:
                     if not self.redis_ok:
                         self.redis_ok, self.redis_error = True, ""
                         self._dirty.set()
-                except asyncio.CancelledError:
-                    raise
                 except Exception as exc:
                     self._down(exc)
             if not self._dirty.is_set() and fresh == self._fresh:
@@ -313,8 +313,6 @@ class RunHub:
             self._dirty.clear()
             try:
                 await self._build()
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 self._down(exc)
                 self._rebuild_local()
@@ -363,36 +361,30 @@ class RunHub:
         rows: list[dict[str, Any]] = []
         phases: dict[int, dict[str, Any]] = {}
         for summary in cp.completed_phases:
-            phases[summary.phase_id] = {"phase_id": summary.phase_id, "label": summary.label,
-                                        "planned": summary.planned, "ok": 0, "failed": 0,
-                                        "running": 0}  # fmt: skip
+            phases[summary.phase_id] = _phase(summary.phase_id, summary.label, summary.planned)
         for agent_id in order:
             result = cp.agent_results.get(agent_id)
-            info = self.agg.agents.get(agent_id)
+            info = self.agg.agents.get(agent_id) or _Agent()
             task = by_task.get(agent_id)
             phase_id = result.phase_id if result else (
-                info.phase_id if info and info.phase_id is not None
+                info.phase_id if info.phase_id is not None
                 else (task.phase_id if task else None))  # fmt: skip
             status = result.status if result else "running"
             if phase_id is not None:
-                phase = phases.setdefault(phase_id, {
-                    "phase_id": phase_id, "label": "", "planned": 0, "ok": 0, "failed": 0,
-                    "running": 0})  # fmt: skip
+                phase = phases.setdefault(phase_id, _phase(phase_id))
                 key = "ok" if status == "ok" else ("running" if result is None else "failed")
                 phase[key] += 1
             elapsed: float | None = None
-            if info is not None and info.elapsed_ms is not None:
+            if info.elapsed_ms is not None:
                 elapsed = info.elapsed_ms / 1000
-            elif result is None and info is not None and info.started is not None:
+            elif result is None and info.started is not None:
                 elapsed = max(0.0, now - info.started)
             rows.append({
-                "agent_id": str(agent_id), "name": info.name if info else None,
-                "phase_id": phase_id, "status": status,
-                "model": info.model if info else None,
-                "role": (result.role if result and result.role else (info.role if info else None)),
-                "tokens": result.tokens if result else None,
-                "token_breakdown": info.tokens if info else None,
-                "elapsed_s": elapsed, "retries": info.retries if info else 0,
+                "agent_id": str(agent_id), "name": info.name, "phase_id": phase_id,
+                "status": status, "model": info.model,
+                "role": result.role if result and result.role else info.role,
+                "tokens": result.tokens if result else None, "token_breakdown": info.tokens,
+                "elapsed_s": elapsed, "retries": info.retries,
                 "holder": task.holder if task else None,
                 "attempt": task.attempt if task else None,
                 "lease_expires_at": task.expires_at if task else None,
@@ -429,11 +421,8 @@ class RunHub:
         page = min(max(page, 0), pages - 1)
         out = dict(self._base)
         if "view" in out:
-            view = dict(out["view"])
-            view["agents_page"] = page
-            view["agents_pages"] = pages
-            view["agents"] = self._rows[page * AGENTS_PAGE:(page + 1) * AGENTS_PAGE]
-            out["view"] = view
+            out["view"] = {**out["view"], "agents_page": page, "agents_pages": pages,
+                           "agents": self._rows[page * AGENTS_PAGE:(page + 1) * AGENTS_PAGE]}
         return out
 
     def state_text(self, page: int) -> str:
