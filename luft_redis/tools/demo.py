@@ -170,17 +170,12 @@ def make_plan(seed: int, phases: int, agents: int) -> list[list[Job]]:
     One agent of the first phase fails on its first attempt (a simulated tool error)."""
     rng = random.Random(seed)
     plan: list[list[Job]] = []
-    seq = 0
     for p in range(phases):
         label, role = PHASE_LABELS[p % len(PHASE_LABELS)], ROLES[p % len(ROLES)]
         failing = rng.randrange(agents) if p == 0 else -1
-        jobs = []
-        for i in range(agents):
-            jobs.append(Job(agent_id=uuid.UUID(int=rng.getrandbits(128), version=4),
-                            phase_id=p, seq=seq, label=label, role=role,
-                            fail_first=i == failing))  # fmt: skip
-            seq += 1
-        plan.append(jobs)
+        plan.append([Job(agent_id=uuid.UUID(int=rng.getrandbits(128), version=4), phase_id=p,
+                         seq=p * agents + i, label=label, role=role, fail_first=i == failing)
+                     for i in range(agents)])  # fmt: skip
     return plan
 
 
@@ -200,13 +195,12 @@ def worker_of(holder: str | None) -> int | None:
 # ------------------------------------------------------------------------------ the workers
 
 
+@dataclass(eq=False)
 class Refused(Exception):
     """A fenced write of a lost lease was refused: ``what`` names the write."""
 
-    def __init__(self, what: str, error: LeaseLostError) -> None:
-        super().__init__(f"{what}: {error}")
-        self.what = what
-        self.error = error
+    what: str
+    error: LeaseLostError
 
 
 def _fenced(what: str, write: Callable[[], None]) -> None:
@@ -318,15 +312,14 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
                     _simulate(backend, run_id, job, lease, seed, fast, worker)
             except Refused as refused:
                 # a zombie: our lease was taken over while we were away; nothing was written
-                current = refused.error.current
-                lost = ("its heartbeat had found the lease lapsed too (lease.lost)"
+                lost = ("; its heartbeat had found the lease lapsed too (lease.lost)"
                         if lease.lost else "")  # fmt: skip
                 backend.append_event(Log(
                     run_id=run_id, agent_id=job.agent_id, level=LogLevel.WARN,
                     msg=f"worker {worker} (pid {os.getpid()}): {REFUSED_MARK}: its "
                         f"{refused.what} for agent {job.name} with lease token {lease.token} "
-                        f"(current token {current}): LeaseLostError, nothing was written"
-                        + (f"; {lost}" if lost else ""),
+                        f"(current token {refused.error.current}): LeaseLostError, nothing "
+                        f"was written{lost}",
                 ))  # fmt: skip
             idle_since = time.monotonic()
     finally:
@@ -344,21 +337,24 @@ class Target:
 
     url: str
     kind: str  # "given", "redis-server" or "fakeredis"
-    host: str
-    port: int
-    db: int
-    source: str = ""  # for "given": "--redis" or URL_ENV
     workdir: str | None = None  # the private redis-server's data directory
 
 
-def _refused(exc: BaseException) -> bool:
-    """``exc`` (or its cause) is a refused password or ACL permission."""
-    return any(
+def _redis_error(exc: BaseException, url: str, hint: str = "") -> DemoError | None:
+    """The DemoError for ``exc``: exit 3 when it (or its cause) is a refused password or ACL
+    permission, exit 2 when Redis cannot be reached; None for any other error."""
+    shown = redact_url(url)
+    if any(
         isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
             isinstance(current, redis.exceptions.ResponseError)
             and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
         for current in exception_chain(exc)
-    )  # fmt: skip
+    ):  # fmt: skip
+        return DemoError(f"Redis at {shown} refused this client{hint}: {exc}", EXIT_REFUSED)
+    if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
+                        redis.exceptions.TimeoutError)):  # fmt: skip
+        return DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE)
+    return None
 
 
 def _preflight(url: str) -> None:
@@ -374,28 +370,20 @@ def _preflight(url: str) -> None:
     try:
         client.ping()
     except redis.exceptions.RedisError as exc:
-        if _refused(exc):
-            raise DemoError(f"Redis at {shown} refused this client (check the user and "
-                            f"password in the URL, and the ACL): {exc}", EXIT_REFUSED) from None
-        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-            raise DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE) from None
-        raise DemoError(f"Redis at {shown} answered PING with an error: {exc}") from None
+        error = _redis_error(exc, url, " (check the user and password in the URL, and the ACL)")
+        raise error or DemoError(f"Redis at {shown} answered PING with an error: {exc}") from None
     finally:
         client.close()
 
 
 @contextlib.contextmanager
 def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
-    env_url = os.environ.get(URL_ENV) or None
-    given, source = (args.redis, "--redis") if args.redis else (env_url, URL_ENV)
+    given = args.redis or os.environ.get(URL_ENV)
     if given and (args.redis or not args.fakeredis):
         _preflight(given)
-        kwargs = redis.Redis.from_url(given).connection_pool.connection_kwargs
-        via = "" if source == "--redis" else f" (from {URL_ENV})"
+        via = "" if args.redis else f" (from {URL_ENV})"
         print(f"Using the Redis at {redact_url(given)}{via}.", file=out)
-        yield Target(given, "given", str(kwargs.get("host", "127.0.0.1")),
-                     int(kwargs.get("port", 6379)), int(kwargs.get("db", 0) or 0),
-                     source=source)  # fmt: skip
+        yield Target(given, "given")
         return
     want_fake = args.fakeredis or os.environ.get(FAKEREDIS_ENV, "") not in ("", "0", "false")
     binary = None if want_fake else find_redis_server()
@@ -409,8 +397,7 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
                     else "it is stopped at exit (--keep keeps it)")  # fmt: skip
             print(f"Started a private redis-server (pid {server.pid}) on {server.url} in "
                   f"{server.dir} (appendonly yes); {fate}.", file=out)  # fmt: skip
-            yield Target(server.url, "redis-server", "127.0.0.1", server.port, 0,
-                         workdir=str(server.dir))  # fmt: skip
+            yield Target(server.url, "redis-server", workdir=str(server.dir))
             if args.keep:
                 server.detach()
                 kept = True
@@ -429,7 +416,7 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
           "worker processes over TCP, Lua included, but it is in memory only, NOT durable, "
           "and it ends with the demo.", file=out)  # fmt: skip
     try:
-        yield Target(f"redis://127.0.0.1:{port}/0", "fakeredis", "127.0.0.1", port, 0)
+        yield Target(f"redis://127.0.0.1:{port}/0", "fakeredis")
     finally:
         fake.shutdown()
         fake.server_close()
@@ -922,9 +909,12 @@ class Coordinator:
                          f"accepted ok agent_done and an ok result{victims}; total_tokens = "
                          "sum of agent_done tokens; the cache equals a fresh open_run")  # fmt: skip
 
+    def emit(self, *lines: str) -> None:
+        """Print lines of the summary (the live line is gone by then)."""
+        print(*lines, sep="\n", file=self.out)
+
     def summary(self) -> None:
         cp = self.checkpoint()
-        out = self.out
         severities = Counter(f.severity for f in cp.findings)
         by_sev = ", ".join(f"{s} {severities[s]}" for s in sorted(Severity, reverse=True)
                            if severities[s]) or "none"  # fmt: skip
@@ -937,73 +927,73 @@ class Coordinator:
         phases = ", ".join(f"{s.phase_id} {s.label} {s.ok}/{s.ok + s.failed} ok"
                            for s in cp.completed_phases)
         ok = sum(1 for r in cp.agent_results.values() if r.status == "ok")
-        print("", file=out)
-        print("Summary", file=out)
-        print(f"  run        {self.run_id}: {cp.status}", file=out)
-        print(f"  phases     {len(cp.completed_phases)}: {phases}", file=out)
-        print(f"  agents     {ok} run, each with exactly one accepted ok agent_done", file=out)
-        print(f"  attempts   {attempts} ({attempts - ok} more than one per agent: "
-              f"{failed_done} simulated tool error(s) retried, {takeovers} lapsed lease(s) "
-              "taken over)", file=out)  # fmt: skip
-        print(f"  takeovers  {takeovers}", file=out)
-        print(f"  refused    {refused} zombie write(s) (LeaseLostError: nothing written)",
-              file=out)  # fmt: skip
+        self.emit(
+            "", "Summary", f"  run        {self.run_id}: {cp.status}",
+            f"  phases     {len(cp.completed_phases)}: {phases}",
+            f"  agents     {ok} run, each with exactly one accepted ok agent_done",
+            f"  attempts   {attempts} ({attempts - ok} more than one per agent: {failed_done} "
+            f"simulated tool error(s) retried, {takeovers} lapsed lease(s) taken over)",
+            f"  takeovers  {takeovers}",
+            f"  refused    {refused} zombie write(s) (LeaseLostError: nothing written)",
+        )  # fmt: skip
         if self.killed is not None:
-            print(f"  crash      worker {self.killed.worker} (pid {self.killed.pid}) killed "
-                  f"with SIGKILL mid-agent; its agent {self.jobs[self.killed.agent].name} "
-                  f"was taken over by {self.killed.heir}", file=out)  # fmt: skip
+            self.emit(f"  crash      worker {self.killed.worker} (pid {self.killed.pid}) killed "
+                      f"with SIGKILL mid-agent; its agent {self.jobs[self.killed.agent].name} "
+                      f"was taken over by {self.killed.heir}")  # fmt: skip
         if self.paused is not None:
-            print(f"  pause      worker {self.paused.worker} (pid {self.paused.pid}) stopped "
-                  f"with SIGSTOP past its lease; its agent {self.jobs[self.paused.agent].name} "
-                  f"was taken over by {self.paused.heir}; its late write was refused",
-                  file=out)  # fmt: skip
+            self.emit(f"  pause      worker {self.paused.worker} (pid {self.paused.pid}) stopped "
+                      f"with SIGSTOP past its lease; its agent "
+                      f"{self.jobs[self.paused.agent].name} was taken over by "
+                      f"{self.paused.heir}; its late write was refused")  # fmt: skip
         if self.killed is None and self.paused is None:
-            print("  crash      none (--no-crash)", file=out)
-        print(f"  tokens     total_tokens {cp.total_tokens:,}", file=out)
-        print(f"  findings   {len(cp.findings)}: {by_sev}", file=out)
-        print(f"  events     {len(self.events)} in the log", file=out)
-        print(f"  time       {self.display.elapsed():.1f} s", file=out)
+            self.emit("  crash      none (--no-crash)")
+        self.emit(f"  tokens     total_tokens {cp.total_tokens:,}",
+                  f"  findings   {len(cp.findings)}: {by_sev}",
+                  f"  events     {len(self.events)} in the log",
+                  f"  time       {self.display.elapsed():.1f} s")  # fmt: skip
         self.print_inspect()
 
     def print_inspect(self) -> None:
         """How to look at the run after the demo: only commands that will work then."""
-        out, tgt, keep = self.out, self.target, self.args.keep
-        print("", file=out)
+        tgt = self.target
+        self.emit("")
         if tgt.kind == "fakeredis":
-            print("The embedded fakeredis server ends with the demo, and the run with it. Put "
-                  "redis-server on PATH (or pass --redis URL) and --keep to inspect it "
-                  "afterwards.", file=out)  # fmt: skip
+            self.emit("The embedded fakeredis server ends with the demo, and the run with it. "
+                      "Put redis-server on PATH (or pass --redis URL) and --keep to inspect it "
+                      "afterwards.")  # fmt: skip
             return
-        if not keep:
+        if not self.args.keep:
             what = ("its keys are deleted" if tgt.kind == "given"
                     else "the private redis-server is stopped")  # fmt: skip
-            print(f"The run is gone: {what} at exit. Run the demo with --keep to keep it and "
-                  "inspect it afterwards.", file=out)  # fmt: skip
+            self.emit(f"The run is gone: {what} at exit. Run the demo with --keep to keep it "
+                      "and inspect it afterwards.")  # fmt: skip
             return
+        kwargs = redis.Redis.from_url(tgt.url).connection_pool.connection_kwargs
+        host, port = str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 6379))
         if tgt.kind == "redis-server":
-            print(f"--keep: the private redis-server keeps running on {tgt.url}; stop it with: "
-                  f"redis-cli -p {tgt.port} shutdown nosave", file=out)  # fmt: skip
-            print(f"  It leaves its data directory {tgt.workdir} (its appendonly files and "
-                  f"log); remove it once the server is stopped: rm -r {tgt.workdir}",
-                  file=out)  # fmt: skip
+            self.emit(
+                f"--keep: the private redis-server keeps running on {tgt.url}; stop it with: "
+                f"redis-cli -p {port} shutdown nosave",
+                f"  It leaves its data directory {tgt.workdir} (its appendonly files and log); "
+                f"remove it once the server is stopped: rm -r {tgt.workdir}",
+            )
+        parts = urlsplit(tgt.url)
         cli = (
             "redis-cli"
-            + (f" -h {tgt.host}" if tgt.host not in ("127.0.0.1", "localhost") else "")
-            + f" -p {tgt.port}"
-            + (f" -n {tgt.db}" if tgt.db else "")
-            + (f" --user {user}" if (user := urlsplit(tgt.url).username) else "")
-            + (" --askpass" if urlsplit(tgt.url).password else "")
+            + (f" -h {host}" if host not in ("127.0.0.1", "localhost") else "")
+            + f" -p {port}"
+            + (f" -n {db}" if (db := int(kwargs.get("db", 0) or 0)) else "")
+            + (f" --user {parts.username}" if parts.username else "")
+            + (" --askpass" if parts.password else "")
         )
         url = self.cli_url()
-        print(f"Run id {self.run_id}, kept on {url}{self.password_note()}. Inspect it:",
-              file=out)  # fmt: skip
-        print(f"  luft-redis --redis {url} show {self.run_id}", file=out)
-        print(f"  luft-redis --redis {url} agents {self.run_id}", file=out)
-        print(f"  luft-redis --redis {url} events {self.run_id}", file=out)
-        print(f"  luft-redis --redis {url} runs", file=out)
-        print(f'  {cli} HGETALL "{self.keys.run}"', file=out)
-        print(f'  {cli} XLEN "{self.keys.events}"', file=out)
-        print(f'  {cli} XREVRANGE "{self.keys.events}" + - COUNT 5', file=out)
+        self.emit(f"Run id {self.run_id}, kept on {url}{self.password_note()}. Inspect it:")
+        for command in (f"show {self.run_id}", f"agents {self.run_id}", f"events {self.run_id}",
+                        "runs"):  # fmt: skip
+            self.emit(f"  luft-redis --redis {url} {command}")
+        for command in (f'HGETALL "{self.keys.run}"', f'XLEN "{self.keys.events}"',
+                        f'XREVRANGE "{self.keys.events}" + - COUNT 5'):  # fmt: skip
+            self.emit(f"  {cli} {command}")
 
     def cleanup(self) -> None:
         if not self.args.keep:
@@ -1076,14 +1066,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 return Coordinator(args, target, out).run()
             except Exception as exc:
-                if _refused(exc):
-                    raise DemoError(f"Redis at {redact_url(target.url)} refused this client: "
-                                    f"{exc}", EXIT_REFUSED) from exc  # fmt: skip
-                if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
-                                    redis.exceptions.TimeoutError)):  # fmt: skip
-                    raise DemoError(f"cannot reach Redis at {redact_url(target.url)}: {exc}",
-                                    EXIT_UNREACHABLE) from exc  # fmt: skip
-                raise
+                error = _redis_error(exc, target.url)
+                if error is None:
+                    raise
+                raise error from exc
     except DemoError as exc:
         print(f"luft-redis demo: FAILED: {exc}", file=sys.stderr)
         return exc.code
