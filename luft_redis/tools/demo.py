@@ -536,9 +536,8 @@ class Coordinator:
         self.run_id = uuid.uuid4()
         self.keys = run_keys(PREFIX, self.run_id)
         self.lease_for = LEASE_FAST if args.fast else LEASE_SLOW
-        last = args.phases - 1
-        self.kill_phase = None if args.no_crash else min(1, last)
-        self.pause_phase = None if args.no_crash else min(2, last)
+        self.kill_phase = min(1, args.phases - 1)
+        self.pause_phase = min(2, args.phases - 1)
         self.plan = make_plan(args.seed, args.phases, args.agents)
         self.jobs = {j.agent_id: j for phase in self.plan for j in phase}
         self.client: redis.Redis = redis.Redis.from_url(target.url)
@@ -702,12 +701,11 @@ class Coordinator:
             if dead:
                 raise DemoError(f"phase {p}: agents {', '.join(dead)} are dead (too many failed "
                                 "attempts)")  # fmt: skip
-            if (done >= threshold and self.kill_phase is not None and p >= self.kill_phase
-                    and self.killed is None):
+            due = done >= threshold and not self.args.no_crash
+            if due and p >= self.kill_phase and self.killed is None:
                 self.kill(tasks)
-            if (done >= threshold and self.pause_phase is not None and p >= self.pause_phase
-                    and self.paused is None
-                    and (self.killed is not None and self.killed.heir is not None)):
+            if (due and p >= self.pause_phase and self.paused is None
+                    and self.killed is not None and self.killed.heir is not None):  # fmt: skip
                 self.pause(tasks)
             if self.alive() == 0:
                 raise DemoError(f"phase {p}: every worker process has exited")
@@ -719,34 +717,27 @@ class Coordinator:
 
     # -- the crash and the pause ---------------------------------------------------------
 
-    def _pick(self, tasks: dict[uuid.UUID, TaskInfo]) -> tuple[TaskInfo, int] | None:
-        """The newest lease (highest token) on a first attempt whose agent_started is written,
-        held by a live worker that is not already a victim: its agent is mid-way, far from its
-        commit point (its agent_done)."""
+    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo], alive: int) -> Victim | None:
+        """SIGSTOP the worker holding the newest lease (highest token) on a first attempt whose
+        agent_started is written, held by a live worker that is not already a victim: its
+        agent is mid-way, far from its commit point (its agent_done). Make sure it is
+        mid-agent (its agent still leased with the same token once stopped): the victim, or
+        None after a SIGCONT when it finished the agent just before the signal, and when
+        fewer than ``alive`` workers are alive."""
+        if self.alive() < alive:
+            return None
         busy = {v.worker for v in (self.killed, self.paused) if v is not None}
         started = set(self.checkpoint().started_agent_ids)
-        best: tuple[TaskInfo, int] | None = None
-        for task in tasks.values():
-            worker = worker_of(task.holder)
-            if (task.state is not TaskState.LEASED or task.lapsed or task.attempt != 1
-                    or task.agent_id not in started
-                    or task.failures or worker is None or worker in busy
-                    or not self.procs[worker - 1].is_alive()):  # fmt: skip
-                continue
-            if best is None or task.token > best[0].token:
-                best = (task, worker)
-        return best
-
-    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo],
-                alive: int) -> tuple[TaskInfo, int, int] | None:  # fmt: skip
-        """SIGSTOP the worker holding the newest lease and make sure it is mid-agent (its
-        agent still leased with the same token once stopped): (task, worker, pid), or None
-        after a SIGCONT when it finished the agent just before the signal, and when fewer
-        than ``alive`` workers are alive."""
-        picked = self._pick(tasks) if self.alive() >= alive else None
-        if picked is None:
+        candidates = [
+            (task, worker) for task in tasks.values()
+            if task.state is TaskState.LEASED and not task.lapsed and task.attempt == 1
+            and task.agent_id in started and not task.failures
+            and (worker := worker_of(task.holder)) is not None and worker not in busy
+            and self.procs[worker - 1].is_alive()
+        ]  # fmt: skip
+        if not candidates:
             return None
-        task, worker = picked
+        task, worker = max(candidates, key=lambda candidate: candidate[0].token)
         pid = self.procs[worker - 1].pid or 0
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.05)  # a write in flight when the signal came lands first
@@ -754,37 +745,33 @@ class Coordinator:
         if now is None or now.state is not TaskState.LEASED or now.token != task.token:
             os.kill(pid, signal.SIGCONT)  # it finished the agent just before: another time
             return None
-        return task, worker, pid
+        return Victim(worker, pid, task.agent_id, task.token)
 
     def kill(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
         """SIGKILL the worker holding the newest lease, mid-agent; nothing else is done
         about it."""
-        frozen = self._freeze(tasks, alive=3)
-        if frozen is None:
+        victim = self.killed = self._freeze(tasks, alive=3)
+        if victim is None:
             return
-        task, worker, pid = frozen
-        proc = self.procs[worker - 1]
+        proc = self.procs[victim.worker - 1]
         proc.kill()  # SIGKILL: no cleanup, no release, no agent_done
         proc.join(timeout=5)
-        self.killed = Victim(worker, pid, task.agent_id, task.token)
         self.display.say(
-            f"CRASH: killed worker {worker} (pid {pid}, SIGKILL) while it ran agent "
-            f"{self.jobs[task.agent_id].name} (lease token {task.token}); nobody hands the "
-            f"agent back: its lease lapses within {self.lease_for:g} s and the next claim "
+            f"CRASH: killed worker {victim.worker} (pid {victim.pid}, SIGKILL) while it ran "
+            f"agent {self.jobs[victim.agent].name} (lease token {victim.token}); nobody hands "
+            f"the agent back: its lease lapses within {self.lease_for:g} s and the next claim "
             "takes it over. The coordinator does nothing."
         )  # fmt: skip
 
     def pause(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
         """SIGSTOP the worker holding the newest lease, mid-agent, until its agent is taken
         over (then :meth:`follow_victims` wakes it)."""
-        frozen = self._freeze(tasks, alive=2)
-        if frozen is None:
+        victim = self.paused = self._freeze(tasks, alive=2)
+        if victim is None:
             return
-        task, worker, pid = frozen
-        self.paused = Victim(worker, pid, task.agent_id, task.token)
         self.display.say(
-            f"PAUSE: stopped worker {worker} (pid {pid}, SIGSTOP) while it ran agent "
-            f"{self.jobs[task.agent_id].name} (lease token {task.token}): its heartbeat "
+            f"PAUSE: stopped worker {victim.worker} (pid {victim.pid}, SIGSTOP) while it ran "
+            f"agent {self.jobs[victim.agent].name} (lease token {victim.token}): its heartbeat "
             f"stops, and its {self.lease_for:g} s lease lapses"
         )  # fmt: skip
 
