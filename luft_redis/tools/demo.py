@@ -132,6 +132,11 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
+def _ok(cp: RunCheckpoint, agent: uuid.UUID) -> bool:
+    """The agent's result is stored, and ok."""
+    return (result := cp.agent_results.get(agent)) is not None and result.status == "ok"
+
+
 # ------------------------------------------------------------------------------ the plan
 
 
@@ -242,16 +247,14 @@ def _simulate(backend: RedisCheckpointBackend, run_id: uuid.UUID, job: Job, leas
     time.sleep(duration / (steps + 1))
     fail = job.fail_first and lease.attempt == 1
     status = AgentStatus.ERROR if fail else AgentStatus.OK
-    findings: tuple[Finding, ...] = ()
-    if not fail:
-        findings = tuple(
-            Finding(kind=rng.choice(("bug", "smell", "security")),
-                    severity=rng.choice(list(Severity)),
-                    title=f"issue {k + 1} in module {job.seq}",
-                    detail="found by the simulated agent",
-                    location=Location(file=f"src/mod_{job.seq}.py", line=rng.randint(1, 400)))
-            for k in range(rng.randint(0, 2))
-        )  # fmt: skip
+    findings = tuple(
+        Finding(kind=rng.choice(("bug", "smell", "security")),
+                severity=rng.choice(list(Severity)),
+                title=f"issue {k + 1} in module {job.seq}",
+                detail="found by the simulated agent",
+                location=Location(file=f"src/mod_{job.seq}.py", line=rng.randint(1, 400)))
+        for k in range(0 if fail else rng.randint(0, 2))  # no findings from a failed attempt
+    )  # fmt: skip
     output = {"attempt": lease.attempt, "worker": worker, "token": lease.token,
               "summary": "tool error: grep timed out" if fail
               else f"{len(findings)} finding(s) in module {job.seq}"}  # fmt: skip
@@ -446,23 +449,19 @@ class Display:
     def __init__(self, out: TextIO, plan: list[list[Job]], interval: float) -> None:
         self.out = out
         self.plan = plan
-        self.tty = out.isatty()
-        self.interval = 0.1 if self.tty else interval
+        self._console = Console(file=out, highlight=False) if out.isatty() else None
+        self.interval = 0.1 if self._console else interval
         self.started = time.monotonic()
         self._last_draw = 0.0
         self._last_line = ""
-        self._console = Console(file=out, highlight=False) if self.tty else None
         self._live: Live | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def line(self, cp: RunCheckpoint, phase: int, alive: int, workers: int) -> str:
-        parts = []
-        for p, jobs in enumerate(self.plan):
-            done = sum(1 for j in jobs if (r := cp.agent_results.get(j.agent_id)) is not None
-                       and r.status == "ok")  # fmt: skip
-            parts.append(f"P{p} {done}/{len(jobs)}")
+        parts = [f"P{p} {sum(_ok(cp, j.agent_id) for j in jobs)}/{len(jobs)}"
+                 for p, jobs in enumerate(self.plan)]  # fmt: skip
         return (f"[{self.elapsed():5.1f}s] phase {phase} {self.plan[phase][0].label} | "
                 f"agents {' '.join(parts)} | tokens {cp.total_tokens:,} | "
                 f"findings {len(cp.findings)} | workers {alive}/{workers} alive")  # fmt: skip
@@ -476,7 +475,7 @@ class Display:
         if not force and now - self._last_draw < self.interval:
             return
         text = self.line(cp, phase, alive, workers)
-        if not self.tty and text[9:] == self._last_line[9:] and not force:
+        if self._console is None and text[9:] == self._last_line[9:] and not force:
             return
         self._last_draw, self._last_line = now, text
         if self._console is not None:
@@ -487,8 +486,7 @@ class Display:
             else:
                 self._live.update(self._text(text), refresh=True)
         else:
-            self.out.write(text + "\n")
-            self.out.flush()
+            print(text, file=self.out, flush=True)
 
     def say(self, message: str) -> None:
         """A message line (above the live line on a terminal)."""
@@ -496,9 +494,8 @@ class Display:
         if self._console is not None:
             # printed above the live line, wrapped to the terminal's width
             self._console.print(Text(prefix + message))
-            return
-        self.out.write(prefix + message + "\n")
-        self.out.flush()
+        else:
+            print(prefix + message, file=self.out, flush=True)
 
     def finish(self) -> None:
         """Stop the live line for good and leave its last state once, as a plain line."""
@@ -575,9 +572,8 @@ class Coordinator:
     def finished(self, cp: RunCheckpoint, tasks: dict[uuid.UUID, TaskInfo],
                  agent: uuid.UUID) -> bool:  # fmt: skip
         """The agent is done (an ok agent_done was accepted) and its ok result is stored."""
-        task, result = tasks.get(agent), cp.agent_results.get(agent)
-        return (task is not None and task.state is TaskState.DONE and result is not None
-                and result.status == "ok")  # fmt: skip
+        task = tasks.get(agent)
+        return task is not None and task.state is TaskState.DONE and _ok(cp, agent)
 
     def start_workers(self) -> None:
         ctx = mp.get_context("spawn")
@@ -626,7 +622,6 @@ class Coordinator:
                          + self.password_note())  # fmt: skip
         self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
                                              ts=_now()))  # fmt: skip
-        ok = False
         try:
             self.start_workers()
             for p, jobs in enumerate(self.plan):
@@ -642,13 +637,13 @@ class Coordinator:
             self.stop_workers()  # they see `completed` in their caches and stop
             self.verify()
             self.summary()
-            ok = True
             return 0
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.backend.cancel()  # the workers see it and stop
+            raise
         finally:
             self.display.finish()
-            if not ok:
-                with contextlib.suppress(Exception):
-                    self.backend.cancel()  # the workers see it and stop
             self.stop_workers()
             self.cleanup()
 
@@ -673,9 +668,8 @@ class Coordinator:
                          f"{len(jobs)} agents submitted (submit_agents)")  # fmt: skip
         self.wait_phase(p, jobs)
         cp = self.checkpoint()
-        results = [cp.agent_results.get(j.agent_id) for j in jobs]
-        ok = sum(1 for r in results if r is not None and r.status == "ok")
-        failed = len(results) - ok
+        ok = sum(_ok(cp, j.agent_id) for j in jobs)
+        failed = len(jobs) - ok
         self.backend.append_event(PhaseDone(run_id=self.run_id, phase_id=p, ok=ok,
                                             failed=failed, ts=_now()))  # fmt: skip
         self.display.update(self.checkpoint(), p, self.alive(), len(self.procs), force=True)
@@ -796,10 +790,6 @@ class Coordinator:
         if paused is None:
             return
         if paused.heir is not None and not paused.woken:
-            last = self.client.xrevrange(self.keys.events, count=1)
-            if last:
-                raw = last[0][0]
-                self._log_mark = raw.decode() if isinstance(raw, bytes) else str(raw)
             os.kill(paused.pid, signal.SIGCONT)
             paused.woken = True
             self.display.say(
