@@ -288,9 +288,7 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator handles Ctrl-C
     # the lost lease is told in the run's log (and by the coordinator), not on the terminal
     # under the live line
-    quiet = logging.getLogger("luft_redis.lease")
-    quiet.addHandler(logging.NullHandler())
-    quiet.propagate = False
+    logging.getLogger("luft_redis.lease").disabled = True
     run_id = uuid.UUID(run_id_text)
     parent = os.getppid()
     name = worker_name(worker, os.getpid())
@@ -813,18 +811,16 @@ class Coordinator:
     def verify(self) -> None:
         """Check the invariants; DemoError naming the first that fails."""
         problems: list[str] = []
-        fresh_client = redis.Redis.from_url(self.target.url)
-        try:
-            fresh = RedisCheckpointBackend(fresh_client, prefix=PREFIX, watch=False)
+        with (
+            redis.Redis.from_url(self.target.url) as fresh_client,
+            RedisCheckpointBackend(fresh_client, prefix=PREFIX, watch=False) as fresh,
+        ):
             loaded = fresh.open_run(self.run_id)
             if loaded is None:
                 raise DemoError("verify: the run is gone")
             fresh_version = fresh.version
             events = fresh.get_event_log()
             tasks = fresh.agent_tasks()
-            fresh.close()
-        finally:
-            fresh_client.close()
         if not self.backend.wait_for_change(after_version=fresh_version - 1, timeout=5):
             problems.append(f"the cache is at version {self.backend.version}, Redis at "
                             f"{fresh_version}")  # fmt: skip
@@ -866,9 +862,8 @@ class Coordinator:
         for victim in (self.killed, self.paused):
             if victim is None:
                 continue
-            own = [e for e in done if e.agent_id == victim.agent and isinstance(e.output, dict)
-                   and e.output.get("token") == victim.token]  # fmt: skip
-            if own:
+            if any(e.agent_id == victim.agent and isinstance(e.output, dict)
+                   and e.output.get("token") == victim.token for e in done):  # fmt: skip
                 problems.append(f"worker {victim.worker}'s agent_done with its lost lease "
                                 f"(token {victim.token}) is in the log")  # fmt: skip
             if victim.heir is None:
@@ -1028,9 +1023,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; 0 on success, 1 on failure, 2 on bad usage or an unreachable Redis, 3
     when Redis refused the client (each with a one-line message on stderr)."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     if not args.no_crash and args.workers < 3:
