@@ -238,10 +238,9 @@ def _simulate(backend: RedisCheckpointBackend, run_id: uuid.UUID, job: Job, leas
         ProgressMessage(text="thinking about edge cases"),
         ProgressToolCall(name="read_file", summary=f"src/mod_{job.seq}.py"),
     ]
-    for step in range(steps):
+    halves = TokenUsage(input=tokens.input // 2, output=tokens.output // 2)
+    for delta in [*deltas[: steps - 1], ProgressTokens(usage=halves)]:  # the tokens last
         time.sleep(duration / (steps + 1))
-        delta = deltas[step] if step < steps - 1 else ProgressTokens(usage=TokenUsage(
-            input=tokens.input // 2, output=tokens.output // 2))  # fmt: skip
         progress = AgentProgress(run_id=run_id, agent_id=job.agent_id, delta=delta)
         _fenced("agent_progress", functools.partial(backend.append_event, progress, lease=lease))
     time.sleep(duration / (steps + 1))
@@ -469,11 +468,9 @@ class Display:
 
     def update(self, cp: RunCheckpoint, phase: int, alive: int, workers: int,
                force: bool = False) -> None:  # fmt: skip
-        now = time.monotonic()
-        if not force and now - self._last_draw < self.interval:
-            return
-        text = self.line(cp, phase, alive, workers)
-        if self._console is None and text[9:] == self._last_line[9:] and not force:
+        now, text = time.monotonic(), self.line(cp, phase, alive, workers)
+        if not force and (now - self._last_draw < self.interval or (
+                self._console is None and text[9:] == self._last_line[9:])):  # fmt: skip
             return
         self._last_draw, self._last_line = now, text
         if self._console is not None:
