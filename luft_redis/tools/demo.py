@@ -564,12 +564,6 @@ class Coordinator:
             self.tasks = self.backend.agent_tasks()
         return {t.agent_id: t for t in self.tasks}
 
-    def finished(self, cp: RunCheckpoint, tasks: dict[uuid.UUID, TaskInfo],
-                 agent: uuid.UUID) -> bool:  # fmt: skip
-        """The agent is done (an ok agent_done was accepted) and its ok result is stored."""
-        task = tasks.get(agent)
-        return task is not None and task.state is TaskState.DONE and _ok(cp, agent)
-
     def start_workers(self) -> None:
         ctx = mp.get_context("spawn")
         for i in range(self.args.workers):
@@ -681,7 +675,9 @@ class Coordinator:
             tasks = self.read_tasks()
             self.display.update(cp, p, self.alive(), len(self.procs))
             self.follow_victims(tasks)
-            done = sum(1 for j in jobs if self.finished(cp, tasks, j.agent_id))
+            # finished: its ok agent_done was accepted (its task is done), its ok result stored
+            done = sum(1 for j in jobs if (t := tasks.get(j.agent_id)) is not None
+                       and t.state is TaskState.DONE and _ok(cp, j.agent_id))  # fmt: skip
             zombie = self.paused is not None and self.paused.refusal is None
             if done == len(jobs) and not zombie:
                 return
@@ -1028,11 +1024,10 @@ def main(argv: list[str] | None = None) -> int:
         print("luft-redis demo: the crash and the pause need at least 3 workers (or pass "
               "--no-crash)", file=sys.stderr)  # fmt: skip
         return 2
-    out = sys.stdout
     try:
-        with _redis_target(args, out) as target:
+        with _redis_target(args, sys.stdout) as target:
             try:
-                return Coordinator(args, target, out).run()
+                return Coordinator(args, target, sys.stdout).run()
             except Exception as exc:
                 error = _redis_error(exc, target.url)
                 if error is None:
