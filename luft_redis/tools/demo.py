@@ -132,6 +132,11 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
+def _ok(cp: RunCheckpoint, agent: uuid.UUID) -> bool:
+    """The agent's result is stored, and ok."""
+    return (result := cp.agent_results.get(agent)) is not None and result.status == "ok"
+
+
 # ------------------------------------------------------------------------------ the plan
 
 
@@ -170,17 +175,12 @@ def make_plan(seed: int, phases: int, agents: int) -> list[list[Job]]:
     One agent of the first phase fails on its first attempt (a simulated tool error)."""
     rng = random.Random(seed)
     plan: list[list[Job]] = []
-    seq = 0
     for p in range(phases):
         label, role = PHASE_LABELS[p % len(PHASE_LABELS)], ROLES[p % len(ROLES)]
         failing = rng.randrange(agents) if p == 0 else -1
-        jobs = []
-        for i in range(agents):
-            jobs.append(Job(agent_id=uuid.UUID(int=rng.getrandbits(128), version=4),
-                            phase_id=p, seq=seq, label=label, role=role,
-                            fail_first=i == failing))  # fmt: skip
-            seq += 1
-        plan.append(jobs)
+        plan.append([Job(agent_id=uuid.UUID(int=rng.getrandbits(128), version=4), phase_id=p,
+                         seq=p * agents + i, label=label, role=role, fail_first=i == failing)
+                     for i in range(agents)])  # fmt: skip
     return plan
 
 
@@ -200,13 +200,12 @@ def worker_of(holder: str | None) -> int | None:
 # ------------------------------------------------------------------------------ the workers
 
 
+@dataclass(eq=False)
 class Refused(Exception):
     """A fenced write of a lost lease was refused: ``what`` names the write."""
 
-    def __init__(self, what: str, error: LeaseLostError) -> None:
-        super().__init__(f"{what}: {error}")
-        self.what = what
-        self.error = error
+    what: str
+    error: LeaseLostError
 
 
 def _fenced(what: str, write: Callable[[], None]) -> None:
@@ -239,25 +238,22 @@ def _simulate(backend: RedisCheckpointBackend, run_id: uuid.UUID, job: Job, leas
         ProgressMessage(text="thinking about edge cases"),
         ProgressToolCall(name="read_file", summary=f"src/mod_{job.seq}.py"),
     ]
-    for step in range(steps):
+    halves = TokenUsage(input=tokens.input // 2, output=tokens.output // 2)
+    for delta in [*deltas[: steps - 1], ProgressTokens(usage=halves)]:  # the tokens last
         time.sleep(duration / (steps + 1))
-        delta = deltas[step] if step < steps - 1 else ProgressTokens(usage=TokenUsage(
-            input=tokens.input // 2, output=tokens.output // 2))  # fmt: skip
         progress = AgentProgress(run_id=run_id, agent_id=job.agent_id, delta=delta)
         _fenced("agent_progress", functools.partial(backend.append_event, progress, lease=lease))
     time.sleep(duration / (steps + 1))
     fail = job.fail_first and lease.attempt == 1
     status = AgentStatus.ERROR if fail else AgentStatus.OK
-    findings: tuple[Finding, ...] = ()
-    if not fail:
-        findings = tuple(
-            Finding(kind=rng.choice(("bug", "smell", "security")),
-                    severity=rng.choice(list(Severity)),
-                    title=f"issue {k + 1} in module {job.seq}",
-                    detail="found by the simulated agent",
-                    location=Location(file=f"src/mod_{job.seq}.py", line=rng.randint(1, 400)))
-            for k in range(rng.randint(0, 2))
-        )  # fmt: skip
+    findings = tuple(
+        Finding(kind=rng.choice(("bug", "smell", "security")),
+                severity=rng.choice(list(Severity)),
+                title=f"issue {k + 1} in module {job.seq}",
+                detail="found by the simulated agent",
+                location=Location(file=f"src/mod_{job.seq}.py", line=rng.randint(1, 400)))
+        for k in range(0 if fail else rng.randint(0, 2))  # no findings from a failed attempt
+    )  # fmt: skip
     output = {"attempt": lease.attempt, "worker": worker, "token": lease.token,
               "summary": "tool error: grep timed out" if fail
               else f"{len(findings)} finding(s) in module {job.seq}"}  # fmt: skip
@@ -291,9 +287,7 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator handles Ctrl-C
     # the lost lease is told in the run's log (and by the coordinator), not on the terminal
     # under the live line
-    quiet = logging.getLogger("luft_redis.lease")
-    quiet.addHandler(logging.NullHandler())
-    quiet.propagate = False
+    logging.getLogger("luft_redis.lease").disabled = True
     run_id = uuid.UUID(run_id_text)
     parent = os.getppid()
     name = worker_name(worker, os.getpid())
@@ -318,15 +312,14 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
                     _simulate(backend, run_id, job, lease, seed, fast, worker)
             except Refused as refused:
                 # a zombie: our lease was taken over while we were away; nothing was written
-                current = refused.error.current
-                lost = ("its heartbeat had found the lease lapsed too (lease.lost)"
+                lost = ("; its heartbeat had found the lease lapsed too (lease.lost)"
                         if lease.lost else "")  # fmt: skip
                 backend.append_event(Log(
                     run_id=run_id, agent_id=job.agent_id, level=LogLevel.WARN,
                     msg=f"worker {worker} (pid {os.getpid()}): {REFUSED_MARK}: its "
                         f"{refused.what} for agent {job.name} with lease token {lease.token} "
-                        f"(current token {current}): LeaseLostError, nothing was written"
-                        + (f"; {lost}" if lost else ""),
+                        f"(current token {refused.error.current}): LeaseLostError, nothing "
+                        f"was written{lost}",
                 ))  # fmt: skip
             idle_since = time.monotonic()
     finally:
@@ -344,21 +337,24 @@ class Target:
 
     url: str
     kind: str  # "given", "redis-server" or "fakeredis"
-    host: str
-    port: int
-    db: int
-    source: str = ""  # for "given": "--redis" or URL_ENV
     workdir: str | None = None  # the private redis-server's data directory
 
 
-def _refused(exc: BaseException) -> bool:
-    """``exc`` (or its cause) is a refused password or ACL permission."""
-    return any(
+def _redis_error(exc: BaseException, url: str, hint: str = "") -> DemoError | None:
+    """The DemoError for ``exc``: exit 3 when it (or its cause) is a refused password or ACL
+    permission, exit 2 when Redis cannot be reached; None for any other error."""
+    shown = redact_url(url)
+    if any(
         isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
             isinstance(current, redis.exceptions.ResponseError)
             and str(current).startswith(("NOAUTH", "WRONGPASS", "NOPERM")))
         for current in exception_chain(exc)
-    )  # fmt: skip
+    ):  # fmt: skip
+        return DemoError(f"Redis at {shown} refused this client{hint}: {exc}", EXIT_REFUSED)
+    if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
+                        redis.exceptions.TimeoutError)):  # fmt: skip
+        return DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE)
+    return None
 
 
 def _preflight(url: str) -> None:
@@ -374,28 +370,20 @@ def _preflight(url: str) -> None:
     try:
         client.ping()
     except redis.exceptions.RedisError as exc:
-        if _refused(exc):
-            raise DemoError(f"Redis at {shown} refused this client (check the user and "
-                            f"password in the URL, and the ACL): {exc}", EXIT_REFUSED) from None
-        if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-            raise DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE) from None
-        raise DemoError(f"Redis at {shown} answered PING with an error: {exc}") from None
+        error = _redis_error(exc, url, " (check the user and password in the URL, and the ACL)")
+        raise error or DemoError(f"Redis at {shown} answered PING with an error: {exc}") from None
     finally:
         client.close()
 
 
 @contextlib.contextmanager
 def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
-    env_url = os.environ.get(URL_ENV) or None
-    given, source = (args.redis, "--redis") if args.redis else (env_url, URL_ENV)
+    given = args.redis or os.environ.get(URL_ENV)
     if given and (args.redis or not args.fakeredis):
         _preflight(given)
-        kwargs = redis.Redis.from_url(given).connection_pool.connection_kwargs
-        via = "" if source == "--redis" else f" (from {URL_ENV})"
+        via = "" if args.redis else f" (from {URL_ENV})"
         print(f"Using the Redis at {redact_url(given)}{via}.", file=out)
-        yield Target(given, "given", str(kwargs.get("host", "127.0.0.1")),
-                     int(kwargs.get("port", 6379)), int(kwargs.get("db", 0) or 0),
-                     source=source)  # fmt: skip
+        yield Target(given, "given")
         return
     want_fake = args.fakeredis or os.environ.get(FAKEREDIS_ENV, "") not in ("", "0", "false")
     binary = None if want_fake else find_redis_server()
@@ -409,8 +397,7 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
                     else "it is stopped at exit (--keep keeps it)")  # fmt: skip
             print(f"Started a private redis-server (pid {server.pid}) on {server.url} in "
                   f"{server.dir} (appendonly yes); {fate}.", file=out)  # fmt: skip
-            yield Target(server.url, "redis-server", "127.0.0.1", server.port, 0,
-                         workdir=str(server.dir))  # fmt: skip
+            yield Target(server.url, "redis-server", workdir=str(server.dir))
             if args.keep:
                 server.detach()
                 kept = True
@@ -429,7 +416,7 @@ def _redis_target(args: argparse.Namespace, out: TextIO) -> Iterator[Target]:
           "worker processes over TCP, Lua included, but it is in memory only, NOT durable, "
           "and it ends with the demo.", file=out)  # fmt: skip
     try:
-        yield Target(f"redis://127.0.0.1:{port}/0", "fakeredis", "127.0.0.1", port, 0)
+        yield Target(f"redis://127.0.0.1:{port}/0", "fakeredis")
     finally:
         fake.shutdown()
         fake.server_close()
@@ -459,23 +446,19 @@ class Display:
     def __init__(self, out: TextIO, plan: list[list[Job]], interval: float) -> None:
         self.out = out
         self.plan = plan
-        self.tty = out.isatty()
-        self.interval = 0.1 if self.tty else interval
+        self._console = Console(file=out, highlight=False) if out.isatty() else None
+        self.interval = 0.1 if self._console else interval
         self.started = time.monotonic()
         self._last_draw = 0.0
         self._last_line = ""
-        self._console = Console(file=out, highlight=False) if self.tty else None
         self._live: Live | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def line(self, cp: RunCheckpoint, phase: int, alive: int, workers: int) -> str:
-        parts = []
-        for p, jobs in enumerate(self.plan):
-            done = sum(1 for j in jobs if (r := cp.agent_results.get(j.agent_id)) is not None
-                       and r.status == "ok")  # fmt: skip
-            parts.append(f"P{p} {done}/{len(jobs)}")
+        parts = [f"P{p} {sum(_ok(cp, j.agent_id) for j in jobs)}/{len(jobs)}"
+                 for p, jobs in enumerate(self.plan)]  # fmt: skip
         return (f"[{self.elapsed():5.1f}s] phase {phase} {self.plan[phase][0].label} | "
                 f"agents {' '.join(parts)} | tokens {cp.total_tokens:,} | "
                 f"findings {len(cp.findings)} | workers {alive}/{workers} alive")  # fmt: skip
@@ -485,11 +468,9 @@ class Display:
 
     def update(self, cp: RunCheckpoint, phase: int, alive: int, workers: int,
                force: bool = False) -> None:  # fmt: skip
-        now = time.monotonic()
-        if not force and now - self._last_draw < self.interval:
-            return
-        text = self.line(cp, phase, alive, workers)
-        if not self.tty and text[9:] == self._last_line[9:] and not force:
+        now, text = time.monotonic(), self.line(cp, phase, alive, workers)
+        if not force and (now - self._last_draw < self.interval or (
+                self._console is None and text[9:] == self._last_line[9:])):  # fmt: skip
             return
         self._last_draw, self._last_line = now, text
         if self._console is not None:
@@ -500,8 +481,7 @@ class Display:
             else:
                 self._live.update(self._text(text), refresh=True)
         else:
-            self.out.write(text + "\n")
-            self.out.flush()
+            print(text, file=self.out, flush=True)
 
     def say(self, message: str) -> None:
         """A message line (above the live line on a terminal)."""
@@ -509,9 +489,8 @@ class Display:
         if self._console is not None:
             # printed above the live line, wrapped to the terminal's width
             self._console.print(Text(prefix + message))
-            return
-        self.out.write(prefix + message + "\n")
-        self.out.flush()
+        else:
+            print(prefix + message, file=self.out, flush=True)
 
     def finish(self) -> None:
         """Stop the live line for good and leave its last state once, as a plain line."""
@@ -549,9 +528,8 @@ class Coordinator:
         self.run_id = uuid.uuid4()
         self.keys = run_keys(PREFIX, self.run_id)
         self.lease_for = LEASE_FAST if args.fast else LEASE_SLOW
-        last = args.phases - 1
-        self.kill_phase = None if args.no_crash else min(1, last)
-        self.pause_phase = None if args.no_crash else min(2, last)
+        self.kill_phase = min(1, args.phases - 1)
+        self.pause_phase = min(2, args.phases - 1)
         self.plan = make_plan(args.seed, args.phases, args.agents)
         self.jobs = {j.agent_id: j for phase in self.plan for j in phase}
         self.client: redis.Redis = redis.Redis.from_url(target.url)
@@ -585,13 +563,6 @@ class Coordinator:
             self._tasks_version = version
             self.tasks = self.backend.agent_tasks()
         return {t.agent_id: t for t in self.tasks}
-
-    def finished(self, cp: RunCheckpoint, tasks: dict[uuid.UUID, TaskInfo],
-                 agent: uuid.UUID) -> bool:  # fmt: skip
-        """The agent is done (an ok agent_done was accepted) and its ok result is stored."""
-        task, result = tasks.get(agent), cp.agent_results.get(agent)
-        return (task is not None and task.state is TaskState.DONE and result is not None
-                and result.status == "ok")  # fmt: skip
 
     def start_workers(self) -> None:
         ctx = mp.get_context("spawn")
@@ -640,7 +611,6 @@ class Coordinator:
                          + self.password_note())  # fmt: skip
         self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
                                              ts=_now()))  # fmt: skip
-        ok = False
         try:
             self.start_workers()
             for p, jobs in enumerate(self.plan):
@@ -656,13 +626,13 @@ class Coordinator:
             self.stop_workers()  # they see `completed` in their caches and stop
             self.verify()
             self.summary()
-            ok = True
             return 0
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.backend.cancel()  # the workers see it and stop
+            raise
         finally:
             self.display.finish()
-            if not ok:
-                with contextlib.suppress(Exception):
-                    self.backend.cancel()  # the workers see it and stop
             self.stop_workers()
             self.cleanup()
 
@@ -687,9 +657,8 @@ class Coordinator:
                          f"{len(jobs)} agents submitted (submit_agents)")  # fmt: skip
         self.wait_phase(p, jobs)
         cp = self.checkpoint()
-        results = [cp.agent_results.get(j.agent_id) for j in jobs]
-        ok = sum(1 for r in results if r is not None and r.status == "ok")
-        failed = len(results) - ok
+        ok = sum(_ok(cp, j.agent_id) for j in jobs)
+        failed = len(jobs) - ok
         self.backend.append_event(PhaseDone(run_id=self.run_id, phase_id=p, ok=ok,
                                             failed=failed, ts=_now()))  # fmt: skip
         self.display.update(self.checkpoint(), p, self.alive(), len(self.procs), force=True)
@@ -706,7 +675,9 @@ class Coordinator:
             tasks = self.read_tasks()
             self.display.update(cp, p, self.alive(), len(self.procs))
             self.follow_victims(tasks)
-            done = sum(1 for j in jobs if self.finished(cp, tasks, j.agent_id))
+            # finished: its ok agent_done was accepted (its task is done), its ok result stored
+            done = sum(1 for j in jobs if (t := tasks.get(j.agent_id)) is not None
+                       and t.state is TaskState.DONE and _ok(cp, j.agent_id))  # fmt: skip
             zombie = self.paused is not None and self.paused.refusal is None
             if done == len(jobs) and not zombie:
                 return
@@ -715,12 +686,11 @@ class Coordinator:
             if dead:
                 raise DemoError(f"phase {p}: agents {', '.join(dead)} are dead (too many failed "
                                 "attempts)")  # fmt: skip
-            if (done >= threshold and self.kill_phase is not None and p >= self.kill_phase
-                    and self.killed is None):
+            due = done >= threshold and not self.args.no_crash
+            if due and p >= self.kill_phase and self.killed is None:
                 self.kill(tasks)
-            if (done >= threshold and self.pause_phase is not None and p >= self.pause_phase
-                    and self.paused is None
-                    and (self.killed is not None and self.killed.heir is not None)):
+            if (due and p >= self.pause_phase and self.paused is None
+                    and self.killed is not None and self.killed.heir is not None):  # fmt: skip
                 self.pause(tasks)
             if self.alive() == 0:
                 raise DemoError(f"phase {p}: every worker process has exited")
@@ -732,34 +702,27 @@ class Coordinator:
 
     # -- the crash and the pause ---------------------------------------------------------
 
-    def _pick(self, tasks: dict[uuid.UUID, TaskInfo]) -> tuple[TaskInfo, int] | None:
-        """The newest lease (highest token) on a first attempt whose agent_started is written,
-        held by a live worker that is not already a victim: its agent is mid-way, far from its
-        commit point (its agent_done)."""
+    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo], alive: int) -> Victim | None:
+        """SIGSTOP the worker holding the newest lease (highest token) on a first attempt whose
+        agent_started is written, held by a live worker that is not already a victim: its
+        agent is mid-way, far from its commit point (its agent_done). Make sure it is
+        mid-agent (its agent still leased with the same token once stopped): the victim, or
+        None after a SIGCONT when it finished the agent just before the signal, and when
+        fewer than ``alive`` workers are alive."""
+        if self.alive() < alive:
+            return None
         busy = {v.worker for v in (self.killed, self.paused) if v is not None}
         started = set(self.checkpoint().started_agent_ids)
-        best: tuple[TaskInfo, int] | None = None
-        for task in tasks.values():
-            worker = worker_of(task.holder)
-            if (task.state is not TaskState.LEASED or task.lapsed or task.attempt != 1
-                    or task.agent_id not in started
-                    or task.failures or worker is None or worker in busy
-                    or not self.procs[worker - 1].is_alive()):  # fmt: skip
-                continue
-            if best is None or task.token > best[0].token:
-                best = (task, worker)
-        return best
-
-    def _freeze(self, tasks: dict[uuid.UUID, TaskInfo],
-                alive: int) -> tuple[TaskInfo, int, int] | None:  # fmt: skip
-        """SIGSTOP the worker holding the newest lease and make sure it is mid-agent (its
-        agent still leased with the same token once stopped): (task, worker, pid), or None
-        after a SIGCONT when it finished the agent just before the signal, and when fewer
-        than ``alive`` workers are alive."""
-        picked = self._pick(tasks) if self.alive() >= alive else None
-        if picked is None:
+        candidates = [
+            (task, worker) for task in tasks.values()
+            if task.state is TaskState.LEASED and not task.lapsed and task.attempt == 1
+            and task.agent_id in started and not task.failures
+            and (worker := worker_of(task.holder)) is not None and worker not in busy
+            and self.procs[worker - 1].is_alive()
+        ]  # fmt: skip
+        if not candidates:
             return None
-        task, worker = picked
+        task, worker = max(candidates, key=lambda candidate: candidate[0].token)
         pid = self.procs[worker - 1].pid or 0
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.05)  # a write in flight when the signal came lands first
@@ -767,37 +730,33 @@ class Coordinator:
         if now is None or now.state is not TaskState.LEASED or now.token != task.token:
             os.kill(pid, signal.SIGCONT)  # it finished the agent just before: another time
             return None
-        return task, worker, pid
+        return Victim(worker, pid, task.agent_id, task.token)
 
     def kill(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
         """SIGKILL the worker holding the newest lease, mid-agent; nothing else is done
         about it."""
-        frozen = self._freeze(tasks, alive=3)
-        if frozen is None:
+        victim = self.killed = self._freeze(tasks, alive=3)
+        if victim is None:
             return
-        task, worker, pid = frozen
-        proc = self.procs[worker - 1]
+        proc = self.procs[victim.worker - 1]
         proc.kill()  # SIGKILL: no cleanup, no release, no agent_done
         proc.join(timeout=5)
-        self.killed = Victim(worker, pid, task.agent_id, task.token)
         self.display.say(
-            f"CRASH: killed worker {worker} (pid {pid}, SIGKILL) while it ran agent "
-            f"{self.jobs[task.agent_id].name} (lease token {task.token}); nobody hands the "
-            f"agent back: its lease lapses within {self.lease_for:g} s and the next claim "
+            f"CRASH: killed worker {victim.worker} (pid {victim.pid}, SIGKILL) while it ran "
+            f"agent {self.jobs[victim.agent].name} (lease token {victim.token}); nobody hands "
+            f"the agent back: its lease lapses within {self.lease_for:g} s and the next claim "
             "takes it over. The coordinator does nothing."
         )  # fmt: skip
 
     def pause(self, tasks: dict[uuid.UUID, TaskInfo]) -> None:
         """SIGSTOP the worker holding the newest lease, mid-agent, until its agent is taken
         over (then :meth:`follow_victims` wakes it)."""
-        frozen = self._freeze(tasks, alive=2)
-        if frozen is None:
+        victim = self.paused = self._freeze(tasks, alive=2)
+        if victim is None:
             return
-        task, worker, pid = frozen
-        self.paused = Victim(worker, pid, task.agent_id, task.token)
         self.display.say(
-            f"PAUSE: stopped worker {worker} (pid {pid}, SIGSTOP) while it ran agent "
-            f"{self.jobs[task.agent_id].name} (lease token {task.token}): its heartbeat "
+            f"PAUSE: stopped worker {victim.worker} (pid {victim.pid}, SIGSTOP) while it ran "
+            f"agent {self.jobs[victim.agent].name} (lease token {victim.token}): its heartbeat "
             f"stops, and its {self.lease_for:g} s lease lapses"
         )  # fmt: skip
 
@@ -822,10 +781,6 @@ class Coordinator:
         if paused is None:
             return
         if paused.heir is not None and not paused.woken:
-            last = self.client.xrevrange(self.keys.events, count=1)
-            if last:
-                raw = last[0][0]
-                self._log_mark = raw.decode() if isinstance(raw, bytes) else str(raw)
             os.kill(paused.pid, signal.SIGCONT)
             paused.woken = True
             self.display.say(
@@ -849,18 +804,16 @@ class Coordinator:
     def verify(self) -> None:
         """Check the invariants; DemoError naming the first that fails."""
         problems: list[str] = []
-        fresh_client = redis.Redis.from_url(self.target.url)
-        try:
-            fresh = RedisCheckpointBackend(fresh_client, prefix=PREFIX, watch=False)
+        with (
+            redis.Redis.from_url(self.target.url) as fresh_client,
+            RedisCheckpointBackend(fresh_client, prefix=PREFIX, watch=False) as fresh,
+        ):
             loaded = fresh.open_run(self.run_id)
             if loaded is None:
                 raise DemoError("verify: the run is gone")
             fresh_version = fresh.version
             events = fresh.get_event_log()
             tasks = fresh.agent_tasks()
-            fresh.close()
-        finally:
-            fresh_client.close()
         if not self.backend.wait_for_change(after_version=fresh_version - 1, timeout=5):
             problems.append(f"the cache is at version {self.backend.version}, Redis at "
                             f"{fresh_version}")  # fmt: skip
@@ -902,9 +855,8 @@ class Coordinator:
         for victim in (self.killed, self.paused):
             if victim is None:
                 continue
-            own = [e for e in done if e.agent_id == victim.agent and isinstance(e.output, dict)
-                   and e.output.get("token") == victim.token]  # fmt: skip
-            if own:
+            if any(e.agent_id == victim.agent and isinstance(e.output, dict)
+                   and e.output.get("token") == victim.token for e in done):  # fmt: skip
                 problems.append(f"worker {victim.worker}'s agent_done with its lost lease "
                                 f"(token {victim.token}) is in the log")  # fmt: skip
             if victim.heir is None:
@@ -922,9 +874,12 @@ class Coordinator:
                          f"accepted ok agent_done and an ok result{victims}; total_tokens = "
                          "sum of agent_done tokens; the cache equals a fresh open_run")  # fmt: skip
 
+    def emit(self, *lines: str) -> None:
+        """Print lines of the summary (the live line is gone by then)."""
+        print(*lines, sep="\n", file=self.out)
+
     def summary(self) -> None:
         cp = self.checkpoint()
-        out = self.out
         severities = Counter(f.severity for f in cp.findings)
         by_sev = ", ".join(f"{s} {severities[s]}" for s in sorted(Severity, reverse=True)
                            if severities[s]) or "none"  # fmt: skip
@@ -937,73 +892,73 @@ class Coordinator:
         phases = ", ".join(f"{s.phase_id} {s.label} {s.ok}/{s.ok + s.failed} ok"
                            for s in cp.completed_phases)
         ok = sum(1 for r in cp.agent_results.values() if r.status == "ok")
-        print("", file=out)
-        print("Summary", file=out)
-        print(f"  run        {self.run_id}: {cp.status}", file=out)
-        print(f"  phases     {len(cp.completed_phases)}: {phases}", file=out)
-        print(f"  agents     {ok} run, each with exactly one accepted ok agent_done", file=out)
-        print(f"  attempts   {attempts} ({attempts - ok} more than one per agent: "
-              f"{failed_done} simulated tool error(s) retried, {takeovers} lapsed lease(s) "
-              "taken over)", file=out)  # fmt: skip
-        print(f"  takeovers  {takeovers}", file=out)
-        print(f"  refused    {refused} zombie write(s) (LeaseLostError: nothing written)",
-              file=out)  # fmt: skip
+        self.emit(
+            "", "Summary", f"  run        {self.run_id}: {cp.status}",
+            f"  phases     {len(cp.completed_phases)}: {phases}",
+            f"  agents     {ok} run, each with exactly one accepted ok agent_done",
+            f"  attempts   {attempts} ({attempts - ok} more than one per agent: {failed_done} "
+            f"simulated tool error(s) retried, {takeovers} lapsed lease(s) taken over)",
+            f"  takeovers  {takeovers}",
+            f"  refused    {refused} zombie write(s) (LeaseLostError: nothing written)",
+        )  # fmt: skip
         if self.killed is not None:
-            print(f"  crash      worker {self.killed.worker} (pid {self.killed.pid}) killed "
-                  f"with SIGKILL mid-agent; its agent {self.jobs[self.killed.agent].name} "
-                  f"was taken over by {self.killed.heir}", file=out)  # fmt: skip
+            self.emit(f"  crash      worker {self.killed.worker} (pid {self.killed.pid}) killed "
+                      f"with SIGKILL mid-agent; its agent {self.jobs[self.killed.agent].name} "
+                      f"was taken over by {self.killed.heir}")  # fmt: skip
         if self.paused is not None:
-            print(f"  pause      worker {self.paused.worker} (pid {self.paused.pid}) stopped "
-                  f"with SIGSTOP past its lease; its agent {self.jobs[self.paused.agent].name} "
-                  f"was taken over by {self.paused.heir}; its late write was refused",
-                  file=out)  # fmt: skip
+            self.emit(f"  pause      worker {self.paused.worker} (pid {self.paused.pid}) stopped "
+                      f"with SIGSTOP past its lease; its agent "
+                      f"{self.jobs[self.paused.agent].name} was taken over by "
+                      f"{self.paused.heir}; its late write was refused")  # fmt: skip
         if self.killed is None and self.paused is None:
-            print("  crash      none (--no-crash)", file=out)
-        print(f"  tokens     total_tokens {cp.total_tokens:,}", file=out)
-        print(f"  findings   {len(cp.findings)}: {by_sev}", file=out)
-        print(f"  events     {len(self.events)} in the log", file=out)
-        print(f"  time       {self.display.elapsed():.1f} s", file=out)
+            self.emit("  crash      none (--no-crash)")
+        self.emit(f"  tokens     total_tokens {cp.total_tokens:,}",
+                  f"  findings   {len(cp.findings)}: {by_sev}",
+                  f"  events     {len(self.events)} in the log",
+                  f"  time       {self.display.elapsed():.1f} s")  # fmt: skip
         self.print_inspect()
 
     def print_inspect(self) -> None:
         """How to look at the run after the demo: only commands that will work then."""
-        out, tgt, keep = self.out, self.target, self.args.keep
-        print("", file=out)
+        tgt = self.target
+        self.emit("")
         if tgt.kind == "fakeredis":
-            print("The embedded fakeredis server ends with the demo, and the run with it. Put "
-                  "redis-server on PATH (or pass --redis URL) and --keep to inspect it "
-                  "afterwards.", file=out)  # fmt: skip
+            self.emit("The embedded fakeredis server ends with the demo, and the run with it. "
+                      "Put redis-server on PATH (or pass --redis URL) and --keep to inspect it "
+                      "afterwards.")  # fmt: skip
             return
-        if not keep:
+        if not self.args.keep:
             what = ("its keys are deleted" if tgt.kind == "given"
                     else "the private redis-server is stopped")  # fmt: skip
-            print(f"The run is gone: {what} at exit. Run the demo with --keep to keep it and "
-                  "inspect it afterwards.", file=out)  # fmt: skip
+            self.emit(f"The run is gone: {what} at exit. Run the demo with --keep to keep it "
+                      "and inspect it afterwards.")  # fmt: skip
             return
+        kwargs = redis.Redis.from_url(tgt.url).connection_pool.connection_kwargs
+        host, port = str(kwargs.get("host", "127.0.0.1")), int(kwargs.get("port", 6379))
         if tgt.kind == "redis-server":
-            print(f"--keep: the private redis-server keeps running on {tgt.url}; stop it with: "
-                  f"redis-cli -p {tgt.port} shutdown nosave", file=out)  # fmt: skip
-            print(f"  It leaves its data directory {tgt.workdir} (its appendonly files and "
-                  f"log); remove it once the server is stopped: rm -r {tgt.workdir}",
-                  file=out)  # fmt: skip
+            self.emit(
+                f"--keep: the private redis-server keeps running on {tgt.url}; stop it with: "
+                f"redis-cli -p {port} shutdown nosave",
+                f"  It leaves its data directory {tgt.workdir} (its appendonly files and log); "
+                f"remove it once the server is stopped: rm -r {tgt.workdir}",
+            )
+        parts = urlsplit(tgt.url)
         cli = (
             "redis-cli"
-            + (f" -h {tgt.host}" if tgt.host not in ("127.0.0.1", "localhost") else "")
-            + f" -p {tgt.port}"
-            + (f" -n {tgt.db}" if tgt.db else "")
-            + (f" --user {user}" if (user := urlsplit(tgt.url).username) else "")
-            + (" --askpass" if urlsplit(tgt.url).password else "")
+            + (f" -h {host}" if host not in ("127.0.0.1", "localhost") else "")
+            + f" -p {port}"
+            + (f" -n {db}" if (db := int(kwargs.get("db", 0) or 0)) else "")
+            + (f" --user {parts.username}" if parts.username else "")
+            + (" --askpass" if parts.password else "")
         )
         url = self.cli_url()
-        print(f"Run id {self.run_id}, kept on {url}{self.password_note()}. Inspect it:",
-              file=out)  # fmt: skip
-        print(f"  luft-redis --redis {url} show {self.run_id}", file=out)
-        print(f"  luft-redis --redis {url} agents {self.run_id}", file=out)
-        print(f"  luft-redis --redis {url} events {self.run_id}", file=out)
-        print(f"  luft-redis --redis {url} runs", file=out)
-        print(f'  {cli} HGETALL "{self.keys.run}"', file=out)
-        print(f'  {cli} XLEN "{self.keys.events}"', file=out)
-        print(f'  {cli} XREVRANGE "{self.keys.events}" + - COUNT 5', file=out)
+        self.emit(f"Run id {self.run_id}, kept on {url}{self.password_note()}. Inspect it:")
+        for command in (f"show {self.run_id}", f"agents {self.run_id}", f"events {self.run_id}",
+                        "runs"):  # fmt: skip
+            self.emit(f"  luft-redis --redis {url} {command}")
+        for command in (f'HGETALL "{self.keys.run}"', f'XLEN "{self.keys.events}"',
+                        f'XREVRANGE "{self.keys.events}" + - COUNT 5'):  # fmt: skip
+            self.emit(f"  {cli} {command}")
 
     def cleanup(self) -> None:
         if not self.args.keep:
@@ -1061,29 +1016,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; 0 on success, 1 on failure, 2 on bad usage or an unreachable Redis, 3
     when Redis refused the client (each with a one-line message on stderr)."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     if not args.no_crash and args.workers < 3:
         print("luft-redis demo: the crash and the pause need at least 3 workers (or pass "
               "--no-crash)", file=sys.stderr)  # fmt: skip
         return 2
-    out = sys.stdout
     try:
-        with _redis_target(args, out) as target:
+        with _redis_target(args, sys.stdout) as target:
             try:
-                return Coordinator(args, target, out).run()
+                return Coordinator(args, target, sys.stdout).run()
             except Exception as exc:
-                if _refused(exc):
-                    raise DemoError(f"Redis at {redact_url(target.url)} refused this client: "
-                                    f"{exc}", EXIT_REFUSED) from exc  # fmt: skip
-                if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
-                                    redis.exceptions.TimeoutError)):  # fmt: skip
-                    raise DemoError(f"cannot reach Redis at {redact_url(target.url)}: {exc}",
-                                    EXIT_UNREACHABLE) from exc  # fmt: skip
-                raise
+                error = _redis_error(exc, target.url)
+                if error is None:
+                    raise
+                raise error from exc
     except DemoError as exc:
         print(f"luft-redis demo: FAILED: {exc}", file=sys.stderr)
         return exc.code
