@@ -1035,6 +1035,8 @@ class _Loader:
             return None
         if None in ids or joined.count(b"\n") != len(values) - 1:
             return None
+        if len(set(names)) != len(names):  # a name twice: the per-field path keeps its last
+            return None
         if values and not _STARTED.fullmatch(joined):
             return None
         numbers = list(map(int, joined.split()))

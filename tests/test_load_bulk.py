@@ -170,6 +170,21 @@ def test_a_mutated_reply_decodes_as_the_per_field_path_does(
     _same(base, mutated, monkeypatch)
 
 
+def test_a_name_twice_in_the_started_reply_decodes_as_the_per_field_path_does(
+    base: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An example the mutation test above found: the first agent of the started hash's reply
+    named again at its end, and the values swapped. The bulk path listed that agent twice; the
+    per-field path keeps a name's last value (a dict), so the bulk path declines such a reply."""
+    _, _, reply = base
+    mutated = [list(part) if isinstance(part, list) else part for part in reply]
+    started = mutated[4]
+    started += started[0:2]
+    started[1], started[3] = started[3], started[1]
+    kind, snapshot = _same(base, mutated, monkeypatch)
+    assert kind == "ok" and len(set(snapshot.started_agent_ids)) == len(snapshot.started_agent_ids)
+
+
 def test_bulk_findings_decode_as_the_per_blob_decoder() -> None:
     valid = [codec.encode_findings(r.findings) for r in _results() if r.findings]
     found = codec.decode_findings_many(valid)
