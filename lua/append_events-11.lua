@@ -205,22 +205,16 @@ local function main()
       end
       if aid == fenced and lease_end == nil then
         -- the task (its hash type-checked by check_fence's read): an ok status makes it
-        -- done, any other is a failed attempt
-        local ok = rstatus == 'ok'
-        local t
-        if ok then
-          t = {redis.call('HGET', K_TASKS, p .. 'state')}
-        else
-          t = redis.call('HMGET', K_TASKS, p .. 'state', p .. 'failures', p .. 'max', p .. 'seq')
-        end
-        if t[1] == 'leased' then
+        -- done, any other is a failed attempt, which needs the task's counts
+        if redis.call('HGET', K_TASKS, p .. 'state') == 'leased' then
           probe_once(11, 'zset')
           local ended, score
-          if ok then
+          if rstatus == 'ok' then
             ended, score = end_lease(aid, true)
           else
-            ended, score = end_lease(aid, false, task_uint(aid, 'failures', t[2]),
-              task_uint(aid, 'max', t[3]), task_uint(aid, 'seq', t[4]))
+            local t = redis.call('HMGET', K_TASKS, p .. 'failures', p .. 'max', p .. 'seq')
+            ended, score = end_lease(aid, false, task_uint(aid, 'failures', t[1]),
+              task_uint(aid, 'max', t[2]), task_uint(aid, 'seq', t[3]))
           end
           lease_end = {ended, score}
         else
