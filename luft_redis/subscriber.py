@@ -16,7 +16,6 @@ subscription as a replica and never see the shard's notices (:func:`check_primar
 
 from __future__ import annotations
 
-import inspect
 import logging
 import socket
 import ssl
@@ -128,21 +127,12 @@ def open_subscriber(client: Any) -> Any:
     the connection has a real socket, else (fakeredis) redis-py's own ``PubSub``, which has
     the same calls."""
     pool = client.connection_pool
-    if _takes_no_command_name(pool):
-        conn = pool.get_connection()
-    else:  # pragma: no cover - redis-py < 5.3
-        conn = pool.get_connection("SSUBSCRIBE")
+    conn = pool.get_connection()
     sock = getattr(conn, "_sock", None)
     if isinstance(sock, socket.socket):  # TCP, Unix or TLS (ssl.SSLSocket)
         return Subscriber(pool, conn, sock)
     pool.release(conn)
     return client.pubsub(ignore_subscribe_messages=False)
-
-
-def _takes_no_command_name(pool: Any) -> bool:
-    """redis-py 5.3 and later take ``get_connection()`` without arguments (5.0-5.2 need one)."""
-    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-    return parameter is None or parameter.default is not inspect.Parameter.empty
 
 
 class Subscriber:

@@ -27,7 +27,7 @@ def _readme_test_commands() -> list[str]:
     return [
         line.strip()
         for line in section.splitlines()
-        if re.match(r"(LUFT_REDIS_SERVER=\S+ )?\.venv/bin/pytest\b", line.strip())
+        if re.match(r"(LUFT_REDIS_SERVER=\S+ )?\.venv(-lowest)?/bin/pytest\b", line.strip())
     ]
 
 
@@ -43,10 +43,39 @@ def _ci_test_commands() -> list[str]:
 def test_ci_runs_exactly_the_readme_full_commands() -> None:
     readme = _readme_test_commands()
     assert readme[0] == ".venv/bin/pytest", f"the everyday command comes first: {readme}"
-    full = readme[1:]
+    assert readme[-1] == ".venv-lowest/bin/pytest", f"the lowest versions' run comes last: {readme}"
+    full = readme[1:-1]
     assert full, "the README gives no full test command"
     assert all("--full" in line and "--durations=20" in line for line in full), full
-    assert _ci_test_commands() == full
+    assert _ci_test_commands() == readme[1:]
+
+
+def test_ci_pins_every_declared_range_to_its_lower_bound() -> None:
+    """``.ci/lowest.py`` pins each runtime requirement and user-facing extra to its lower bound,
+    and refuses a requirement that declares none; ``.ci/run`` installs those pins."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lowest", ROOT / ".ci" / "lowest.py")
+    if spec is None or spec.loader is None or not (ROOT / ".ci" / "lowest.py").is_file():
+        pytest.skip("not run from a checkout")
+    lowest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lowest)
+    pyproject = tomllib.loads(_read("pyproject.toml"))
+    pins = lowest.lowest(pyproject)
+    project = pyproject["project"]
+    declared = list(project["dependencies"])
+    for extra in lowest.EXTRAS:
+        declared += project["optional-dependencies"][extra]
+    for requirement in declared:
+        name, bound = re.split(r"[\[>]", requirement)[0], requirement.split(">=")[1]
+        assert pins[name.lower()] == bound, (requirement, pins)
+    assert {"redis", "msgpack", "tenacity", "immutables", "hiredis", "fakeredis", "starlette",
+            "uvicorn"} <= set(pins)  # fmt: skip
+    broken = {"project": {**project, "dependencies": [*declared, "anything"]}}
+    with pytest.raises(SystemExit, match="'anything': not 'name>=version'"):
+        lowest.lowest(broken)
+    run = _read(".ci/run")
+    assert "-c .venv-lowest.txt" in run and ".ci/lowest.py > .venv-lowest.txt" in run
 
 
 def test_the_server_matrix_names_packaged_servers() -> None:
