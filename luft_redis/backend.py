@@ -660,11 +660,15 @@ class RedisCheckpointBackend(FrontEnd):
                 reply, acked = self._execute(self._scripts.init_run, args,
                                                    binding.key_list, rid)  # fmt: skip
                 delta = parse_delta(bytes(reply))
-                state = RunState.from_whole(rid, binding.keys, delta)
+                if delta.replay:  # a retry after a lost reply: the run is the first attempt's,
+                    self._counters.replays += 1  # and the replay carries no state: load it
+                    self._reload(binding)
+                else:
+                    binding.cache.install(RunState.from_whole(rid, binding.keys, delta),
+                                          generation)  # fmt: skip
             except BaseException:
                 self._stop_watch(binding)
                 raise
-            binding.cache.install(state, generation)
             self._adopt(binding)
             self._index(binding)
         self._check_durable(acked)
