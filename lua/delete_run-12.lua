@@ -17,22 +17,14 @@
           to clear a damaged run).
 ]]
 --- @include "includes/common"
+--- @include "includes/tombstone"
 
 local K_TOMBSTONE = KEYS[12]
 
 local function main()
-  if WRITER == nil or WRITER_SEQ == nil or string.find(WRITER_SEQ, '^%d+$') == nil then
-    fail('BAD_ARG', 'writer id and operation sequence are required')
-  end
   local ttl = arg_uint(ARGS[1], 'tombstone ttl')
-  local stone_type = redis.call('TYPE', K_TOMBSTONE)
-  if type(stone_type) == 'table' then stone_type = stone_type['ok'] end
-  if stone_type == 'hash' then
-    local seq, reply = string.match(redis.call('HGET', K_TOMBSTONE, WRITER) or '', '^(%d+) ([01])$')
-    if seq == WRITER_SEQ then return tonumber(reply) end
-  elseif stone_type ~= 'none' then
-    redis.call('DEL', K_TOMBSTONE) -- not ours to keep: the tombstone is only a memo
-  end
+  local first = tombstone_reply(K_TOMBSTONE)
+  if first ~= nil then return first end
   local run = redis.pcall('HMGET', K_RUN, 'version', 'incarnation')
   local existed = redis.call('EXISTS', K_RUN)
   redis.call('DEL', K_RUN, K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
@@ -45,8 +37,7 @@ local function main()
     end
     notify(delta_bytes(inc, version, inc, version, 'delete'))
   end
-  redis.call('HSET', K_TOMBSTONE, WRITER, WRITER_SEQ .. ' ' .. existed)
-  redis.call('EXPIRE', K_TOMBSTONE, ttl)
+  tombstone_keep(K_TOMBSTONE, existed, ttl)
   return existed
 end
 

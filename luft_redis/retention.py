@@ -30,11 +30,13 @@ from .errors import ConfigurationError, ValidationError
 from .fcall import call_function, index_remove
 from .keys import (
     DEFAULT_PREFIX,
+    TOMBSTONE_TTL,
     check_prefix,
     run_id_from_key,
     run_index_key,
     run_keys,
     run_pattern,
+    tombstone_key,
 )
 from .retry import DEFAULT_RETRY, REDIS_ERRORS
 from .scripts import library, translate_error
@@ -378,16 +380,20 @@ def collect_garbage(
     size = _batch_size(batch_size)
     now = server_time(client)
     report = GarbageReport(dry_run=dry_run)
-    args = [",".join(sorted(wanted)), str(int(older_than.total_seconds()))]
+    # one writer id per call, one operation per run: a retry after a lost reply gets the
+    # first attempt's answer (the run's tombstone), never "gone" for a run it deleted itself
+    writer = uuid.uuid4().hex
+    args = [",".join(sorted(wanted)), str(int(older_than.total_seconds())), str(TOMBSTONE_TTL)]
     gc_run = library().ops.gc_run
     for run in iter_finished_runs(client, prefix, older_than=older_than, statuses=wanted,
                                   now=now, batch_size=size, use_index=use_index):  # fmt: skip
         report.found.append(run)
         if dry_run:
             continue
-        keys = list(run_keys(prefix, run.run_id))
-        try:  # idempotent (it checks again what it deletes): safe to retry
-            done = DEFAULT_RETRY.call(functools.partial(call_function, client, gc_run, keys, args))
+        keys = [*run_keys(prefix, run.run_id), tombstone_key(prefix, run.run_id)]
+        call = (writer, str(len(report.found)), *args)
+        try:
+            done = DEFAULT_RETRY.call(functools.partial(call_function, client, gc_run, keys, call))
         except REDIS_ERRORS as exc:
             raise translate_error(exc, run_id=run.run_id) from exc
         if int(done) == 1:

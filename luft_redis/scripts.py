@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 
 _INCLUDE = re.compile(r'^--- @include "([^"]+)"[ \t]*$', re.MULTILINE)
 _EACH_CALL = re.compile(r"^--- @each-call (.+?)[ \t]*$", re.MULTILINE)
+_DEFINES_ONLY = re.compile(r"^--- @defines-only[ \t]*$", re.MULTILINE)
 _SCRIPT_FILE = re.compile(r"^([a-z_]+)-(\d+)\.lua$")
 _KEY_INDEX = re.compile(r"\bKEYS\[(\d+)\]")
 
@@ -146,11 +147,15 @@ def _include_text(ref: str) -> str:
 
 
 def _each_call(ref: str) -> str | None:
-    """The per-call statement of a library include, None for an include copied in place."""
-    found = _EACH_CALL.findall(_include_text(ref))
+    """The per-call statement of a library include (``""`` for one marked ``--- @defines-only``:
+    helpers and nothing to run per call), None for an include copied in place."""
+    text = _include_text(ref)
+    found = _EACH_CALL.findall(text)
     if len(found) > 1:
         raise errors.ConfigurationError(f"Lua include {ref!r} has more than one @each-call line")
-    return found[0] if found else None
+    if found:
+        return str(found[0])
+    return "" if _DEFINES_ONLY.search(text) else None
 
 
 def _expand(text: str, seen: set[str], hoisted: dict[str, str] | None) -> str:
@@ -169,7 +174,7 @@ def _expand(text: str, seen: set[str], hoisted: dict[str, str] | None) -> str:
             return ""
         seen.add(ref)
         body = _expand(_include_text(ref), seen, hoisted)
-        return body if call is None else f"{body}\n{call}"
+        return body if not call else f"{body}\n{call}"
 
     return _INCLUDE.sub(include, text)
 

@@ -43,7 +43,7 @@ from luft_redis import (
     retention,
 )
 from luft_redis.errors import AuthenticationError, PermissionDeniedError, TLSError
-from luft_redis.keys import run_index_key, run_keys
+from luft_redis.keys import TOMBSTONE_TTL, run_index_key, run_keys, tombstone_key
 from luft_redis.scripts import SCRIPT_NAMES, library, script_source
 from luft_redis.tools import cli
 from luft_redis.tools.doctor import check_server
@@ -701,7 +701,9 @@ def test_acl_user_collects_garbage(acl: AclSetup, capsys: pytest.CaptureFixture[
     with redis.Redis.from_url(acl.user_url) as client:
         report = retention.collect_garbage(client, older_than=dt.timedelta(days=7))
     assert set(report.deleted) == {old, other_old} and not report.skipped
-    assert acl.admin.keys(f"luft:{{{old}}}:*") == []
+    tombstone = tombstone_key("luft", old)  # only the tombstone is left, and it expires
+    assert acl.admin.keys(f"luft:{{{old}}}:*") == [tombstone.encode()]
+    assert 0 < acl.admin.ttl(tombstone) <= TOMBSTONE_TTL
     assert acl.admin.exists(run_keys("luft", new).run, run_keys("luft", running).run) == 2
     acl.admin.hset(run_keys("luft", new).run, "updated_at", long_ago)
     acl.admin.zadd(run_index_key("luft"), {str(new): long_ago})
