@@ -52,7 +52,7 @@ from .keys import (
     staging_keys,
 )
 from .retention import LOG_TRIMMED_NOTE, log_trimmed
-from .retry import DEFAULT_RETRY, NO_RETRY
+from .retry import DEFAULT_RETRY
 from .scripts import library, translate_error
 from .wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
@@ -639,8 +639,8 @@ def _import(
                 client.hset(s.started, mapping={str(a): f"0 {p}" for a, p in
                                                 started[i : i + BATCH]})  # fmt: skip
             save = library().ops.save_checkpoint
-            NO_RETRY.call(lambda: call_function(client, save, list(s),
-                                                [writer, "1", *save_args]))  # fmt: skip
+            DEFAULT_RETRY.call(lambda: call_function(client, save, list(s),
+                                                     [writer, "1", *save_args]))  # fmt: skip
             pipe = client.pipeline(transaction=False)
             for key in s:
                 pipe.expire(key, STAGING_TTL)
