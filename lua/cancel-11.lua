@@ -3,16 +3,17 @@
   left as it is, without error and without a new version.
 
   KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
+          first (includes/retention.lua)
   ARGV[2] writer id   ARGV[3] operation sequence
 
   Reply:  the delta, op "cancel": R status cancelled; when the run was not running, a delta
           that changes nothing (version before = after) and no notice
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_STALE
 ]]
---- @include "includes/retention"
 --- @include "includes/common"
+--- @include "includes/retention"
 
 local function main()
   local dup = dedup()

@@ -3,8 +3,9 @@
   completed run is not resumable).
 
   KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
+          first (includes/retention.lua)
   ARGV[2] writer id   ARGV[3] operation sequence
 
   Agent tasks (docs/leases.md) that are dead, or leased with a lease that has lapsed, are
@@ -14,8 +15,8 @@
   Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;
           LUFT_CORRUPT; LUFT_STALE
 ]]
---- @include "includes/retention"
 --- @include "includes/common"
+--- @include "includes/retention"
 
 local function main()
   local dup = dedup()

@@ -5,8 +5,9 @@
   already has an ok result is done at once and never handed out.
 
   KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[#ARGV] optional "@retention <ttl_ms> <max_events>", taken off first (includes/retention)
   ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
+          first (includes/retention.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] number of tasks, then per task: agent_id, phase_id, payload (opaque msgpack)
 
@@ -17,8 +18,8 @@
           agent was submitted before with another phase or payload; nothing changed),
           LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
---- @include "includes/retention"
 --- @include "includes/common"
+--- @include "includes/retention"
 
 local function main()
   local dup = dedup()

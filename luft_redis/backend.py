@@ -485,11 +485,14 @@ class RedisCheckpointBackend(FrontEnd):
             return replied
 
     def _write(self, fn: Function, args: Sequence[Any], binding: Binding,
-                     lease: AgentLease | None = None, *, retention: bool = True) -> Delta:
+                     lease: AgentLease | None = None, *, fence: str = "",
+                     options: bool = True) -> Delta:  # fmt: skip
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
-        NotDurableError (after it was applied) when too few replicas acknowledged it."""
-        if retention:
-            args = self._with_retention(args)
+        NotDurableError (after it was applied) when too few replicas acknowledged it. With
+        ``options``, ``fence`` and the retention options go in the script's two option slots
+        (``lua/includes/retention.lua``)."""
+        if options:
+            args = self._with_options(args, fence)
         return (self._write_reply(fn, args, binding, lease))[1]
 
     def _write_reply(self, fn: Function, args: Sequence[Any], binding: Binding,
@@ -763,10 +766,9 @@ class RedisCheckpointBackend(FrontEnd):
         args = self._encoder.events(events, binding.run_id)
         if args == ["0"]:
             return
-        if lease is not None:
-            agents = [getattr(event, "agent_id", None) for event in events]
-            args.append(self._fence(lease, binding, "events", agents))
-        self._write(self._scripts.append_events, args, binding, lease)
+        fence = "" if lease is None else self._fence(
+            lease, binding, "events", [getattr(event, "agent_id", None) for event in events])
+        self._write(self._scripts.append_events, args, binding, lease, fence=fence)
         if lease is not None and any(
                 isinstance(e, t.AgentDone) and e.agent_id == lease.agent_id for e in events):
             lease.finished = True  # the script ended the lease (done, or ready again)
@@ -780,9 +782,8 @@ class RedisCheckpointBackend(FrontEnd):
         with ``lease=`` (see :meth:`append_event`)."""
         binding = self._need_run("upsert_agent_result")
         args = self._encoder.result(cache)
-        if lease is not None:
-            args.append(self._fence(lease, binding, "cache", [cache.agent_id]))
-        self._write(self._scripts.upsert_agent_result, args, binding, lease)
+        fence = "" if lease is None else self._fence(lease, binding, "cache", [cache.agent_id])
+        self._write(self._scripts.upsert_agent_result, args, binding, lease, fence=fence)
 
     @traced("upsert_agent_session")
     def upsert_agent_session(self, session: t.AgentSessionCheckpoint, *,
@@ -790,9 +791,9 @@ class RedisCheckpointBackend(FrontEnd):
         """Insert or replace ``agent_sessions[session.agent_id]``; fenced with ``lease=``."""
         binding = self._need_run("upsert_agent_session")
         args = self._encoder.session(session)
-        if lease is not None:
-            args.append(self._fence(lease, binding, "session", [session.agent_id]))
-        self._write(self._scripts.upsert_agent_session, args, binding, lease)
+        fence = "" if lease is None else self._fence(
+            lease, binding, "session", [session.agent_id])
+        self._write(self._scripts.upsert_agent_session, args, binding, lease, fence=fence)
 
     def _fence(self, lease: AgentLease, binding: Binding, field: str,
                agents: Sequence[uuid.UUID | None]) -> str:  # fmt: skip
@@ -883,7 +884,7 @@ class RedisCheckpointBackend(FrontEnd):
     def _release_lease(self, lease: AgentLease, failed: bool) -> None:
         binding = self._need_run("release")
         args = (str(lease.agent_id), str(lease.token), lease.incarnation, "1" if failed else "0")
-        self._write(self._scripts.release_lease, args, binding, lease, retention=False)
+        self._write(self._scripts.release_lease, args, binding, lease, options=False)
 
     @traced("cancel")
     def cancel(self) -> None:

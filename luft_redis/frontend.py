@@ -132,9 +132,10 @@ class FrontEnd:
         """Check and keep the retention options (ConfigurationError)."""
         self._retention = RetentionOptions.make(expire_finished_after, max_events)
 
-    def _with_retention(self, args: Any) -> Any:
-        """A writing script's arguments with the retention option appended (when set)."""
-        return self._retention.with_arg(args)
+    def _with_options(self, args: Any, fence: str) -> Any:
+        """A writing script's arguments with its two option slots appended: ``fence`` and the
+        retention options (``lua/includes/retention.lua``)."""
+        return (*args, fence, self._retention.script_arg)
 
     @property
     def expire_finished_after(self) -> dt.timedelta | None:

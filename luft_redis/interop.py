@@ -639,8 +639,8 @@ def _import(
                 client.hset(s.started, mapping={str(a): f"0 {p}" for a, p in
                                                 started[i : i + BATCH]})  # fmt: skip
             save = library().ops.save_checkpoint
-            DEFAULT_RETRY.call(lambda: call_function(client, save, list(s),
-                                                     [writer, "1", *save_args]))  # fmt: skip
+            save_call = [writer, "1", *save_args, "", ""]  # (no fence, no retention)
+            DEFAULT_RETRY.call(lambda: call_function(client, save, list(s), save_call))
             pipe = client.pipeline(transaction=False)
             for key in s:
                 pipe.expire(key, STAGING_TTL)

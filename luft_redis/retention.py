@@ -22,7 +22,7 @@ import datetime as dt
 import functools
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -112,17 +112,12 @@ class RetentionOptions:
         return after // dt.timedelta(milliseconds=1)
 
     @property
-    def script_arg(self) -> str | None:
-        """The trailing argument of the writing scripts (``lua/includes/retention.lua``):
-        ``"@retention <ttl_ms> <max_events>"``, or None when both options are off."""
+    def script_arg(self) -> str:
+        """The retention slot of the writing scripts (``lua/includes/retention.lua``):
+        ``"<ttl_ms> <max_events>"``, or ``""`` when both options are off."""
         if self.expire_finished_after is None and self.max_events is None:
-            return None
-        return f"@retention {self.ttl_ms} {self.max_events or 0}"
-
-    def with_arg(self, args: Sequence[Any]) -> Sequence[Any]:
-        """``args`` of a writing script with the retention argument appended (if any)."""
-        arg = self.script_arg
-        return args if arg is None else (*args, arg)
+            return ""
+        return f"{self.ttl_ms} {self.max_events or 0}"
 
 
 # ---------------------------------------------------------------------------- durations

@@ -135,8 +135,8 @@ def submit_args(tasks: Iterable[AgentTask], max_payload_size: int) -> list[Any]:
 
 
 def fence_arg(agent_id: uuid.UUID, token: int, incarnation: str) -> str:
-    """The trailing argument of a fenced write (read by ``includes/common.lua``)."""
-    return f"@fence {agent_id} {token} {incarnation}"
+    """The fence slot of a fenced write (``lua/includes/retention.lua``)."""
+    return f"{agent_id} {token} {incarnation}"
 
 
 def _text(raw: Any) -> str:

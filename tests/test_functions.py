@@ -97,14 +97,14 @@ def test_library_names_carry_the_content_hash() -> None:
 
 
 RETENTION_CALL = (
-    "do local bad = retention_begin(); if bad then return redis.error_reply(bad) end end"
+    "do local bad = take_options(); if bad then return redis.error_reply(bad) end end"
 )
 
 
 def test_helpers_are_defined_once_and_each_file_is_a_function_body() -> None:
     code = library().code
     for helper in ("fail", "dedup", "commit", "begin_call", "u64_add", "read_run",
-                   "retention_begin", "retain", "trim_log", "check_type", "check_run_types",
+                   "take_options", "retain", "trim_log", "check_type", "check_run_types",
                    "notify", "optional_fields", "tombstone_reply", "tombstone_keep"):  # fmt: skip
         assert code.count(f"local function {helper}(") == 1, helper
     # the prelude comes before every function; each function starts with begin_call()

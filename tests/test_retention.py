@@ -326,9 +326,11 @@ def test_a_malformed_retention_argument_is_refused_before_any_write(redis_client
     backend.init_run(run_id, "t", "/d")
     before = redis_client.hgetall(run_keys("luft", run_id).run)
     script = redis_client.register_script(script_source("cancel"))
+    keys = run_keys("luft", run_id)  # ARGV: the change channel, writer, operation, the slots
     with pytest.raises(redis.exceptions.ResponseError, match="LUFT_BAD_ARG retention option"):
-        keys = run_keys("luft", run_id)  # ARGV: the change channel, writer, operation, option
-        script(keys=list(keys), args=[keys.changes, "w", "1", "@retention soon 0"])
+        script(keys=list(keys), args=[keys.changes, "w", "1", "", "soon 0"])
+    with pytest.raises(redis.exceptions.ResponseError, match="LUFT_BAD_ARG the fence and"):
+        script(keys=list(keys), args=[keys.changes, "w", "1"])  # no option slots
     assert redis_client.hgetall(run_keys("luft", run_id).run) == before
 
 

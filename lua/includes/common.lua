@@ -22,9 +22,9 @@
   before the first claim), holder (the worker of the last claim), expires (the lease's expiry,
   unix ms, server clock). The run hash keeps the counters lease_token (the last fencing token
   of this incarnation: strictly increasing, never reused) and task_seq. A fenced write
-  carries ARGS[#ARGS] = "@fence <agent_id> <token> <incarnation>" (before the retention
-  option): it is applied only when the run's incarnation and the task's token are those of
-  the lease (check_fence), else LUFT_LEASE_LOST and nothing is written.
+  carries "<agent_id> <token> <incarnation>" in its fence slot (includes/retention.lua): it
+  is applied only when the run's incarnation and the task's token are those of the lease
+  (check_fence), else LUFT_LEASE_LOST and nothing is written.
 
   Every writing script takes ARGV[1] = the run's change channel, the sharded pub/sub channel
   of its change notices (<prefix>:{<run>}:changes, in the run's slot; a channel is not a key,
@@ -558,7 +558,7 @@ end
 -- nothing is written. Returns the fenced agent id, or nil for a write without a lease. Its
 -- read of the task's token is the tasks hash's type check (read_key).
 local function check_fence(run)
-  if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "@fence <agent> <token> <inc>"') end
+  if FENCE_BAD then fail('BAD_ARG', 'fence argument is not "<agent> <token> <inc>"') end
   if not FENCE_AID then return nil end
   local current = read_key(10, 'hash', 'HGET', FENCE_AID .. ':token')
   if (run[3] or '') ~= FENCE_INC then current = nil end
@@ -610,13 +610,7 @@ local function begin_call()
     ARGS = {}
     for i = 4, n do ARGS[i - 3] = ARGV[i] end
   end
-  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false
-  local last = ARGS[#ARGS]
-  if last and string.sub(last, 1, 7) == '@fence ' then
-    ARGS[#ARGS] = nil
-    FENCE_AID, FENCE_TOKEN, FENCE_INC = string.match(last, '^@fence (%S+) (%d+) (%S+)$')
-    FENCE_BAD = FENCE_AID == nil
-  end
+  FENCE_AID, FENCE_TOKEN, FENCE_INC, FENCE_BAD = nil, nil, nil, false -- (includes/retention)
   CALL = CALL + 1
   if DN > DELTA_KEEP then DELTA, LENGTHS = {}, {} end
   DN = 0
