@@ -73,10 +73,12 @@ from .runtime import (
     sync_cluster_ready,
     sync_run_callback,
     sync_sleep,
+    sync_within,
 )
 from .scripts import Function, translate_error
 from .tasks import (
     DEFAULT_MAX_ATTEMPTS,
+    RELEASE_FLOOR,
     AgentTask,
     TaskInfo,
     fence_arg,
@@ -870,21 +872,26 @@ class RedisCheckpointBackend(FrontEnd):
         """RENEW: ("ok" | "ended" | "cancelled", new expiry in unix ms); retried within the
         lease's remaining time, not the backend's retry budget."""
         binding = self._need_run("renew")
-        left = max(0.05, lease.expires_at - time.time())
+        left = max(0.05, lease.time_left())  # (the local monotonic clock: never the wall's)
         policy = RetryPolicy(max_attempts=self._retry.max_attempts, deadline=left,
                              initial_delay=self._retry.initial_delay,
                              max_delay=min(self._retry.max_delay, left / 4))  # fmt: skip
         args = (self._writer_id, "0", str(lease.agent_id), str(lease.token), lease.incarnation,
                 str(lease.lease_ms))  # fmt: skip
         fn, keys = self._scripts.renew_lease, binding.key_list
-        reply = self._retried(lambda: self._fcall(fn, keys, args), binding.run_id, policy)
+        reply = sync_within(
+            lambda: self._retried(lambda: self._fcall(fn, keys, args), binding.run_id, policy),
+            left, "renewing the lease")
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         return outcome, int(reply[1])
 
     def _release_lease(self, lease: AgentLease, failed: bool) -> None:
         binding = self._need_run("release")
         args = (str(lease.agent_id), str(lease.token), lease.incarnation, "1" if failed else "0")
-        self._write(self._scripts.release_lease, args, binding, lease, options=False)
+        bound = max(lease.time_left(), RELEASE_FLOOR)  # a partitioned holder never hangs here
+        sync_within(lambda: self._write(self._scripts.release_lease, args, binding,
+                                               lease, options=False),
+                           bound, "releasing the lease")  # fmt: skip
 
     @traced("cancel")
     def cancel(self) -> None:

@@ -66,7 +66,7 @@ class AgentLease:
         self.incarnation = claim.incarnation
         self.expires_at = claim.expires_ms / 1000
         self.lease_ms = lease_ms
-        self.lost = False
+        self._lost = False
         self.cancelled = False
         self.finished = False
         """An ``agent_done`` was written with this lease: the task is done, or ready again."""
@@ -87,9 +87,29 @@ class AgentLease:
         """This process is a fork of the one that claimed the lease: it never holds it."""
         return self._fork != fork_generation()
 
+    @property
+    def lost(self) -> bool:
+        """The lease is known to be gone: taken over, the run cancelled or re-created, or its
+        heartbeat did not renew it before its deadline. The deadline is checked here, on
+        the local monotonic clock, so a holder learns it even while a renew hangs on a
+        network that drops packets (the renew itself is bounded by the time left, too)."""
+        if (not self._lost and self._heartbeat is not None and not self._stopping
+                and not self.finished and time.monotonic() > self._deadline):  # fmt: skip
+            self._lose("the heartbeat did not renew it before its deadline")
+        return self._lost
+
+    @lost.setter
+    def lost(self, value: bool) -> None:
+        self._lost = value
+
+    def time_left(self) -> float:
+        """Seconds until the lease lapses unless renewed (local monotonic clock, from the
+        moment its claim or its last renew was sent: never later than the server's)."""
+        return self._deadline - time.monotonic()
+
     def _lose(self, why: str) -> None:
-        if not self.lost:
-            self.lost = True
+        if not self._lost:
+            self._lost = True
             logger.warning("lease of agent %s (token %d) lost: %s", self.agent_id, self.token, why)
 
     def renew(self) -> None:
@@ -132,7 +152,7 @@ class AgentLease:
         ``wake`` ends its pauses when the lease is released or its block left."""
         interval = self.lease_ms / 1000 / HEARTBEAT_FRACTION
         next_beat = time.monotonic() + interval
-        while not self._stopping and not self.lost and not self.finished:
+        while not self._stopping and not self._lost and not self.finished:
             pause = max(0.0, next_beat - time.monotonic())
             wake.wait_for(lambda: self._stopping, pause)
             if self._stopping:

@@ -32,6 +32,11 @@ name (asyncio / sync)        asyncio                           sync
                              lazily)
 ``async_run_callback`` /     a coroutine a callback returns    the callback's result is
 ``sync_run_callback``        runs as a task                    ignored
+``async_within`` /           ``asyncio.wait_for``: the call is a daemon thread runs the call;
+``sync_within``              cancelled (its connection closed) the caller stops waiting (a
+                                                               blocked socket cannot be
+                                                               interrupted; the thread ends
+                                                               when its connection does)
 ===========================  ================================  ===============================
 
 The subscriber transports (a hiredis reader of our own on the socket for sync code, redis-py's
@@ -71,11 +76,13 @@ __all__ = [
     "async_cluster_ready",
     "async_run_callback",
     "async_sleep",
+    "async_within",
     "lower_priority",
     "sync_adopts_fork",
     "sync_cluster_ready",
     "sync_run_callback",
     "sync_sleep",
+    "sync_within",
 ]
 
 logger = logging.getLogger(__name__)
@@ -373,6 +380,42 @@ class Registry(Generic[_T]):
 
 async_sleep = asyncio.sleep
 sync_sleep = time.sleep
+
+
+def _too_late(what: str, timeout: float) -> Exception:
+    from .errors import ConnectionError as LuftConnectionError
+
+    return LuftConnectionError(f"{what}: no answer within {timeout:.3f} s")
+
+
+async def async_within(call: Callable[[], Awaitable[_T]], timeout: float, what: str) -> _T:
+    """``await call()``, given up after ``timeout`` seconds (luft's ``ConnectionError``)."""
+    try:
+        return await asyncio.wait_for(call(), timeout)
+    except TimeoutError:
+        raise _too_late(what, timeout) from None
+
+
+def sync_within(call: Callable[[], _T], timeout: float, what: str) -> _T:
+    """``call()`` in a daemon thread, waited for up to ``timeout`` seconds (luft's
+    ``ConnectionError`` after that; the thread is left to end with its connection)."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller
+            outcome.append((False, exc))
+        done.set()
+
+    threading.Thread(target=run, name=f"luft-redis {what}", daemon=True).start()
+    if not done.wait(timeout):
+        raise _too_late(what, timeout)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def async_adopts_fork() -> bool:

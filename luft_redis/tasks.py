@@ -21,6 +21,7 @@ from .errors import CorruptDataError, ValidationError
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "RELEASE_FLOOR",
     "AgentTask",
     "Claim",
     "TaskInfo",
@@ -35,6 +36,11 @@ __all__ = [
 DEFAULT_MAX_ATTEMPTS = 3
 """Failed attempts (lapses, non-ok ``agent_done``, exceptions leaving ``with lease``) after
 which a task is dead until the run is resumed."""
+
+RELEASE_FLOOR = 1.0
+"""Seconds a release may take at least: a release waits for the lease's time left, or this
+long when less is left, then gives up (``ConnectionError``): a holder cut off from Redis never
+hangs in it. The task then lapses at its deadline, as it would have without the release."""
 
 
 class TaskState(str, enum.Enum):  # noqa: UP042 (StrEnum changes format())

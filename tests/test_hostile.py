@@ -81,6 +81,7 @@ from luft_redis import (
     AgentDone,
     AgentResultCache,
     AgentStatus,
+    AgentTask,
     CheckpointStatus,
     Log,
     LogLevel,
@@ -95,6 +96,7 @@ from luft_redis import (
 )
 from luft_redis.asyncio import AsyncChangeListener
 from luft_redis.backend import Durability
+from luft_redis.errors import ConnectionError as LuftConnectionError
 from luft_redis.listener import ChangeListener
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 
@@ -1286,3 +1288,87 @@ def test_random_interleavings_regain_freshness_unaided(
             ), f"watching backend {index} stayed stale: {describe(backend)}"
     finally:
         world.close()
+
+
+# ------------------------------------------------------------- 7. leases over a dead network
+
+
+def _enter(fe: FrontEnd, lease: Any) -> None:
+    """``with lease:`` begins: its heartbeat starts."""
+    fe.here(lease.__enter__ if fe.loop is None else lease.__aenter__)
+
+
+def _exit(fe: FrontEnd, lease: Any) -> None:
+    fe.here(lease.__exit__ if fe.loop is None else lease.__aexit__, None, None, None)
+
+
+def _claimed(fe: FrontEnd, holder: Any, lease_for: float) -> tuple[uuid.UUID, Any]:
+    boss = fe.backend(watch=False)
+    run_id = uuid.uuid4()
+    boss.init_run(run_id, "a holder cut off", "/d")
+    boss.submit_agents([AgentTask(uuid.uuid4(), 0, None)])
+    assert holder.open_run(run_id) is not None
+    lease = holder.claim_agent("zombie", lease_for=lease_for)
+    assert lease is not None
+    return run_id, lease
+
+
+@pytest.mark.parametrize("redis_target", REDIS_ONLY)
+def test_a_partitioned_holder_learns_it_lost_its_lease(
+    fe: FrontEnd, redis_server: LocalRedisServer, redis_client: Any
+) -> None:
+    """A holder whose client has no socket timeout (as ``from_url`` makes them) is cut off:
+    the network drops its packets without closing anything, so the heartbeat's renew waits
+    for ever on its socket. ``lease.lost`` still turns True within the lease's time (the
+    deadline is kept on the local monotonic clock, and the renew gives up when it passes),
+    another worker takes the task over, and leaving ``with lease:`` does not hang."""
+    lease_for = 1.0
+    with StallProxy(redis_server.port) as proxy:
+        holder = fe.backend_type(fe.client_to(proxy.port), watch=False)
+        try:
+            run_id, lease = _claimed(fe, holder, lease_for)
+            _enter(fe, lease)
+            proxy.stall(new_connections=True)
+            cut = time.monotonic()
+            assert eventually(lambda: fe.here(getattr, lease, "lost"), lease_for + 1.0, 0.005)
+            assert time.monotonic() - cut <= lease_for + 0.5
+            rescuer = fe.backend(watch=False)
+            assert rescuer.open_run(run_id) is not None
+            taken = rescuer.claim_agent("rescuer", lease_for=30.0, timeout=5.0)
+            assert taken is not None and taken.token > lease.token
+            left_at = time.monotonic()
+            _exit(fe, lease)
+            assert time.monotonic() - left_at <= lease_for + 0.5
+        finally:
+            proxy.unstall()
+            holder.close()
+
+
+@pytest.mark.parametrize("redis_target", REDIS_ONLY)
+@pytest.mark.parametrize("skew", [-3600.0, 3600.0], ids=["clock-behind", "clock-ahead"])
+def test_a_renew_is_bounded_by_the_lease_not_the_wall_clock(
+    fe: FrontEnd, redis_server: LocalRedisServer, redis_client: Any, skew: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """With the client's wall clock an hour off the server's, a renew that cannot reach Redis
+    gives up when the lease's own time runs out (measured on the monotonic clock from the
+    claim), not an hour later; and a renew that can reach it succeeds, however far off the
+    wall clock is."""
+    lease_for = 1.0
+    real_time = time.time
+    with StallProxy(redis_server.port) as proxy:
+        holder = fe.backend_type(fe.client_to(proxy.port, socket_timeout=0.2), watch=False)
+        try:
+            _, lease = _claimed(fe, holder, lease_for)
+            monkeypatch.setattr(time, "time", lambda: real_time() + skew)
+            fe.here(lease.renew)  # reachable: fine whatever the wall clock says
+            assert not fe.here(getattr, lease, "lost")
+            proxy.stall(new_connections=True)
+            started = time.monotonic()
+            with pytest.raises(LuftConnectionError):
+                fe.here(lease.renew)
+            assert time.monotonic() - started <= lease_for + 0.5
+        finally:
+            monkeypatch.setattr(time, "time", real_time)
+            proxy.unstall()
+            holder.close()
