@@ -120,10 +120,13 @@ def _phases(port: int, ops: int, expect_root: str) -> tuple[Any, dict[str, Calla
         built[i] = steps._encoder.events((step_events[i],), binding.run_id)
 
     lane = getattr(steps, "_lane", None)  # the lean write path, where the version has one
+    # the option slots (fence, retention) where the version has them, else its retention arg
+    with_options = getattr(steps, "_with_options", None)
+    options = (lambda a: with_options(a, "")) if with_options else steps._with_retention
 
     def fcall(i: int) -> Any:
         steps._op_seq += 1
-        full = (steps._writer_id, str(steps._op_seq), *steps._with_retention(built[i]))
+        full = (steps._writer_id, str(steps._op_seq), *options(built[i]))
         if lane is not None:
             replies[i] = lane.call(fn, binding.key_list, full)
         else:

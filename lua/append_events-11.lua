@@ -52,7 +52,7 @@ local function main()
   local current_phase = stored_uint(K_RUN, 'current_phase', run[4])
   local total = stored_uint(K_RUN, 'total_tokens', run[5])
   local phase_count = stored_uint(K_RUN, 'phases', run[6])
-  local fenced = check_fence(run)
+  local fenced, fence_state = check_fence(run)
   local lease_end = nil -- {fields, score} when this batch ends the lease
   local now = now_seconds()
   local probed = {}
@@ -204,23 +204,21 @@ local function main()
         probe_once(7, 'hash')
         probe_once(8, 'list')
       end
-      if aid == fenced and lease_end == nil then
-        -- the task (its hash type-checked by check_fence's read): an ok status makes it
-        -- done, any other is a failed attempt, which needs the task's counts
-        if redis.call('HGET', K_TASKS, p .. 'state') == 'leased' then
-          probe_once(11, 'zset')
-          local ended, score
-          if rstatus == 'ok' then
-            ended, score = end_lease(aid, true)
-          else
-            local t = redis.call('HMGET', K_TASKS, p .. 'failures', p .. 'max', p .. 'seq')
-            ended, score = end_lease(aid, false, task_uint(aid, 'failures', t[1]),
-              task_uint(aid, 'max', t[2]), task_uint(aid, 'seq', t[3]))
-          end
-          lease_end = {ended, score}
+      if aid == fenced then
+        -- the lease's agent_done ends it, once: a second one (in this batch, or after the ok
+        -- one that made the task done) is refused. An ok status makes the task done, any
+        -- other is a failed attempt, which needs the task's counts
+        if lease_end ~= nil or fence_state ~= 'leased' then fence_ended() end
+        probe_once(11, 'zset')
+        local ended, score
+        if rstatus == 'ok' then
+          ended, score = end_lease(aid, true)
         else
-          lease_end = false
+          local t = redis.call('HMGET', K_TASKS, p .. 'failures', p .. 'max', p .. 'seq')
+          ended, score = end_lease(aid, false, task_uint(aid, 'failures', t[1]),
+            task_uint(aid, 'max', t[2]), task_uint(aid, 'seq', t[3]))
         end
+        lease_end = {ended, score}
       end
       total = u64_add(total, tokens, 'total_tokens')
       run_changed.total_tokens = true

@@ -8,7 +8,8 @@
   KEYS[1..11] the run's keys (see includes/common.lua)
   ARGV[1] the run's change channel (see includes/common.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
-  ARGS[1] worker (the holder's name)   ARGS[2] lease duration in ms   ARGS[3] max_attempts
+  ARGS[1] worker (the holder's name)   ARGS[2] lease duration in ms   ARGS[3] max_attempts for
+          a task submitted without one (by a version before tasks kept theirs)
 
   Reply:  an array: the delta (op "claim"; no records), then for a lease
           agent_id, token, attempt, expires (unix ms), phase_id, payload, incarnation;
@@ -81,31 +82,32 @@ local function main()
         break
       end
       local p = aid .. ':'
-      -- a ready task needs its attempt, phase and payload; a lapsed one also its failures,
-      -- max and submit order (a task's attempt is set when it is submitted)
+      -- a ready task needs its attempt, phase, payload and max; a lapsed one also its
+      -- failures and submit order (a task's attempt is set when it is submitted)
       local t
       if leased then
         t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload',
-          p .. 'failures', p .. 'max', p .. 'seq')
+          p .. 'max', p .. 'failures', p .. 'seq')
       else
-        t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload')
+        t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload',
+          p .. 'max')
       end
       if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
       local attempt = task_uint(aid, 'attempt', t[1])
       if read_key(4, 'hash', 'HGET', p .. 'status') == 'ok' then -- done, however it was written
         ended[#ended + 1] = {aid, end_lease(aid, true), nil}
       elseif leased then -- lapsed: that attempt failed
-        local failures = task_uint(aid, 'failures', t[4])
+        local failures = task_uint(aid, 'failures', t[5])
         local fields, _, state = end_lease(aid, false, failures,
-          t[5] and task_uint(aid, 'max', t[5]) or max, task_uint(aid, 'seq', t[6]))
+          t[4] and task_uint(aid, 'max', t[4]) or max, task_uint(aid, 'seq', t[6]))
         if state == 'dead' then
           ended[#ended + 1] = {aid, fields, nil}
         else
-          chosen, decided = {aid, attempt, t[2], t[3], whole(failures + 1)}, true
+          chosen, decided = {aid, attempt, t[2], t[3], t[4], whole(failures + 1)}, true
           break
         end
       else
-        chosen, decided = {aid, attempt, t[2], t[3]}, true
+        chosen, decided = {aid, attempt, t[2], t[3], t[4]}, true
         break
       end
     end
@@ -123,10 +125,13 @@ local function main()
   token = whole(token + 1)
   local expires = whole(now + lease_ms)
   local p = aid .. ':'
-  local fields = {p .. 'state', 'leased', p .. 'attempt', attempt, p .. 'max', ARGS[3],
-    p .. 'token', token, p .. 'holder', worker, p .. 'expires', expires}
-  if chosen[5] then -- a lapsed task's failed attempt (a ready task's failures stay as stored)
-    fields[13], fields[14] = p .. 'failures', chosen[5]
+  local fields = {p .. 'state', 'leased', p .. 'attempt', attempt, p .. 'token', token,
+    p .. 'holder', worker, p .. 'expires', expires}
+  if not chosen[5] then -- a task submitted without its max_attempts: the claim's, kept
+    fields[#fields + 1], fields[#fields + 2] = p .. 'max', ARGS[3]
+  end
+  if chosen[6] then -- a lapsed task's failed attempt (a ready task's failures stay as stored)
+    fields[#fields + 1], fields[#fields + 2] = p .. 'failures', chosen[6]
   end
   redis.call('HSET', K_TASKS, unpack(fields))
   redis.call('ZADD', K_QUEUE, expires, aid)

@@ -9,7 +9,8 @@
   ARGV[2] writer id   ARGV[3] operation sequence
 
   Agent tasks (docs/leases.md) that are dead, or leased with a lease that has lapsed, are
-  ready again, their attempts and failures reset.
+  ready again, their attempts and failures reset; so is every leased one when the run was
+  cancelled or failed (the stop ended those leases: not a failed attempt).
 
   Reply and notice: the delta, op "reset": R status running
   Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;
@@ -42,8 +43,11 @@ local function main()
   for i = 1, #tasks do
     local aid = tasks[i]
     local task = tasks[aid]
-    local lapsed = task.state == 'leased' and task_uint(aid, 'expires', task.expires) <= now
-    if task.state == 'dead' or lapsed then
+    -- a lease the run's stop ended (the holder saw it cancelled or failed) is not a failed
+    -- attempt: its task starts over, as a dead or lapsed one does
+    local ended = task.state == 'leased' and (run[1] ~= 'running'
+      or task_uint(aid, 'expires', task.expires) <= now)
+    if task.state == 'dead' or ended then
       revive[#revive + 1] = {aid, task_uint(aid, 'seq', task.seq)}
     end
   end

@@ -9,7 +9,9 @@
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
           first (includes/retention.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
-  ARGS[1] number of tasks, then per task: agent_id, phase_id, payload (opaque msgpack)
+  ARGS[1] max_attempts of the new tasks (kept with each: failed attempts after which it is
+          dead)   ARGS[2] number of tasks, then per task: agent_id, phase_id, payload (opaque
+          msgpack)
 
   Reply and notice: the delta, op "submit", no records (tasks are not part of the
           checkpoint: a watcher reads them with agent_tasks); when every task was known
@@ -27,13 +29,15 @@ local function main()
   local run = read_run('task_seq')
   if run[1] ~= 'running' then fail('NOT_RUNNING', run[1]) end
   local seq = tonumber(run[4] and stored_uint(K_RUN, 'task_seq', run[4]) or '0')
-  local count = tonumber(arg_uint(ARGS[1], 'task count'))
-  if #ARGS ~= 1 + 3 * count then fail('BAD_ARG', 'argument list does not match the task count') end
+  local max = arg_uint(ARGS[1], 'max_attempts')
+  if max == '0' then fail('BAD_ARG', 'max_attempts must be >= 1') end
+  local count = tonumber(arg_uint(ARGS[2], 'task count'))
+  if #ARGS ~= 2 + 3 * count then fail('BAD_ARG', 'argument list does not match the task count') end
 
   -- 1. checks
   local fields, queue, seen = {}, {}, {}
   for i = 0, count - 1 do
-    local aid, phase, payload = ARGS[2 + 3 * i], ARGS[3 + 3 * i], ARGS[4 + 3 * i]
+    local aid, phase, payload = ARGS[3 + 3 * i], ARGS[4 + 3 * i], ARGS[5 + 3 * i]
     arg_uint(phase, 'phase_id')
     if seen[aid] then fail('BAD_ARG', 'agent ' .. aid .. ' is submitted twice in one batch') end
     seen[aid] = true
@@ -59,6 +63,7 @@ local function main()
       fields[n + 11], fields[n + 12] = p .. 'failures', '0'
       fields[n + 13], fields[n + 14] = p .. 'token', '0'
       fields[n + 15], fields[n + 16] = p .. 'expires', '0'
+      fields[n + 17], fields[n + 18] = p .. 'max', max
     end
   end
   if #fields == 0 then return unchanged(run, 'submit') end

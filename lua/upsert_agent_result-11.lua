@@ -28,7 +28,8 @@ local function main()
   local dup = dedup()
   if dup then return dup end
   local run = read_run('agents_ok', 'agents_failed')
-  check_fence(run)
+  local fenced, fence_state = check_fence(run)
+  if fenced then check_fenced_result(fence_state, ARGS[3]) end
   local aid = ARGS[1]
   local p = aid .. ':'
   local fields = {

@@ -26,7 +26,6 @@ from .connect import Durability, check_sync_client, make_sync_client
 from .delta import Delta, UnknownFormat, parse_delta
 from .errors import (
     BackendError,
-    ConfigurationError,
     CorruptDataError,
     ForkedError,
     LeaseLostError,
@@ -81,6 +80,7 @@ from .tasks import (
     RELEASE_FLOOR,
     AgentTask,
     TaskInfo,
+    attempts_arg,
     fence_arg,
     lease_ms,
     parse_claim,
@@ -207,9 +207,7 @@ class RedisCheckpointBackend(FrontEnd):
         self._configure(client, prefix=prefix, watch=watch, retry=retry, durability=durability,
                         max_payload_size=max_payload_size, max_staleness=max_staleness)  # fmt: skip
         self._configure_retention(expire_finished_after, max_events)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ConfigurationError("max_attempts must be a positive integer")
-        self._max_attempts = max_attempts
+        self._max_attempts = attempts_arg(max_attempts)
         self._lane = None if self._cluster else WriteLane.for_client(client)
         self._callbacks: dict[int, ChangeCallback] = {}
         self._next_callback = 0
@@ -321,8 +319,8 @@ class RedisCheckpointBackend(FrontEnd):
 
     # -- binding ---------------------------------------------------------------------------
 
-    def _start_watch(self, binding: Binding) -> None:
-        if not self._watching:
+    def _start_watch(self, binding: Binding, *, always: bool = False) -> None:
+        if not self._watching and not always:
             return
         listener = ChangeListener.for_client(self._client)
         watch = Watch(binding.cache, binding.channel, self._on_work, self._counters)
@@ -817,14 +815,18 @@ class RedisCheckpointBackend(FrontEnd):
     # -- agent tasks and leases (docs/leases.md) -------------------------------------------
 
     @traced("submit_agents")
-    def submit_agents(self, tasks: Iterable[AgentTask]) -> None:
+    def submit_agents(self, tasks: Iterable[AgentTask], *,
+                            max_attempts: int | None = None) -> None:  # fmt: skip
         """Add agent tasks for workers to claim, atomically for the batch. Submitting an agent
         again with the same phase and payload changes nothing; with another phase or payload
         it is a :class:`~luft_redis.errors.ValidationError` (nothing changed). On a run that
-        is not running: :class:`~luft_redis.errors.RunNotRunningError`."""
+        is not running: :class:`~luft_redis.errors.RunNotRunningError`. Each new task keeps
+        ``max_attempts`` (default: this backend's): whoever claims it, it is dead after that
+        many failed attempts."""
         binding = self._need_run("submit_agents")
-        args = submit_args(tasks, self._encoder.max_payload_size)
-        if args == ["0"]:
+        attempts = self._max_attempts if max_attempts is None else max_attempts
+        args = submit_args(tasks, self._encoder.max_payload_size, attempts)
+        if args[1] == "0":
             return
         self._write(self._scripts.submit_agents, args, binding)
 
@@ -844,21 +846,52 @@ class RedisCheckpointBackend(FrontEnd):
         if not isinstance(worker, str) or not worker or any(c.isspace() for c in worker):
             raise ValidationError("worker", "must be a non-empty name without white space")
         duration = lease_ms(lease_for)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
             raise ValidationError("timeout", "must be a number of seconds >= 0")
         deadline = time.monotonic() + timeout
-        while True:
-            sent = time.monotonic()
-            args = (worker, str(duration), str(self._max_attempts))
-            reply, delta = self._write_reply(self._scripts.claim_agent, args, binding)
-            _, claim = parse_claim(reply, binding.keys.tasks)
-            if claim.agent_id is not None:
-                return AgentLease(self, claim, worker, duration, sent)
-            left = deadline - time.monotonic()
-            if claim.not_running is not None or left <= 0:
-                return None
-            wait = left if claim.wait_ms is None else min(left, claim.wait_ms / 1000 + 0.002)
-            self.wait_for_change(delta.v_after, timeout=wait)
+        following = False
+        try:
+            while True:
+                sent = time.monotonic()
+                args = (worker, str(duration), str(self._max_attempts))
+                reply, delta = self._write_reply(self._scripts.claim_agent, args, binding)
+                _, claim = parse_claim(reply, binding.keys.tasks)
+                if claim.agent_id is not None:
+                    return AgentLease(self, claim, worker, duration, sent)
+                left = deadline - time.monotonic()
+                if claim.not_running is not None or left <= 0:
+                    return None
+                if not self._watching and not following:
+                    # watch=False: follow the run's notices while this claim waits (a submit
+                    # wakes it), subscribed before it looks again (no wake-up lost between)
+                    following = True
+                    self._follow(binding)
+                    continue
+                wait = left if claim.wait_ms is None else min(left, claim.wait_ms / 1000 + 0.002)
+                self.wait_for_change(delta.v_after, timeout=wait)
+        finally:
+            if following:
+                self._unfollow(binding)
+
+    def _follow(self, binding: Binding) -> None:
+        """Watch ``binding``'s run for a waiting claim of a ``watch=False`` backend."""
+        binding.followers += 1
+        if binding.followers == 1:
+            if self._cluster:
+                try:  # the slot map, so that the listener subscribes on the right node
+                    sync_cluster_ready(self._client)
+                except REDIS_ERRORS as exc:
+                    raise translate_error(exc, run_id=binding.run_id,
+                                          prefix=self._prefix) from exc  # fmt: skip
+            self._start_watch(binding, always=True)
+        assert binding.listener is not None
+        binding.listener.wait_subscribed(binding.channel, SUBSCRIBE_TIMEOUT)
+
+    def _unfollow(self, binding: Binding) -> None:
+        binding.followers -= 1
+        if binding.followers == 0:
+            self._stop_watch(binding)
+            binding.watch = binding.listener = None
 
     @traced("agent_tasks")
     def agent_tasks(self) -> list[TaskInfo]:

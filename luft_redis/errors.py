@@ -132,20 +132,25 @@ class RunNotRunningError(LuftRedisError):
 
 class LeaseLostError(LuftRedisError):
     """A fenced write, renew or release of a lease that another worker has taken over (or
-    whose run was deleted and created again): nothing was written.
+    whose run was deleted and created again), or that its own ``agent_done`` ended: nothing
+    was written.
 
     ``agent_id`` names the agent, ``token`` the stale fencing token and ``current`` the
-    task's current one (None when the run was re-created or the task is gone)."""
+    task's current one (None when the run was re-created or the task is gone; ``"ended"``
+    when the lease's own ``agent_done`` ended it: a failed one handed the task back, an ok
+    one allows only the agent's ok result after it)."""
 
     def __init__(self, agent_id: str, token: str, current: str | None) -> None:
         self.agent_id = agent_id
         self.token = int(token) if token.isdigit() else token
         self.current = int(current) if current is not None and current.isdigit() else current
-        now = "the run was re-created" if current is None else f"its current token is {current}"
-        super().__init__(
-            f"the lease of agent {agent_id} (token {token}) was taken over: {now}; "
-            "nothing was written"
-        )
+        if current == "ended":
+            what = "ended with its agent_done"
+        else:
+            now = "the run was re-created" if current is None else f"its current token is {current}"
+            what = f"was taken over: {now}"
+        super().__init__(f"the lease of agent {agent_id} (token {token}) {what}; "
+                         "nothing was written")  # fmt: skip
 
 
 class CorruptDataError(LuftRedisError):

@@ -57,7 +57,8 @@ class Binding:
     """The run a backend is bound to: its keys, cache, watch and listener (replaced whole on
     rebind, so a concurrent operation keeps the run it started with)."""
 
-    __slots__ = ("cache", "channel", "key_list", "keys", "listener", "run_id", "watch")
+    __slots__ = ("cache", "channel", "followers", "key_list", "keys", "listener", "run_id",
+                 "watch")  # fmt: skip
 
     def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache) -> None:
         self.run_id = run_id
@@ -67,7 +68,10 @@ class Binding:
         self.channel = keys.changes.encode()
         self.watch: Watch | None = None
         self.listener: Any = None
-        """The front end's change listener carrying ``watch`` (None with ``watch=False``)."""
+        """The front end's change listener carrying ``watch`` (None with ``watch=False``,
+        but while a claim waits: see ``followers``)."""
+        self.followers = 0
+        """Claims waiting on a ``watch=False`` backend: they watch the run meanwhile."""
 
 
 class _Unbound:

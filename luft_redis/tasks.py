@@ -111,17 +111,33 @@ def lease_ms(seconds: Any, field: str = "lease_for") -> int:
     """A lease duration in whole milliseconds (ValidationError unless positive and finite)."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise ValidationError(field, f"expected seconds as a number, got {seconds!r:.40}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValidationError(field, "must be a positive number of seconds")
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_LEASE_SECONDS:
+        raise ValidationError(field, "must be a positive number of seconds, at most 1e9")
     return max(1, math.ceil(seconds * 1000))
 
 
-def submit_args(tasks: Iterable[AgentTask], max_payload_size: int) -> list[Any]:
+MAX_ATTEMPTS_LIMIT = 2**32 - 1
+"""The largest ``max_attempts``."""
+
+MAX_LEASE_SECONDS = 1e9
+"""The longest lease (about 31 years): its expiry in ms stays exact in Lua's doubles."""
+
+
+def attempts_arg(value: Any, field: str = "max_attempts") -> int:
+    """``value`` as a ``max_attempts`` (ValidationError unless an integer in 1..2^32-1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_ATTEMPTS_LIMIT):  # fmt: skip
+        raise ValidationError(field, f"expected an integer from 1 to 2^32-1, got {value!r:.40}")
+    return value
+
+
+def submit_args(tasks: Iterable[AgentTask], max_payload_size: int,
+                max_attempts: int) -> list[Any]:  # fmt: skip
     """Arguments of ``submit_agents-11.lua`` (ValidationError naming the task)."""
     if isinstance(tasks, AgentTask) or not isinstance(tasks, Iterable):
         raise ValidationError("tasks", f"expected a sequence of AgentTask, got {tasks!r:.80}")
     batch = list(tasks)
-    args: list[Any] = [str(len(batch))]
+    args: list[Any] = [str(attempts_arg(max_attempts)), str(len(batch))]
     for i, task in enumerate(batch):
         field = f"tasks[{i}]"
         if not isinstance(task, AgentTask):

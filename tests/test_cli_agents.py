@@ -55,8 +55,8 @@ def url(request: pytest.FixtureRequest) -> Iterator[str]:
 def test_agents_lists_every_state_with_holder_token_and_lease(url: str) -> None:
     run_id = uuid.uuid4()
     agents = [uuid.uuid4() for _ in range(5)]
-    boss = RedisCheckpointBackend.from_url(url, watch=False)
-    worker = RedisCheckpointBackend.from_url(url, watch=False, max_attempts=1)
+    boss = RedisCheckpointBackend.from_url(url, watch=False, max_attempts=1)
+    worker = RedisCheckpointBackend.from_url(url, watch=False)
     try:
         boss.init_run(run_id, "fleet", "/tmp/fleet")
         boss.submit_agents([AgentTask(a, i % 2, {"prompt": f"look at module {i} " + "x" * 80})
@@ -64,7 +64,7 @@ def test_agents_lists_every_state_with_holder_token_and_lease(url: str) -> None:
         worker.open_run(run_id)
         dead = worker.claim_agent("host-1:pid-10", lease_for=30)
         assert dead is not None and dead.agent_id == agents[0]
-        dead.release(failed=True)  # max_attempts=1: dead
+        dead.release(failed=True)  # submitted with max_attempts=1: dead
         held = worker.claim_agent("host-1:pid-10", lease_for=30)
         lapsing = worker.claim_agent("host-2:pid-20", lease_for=0.05)
         finished = worker.claim_agent("host-3:pid-30", lease_for=30)

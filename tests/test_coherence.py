@@ -233,7 +233,7 @@ def test_a_retried_write_applies_once(
     from luft_redis.delta import parse_delta
 
     args = writer._encoder.events([done(run_id, uuid.uuid4(), tokens=100)], run_id)
-    op = ("writer-x", "7", *args)
+    op = ("writer-x", "7", *args, "", "")  # (no fence, no retention)
     keys = list(writer.keys or ())
 
     def call(op: tuple[str, ...]) -> bytes:
@@ -246,7 +246,7 @@ def test_a_retried_write_applies_once(
         first.inc_before, first.v_before, first.inc_after, first.v_after)
     cp = fresh(writer)
     assert cp.total_tokens == 101 and len(writer.get_event_log()) == 1
-    older = ("writer-x", "6", *args)
+    older = ("writer-x", "6", *args, "", "")
     with pytest.raises(Exception, match="older"):
         call(older)
     assert fresh(writer) == cp
@@ -425,7 +425,7 @@ def test_a_phase_started_without_its_label_is_refused_before_anything_is_written
     # a batch of a valid agent_done, then the phase_started cut before its label
     args = ["2", *ok[1:], *phase[1 : 2 + length + 1]]
     with pytest.raises(luft_redis_errors.LuftRedisError, match=r"label|argument"):
-        writer._call(writer._scripts.append_events, ("w-label", "1", *args), keys, run_id)
+        writer._call(writer._scripts.append_events, ("w-label", "1", *args, "", ""), keys, run_id)
     assert writer.client.xlen(writer.keys.events) == 0  # type: ignore[union-attr]
     assert fresh(writer) == before
 
@@ -445,7 +445,8 @@ def test_an_agent_done_delta_carries_its_findings_blob_once(
     blob = codec.encode_findings(event.findings)
     args = writer._encoder.events([event], run_id)
     keys = list(writer.keys or ())
-    reply = writer._call(writer._scripts.append_events, ("w-once", "1", *args), keys, run_id)
+    op = ("w-once", "1", *args, "", "")  # (no fence, no retention)
+    reply = writer._call(writer._scripts.append_events, op, keys, run_id)
     delta = parse_delta(reply)
     assert delta.fmt == FORMAT == b"L3"
     assert reply.count(blob) == 1
@@ -472,7 +473,7 @@ def test_a_delta_naming_a_findings_blob_it_lacks_makes_the_cache_stale_not_a_rea
     event = done(run_id, uuid.uuid4())
     args = writer._encoder.events([event], run_id)
     keys = list(writer.keys or ())
-    reply = writer._call(writer._scripts.append_events, ("w-bad", "1", *args), keys, run_id)
+    reply = writer._call(writer._scripts.append_events, ("w-bad", "1", *args, "", ""), keys, run_id)
     good = parse_delta(reply)
     records = good.records()
     f = records.index(b"F")

@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -107,9 +108,11 @@ def worker(make_backend: Factory, run_id: uuid.UUID,
     return backend
 
 
-def submit(backend: RedisCheckpointBackend, n: int, phase: int = 0) -> list[uuid.UUID]:
+def submit(backend: RedisCheckpointBackend, n: int, phase: int = 0,
+           max_attempts: int | None = None) -> list[uuid.UUID]:  # fmt: skip
     agents = [uuid.uuid4() for _ in range(n)]
-    backend.submit_agents([AgentTask(a, phase, {"prompt": f"p{i}"}) for i, a in enumerate(agents)])
+    backend.submit_agents([AgentTask(a, phase, {"prompt": f"p{i}"}) for i, a in enumerate(agents)],
+                          max_attempts=max_attempts)  # fmt: skip
     return agents
 
 
@@ -331,9 +334,9 @@ def test_writes_without_a_lease_are_not_checked(
 def test_failed_attempts_end_in_dead_until_the_run_is_resumed(
     make_backend: Factory, run_id: uuid.UUID, coordinator: RedisCheckpointBackend
 ) -> None:
-    worker = make_backend(max_attempts=2)
+    worker = make_backend(max_attempts=5)  # the task's own max_attempts counts, not a claim's
     worker.open_run(run_id)
-    (agent,) = submit(coordinator, 1)
+    (agent,) = submit(coordinator, 1, max_attempts=2)
     first = claim(worker)
     worker.append_event(done(run_id, agent, AgentStatus.ERROR), lease=first)
     assert first.finished and states(coordinator) == {agent: TaskState.READY}
@@ -723,3 +726,177 @@ def test_logging_names_the_lost_lease(
         while not lease.lost and time.monotonic() < deadline:
             time.sleep(0.01)
     assert any(str(lease.agent_id) in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------ issue 26 §5: the lease's rules
+
+
+def test_cancel_then_resume_within_the_lease_is_not_a_failed_attempt(
+    make_backend: Factory, run_id: uuid.UUID, coordinator: RedisCheckpointBackend
+) -> None:
+    """The holder learns of the cancel and stops without releasing; the run is resumed before
+    its lease would lapse. The cancel ended that lease, not the agent: the task is ready at
+    once, with no failure counted, even with max_attempts=1."""
+    (agent,) = submit(coordinator, 1, max_attempts=1)
+    worker = make_backend()
+    worker.open_run(run_id)
+    lease = claim(worker, lease_for=60.0)
+    coordinator.cancel()
+    lease.renew()
+    assert lease.cancelled and lease.lost  # the holder stops, leaving the lease as it is
+    coordinator.reset_status_to_running()
+    (task,) = coordinator.agent_tasks()
+    assert task.state is TaskState.READY and task.failures == 0
+    again = claim(worker, "w2")
+    assert again.agent_id == agent and again.token > lease.token
+    worker.append_event(done(run_id, agent), lease=again)
+    assert states(coordinator) == {agent: TaskState.DONE}
+
+
+def test_resuming_a_running_run_leaves_live_leases_alone(
+    worker: RedisCheckpointBackend, coordinator: RedisCheckpointBackend
+) -> None:
+    (agent,) = submit(coordinator, 1)
+    lease = claim(worker)
+    coordinator.reset_status_to_running()  # running -> running: nothing stopped the lease
+    assert states(coordinator) == {agent: TaskState.LEASED}
+    lease.renew()
+    assert not lease.lost
+
+
+def test_a_task_keeps_the_max_attempts_it_was_submitted_with(
+    make_backend: Factory, run_id: uuid.UUID, coordinator: RedisCheckpointBackend
+) -> None:
+    """Whoever claims last, the task's own max_attempts decides when it is dead (a worker made
+    with max_attempts=2 no longer hands out a 4th attempt of a task with 3 failures)."""
+    submit(coordinator, 1, max_attempts=4)
+    for n, claimer_max in enumerate((1, 2, 9, 2), 1):
+        worker = make_backend(max_attempts=claimer_max)
+        worker.open_run(run_id)
+        lease = claim(worker)
+        assert lease.attempt == n
+        lease.release(failed=True)
+    (task,) = coordinator.agent_tasks()
+    assert task.state is TaskState.DEAD and task.failures == 4
+
+
+def test_a_task_submitted_before_tasks_kept_max_attempts_takes_the_claims(
+    redis_client: Any, worker: RedisCheckpointBackend, coordinator: RedisCheckpointBackend,
+    run_id: uuid.UUID,
+) -> None:  # fmt: skip
+    """A task hash written by the previous version has no ``max`` field: the first claim's
+    max_attempts is kept with it, as before."""
+    (agent,) = submit(coordinator, 1, max_attempts=7)
+    redis_client.hdel(run_keys("luft", run_id).tasks, f"{agent}:max")
+    lease = claim(worker)  # this worker: the default, 3
+    assert redis_client.hget(run_keys("luft", run_id).tasks, f"{agent}:max") == b"3"
+    lease.release(failed=True)
+    assert redis_client.hget(run_keys("luft", run_id).tasks, f"{agent}:max") == b"3"
+
+
+@pytest.mark.parametrize(
+    "batch", [["ok", "error"], ["ok", "ok"], ["error", "ok"]], ids=lambda b: "-".join(b)
+)
+def test_a_lease_ends_at_its_first_agent_done(
+    redis_client: Any, worker: RedisCheckpointBackend, coordinator: RedisCheckpointBackend,
+    run_id: uuid.UUID, batch: list[str],
+) -> None:  # fmt: skip
+    """A fenced batch with two agent_done of its agent is refused whole (LeaseLostError,
+    "ended"): nothing is written, and the task stays leased."""
+    (agent,) = submit(coordinator, 1)
+    lease = claim(worker)
+    statuses = {"ok": AgentStatus.OK, "error": AgentStatus.ERROR}
+    keys = run_keys("luft", run_id)
+    before = stored(redis_client, keys)
+    with pytest.raises(LeaseLostError) as caught:
+        worker.append_events([done(run_id, agent, statuses[s]) for s in batch], lease=lease)
+    assert caught.value.current == "ended" and "ended with its agent_done" in str(caught.value)
+    assert stored(redis_client, keys) == before
+    assert states(coordinator) == {agent: TaskState.LEASED}
+
+
+def test_after_an_ok_agent_done_only_its_ok_result_is_accepted(
+    worker: RedisCheckpointBackend, coordinator: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    """The ok agent_done is the lease's commit point: its ok result may follow (the demo writes
+    it so), a result that is not ok or another agent_done would undo it and is refused."""
+    (agent,) = submit(coordinator, 1)
+    lease = claim(worker)
+    worker.append_event(done(run_id, agent), lease=lease)
+    with pytest.raises(LeaseLostError):
+        worker.upsert_agent_result(result(agent, "error"), lease=lease)
+    with pytest.raises(LeaseLostError):
+        worker.append_event(done(run_id, agent, AgentStatus.ERROR), lease=lease)
+    worker.upsert_agent_result(result(agent), lease=lease)
+    worker.append_event(Log(run_id=run_id, agent_id=agent, level=LogLevel.INFO, msg="bye"),
+                        lease=lease)  # fmt: skip
+    cp = worker.get_checkpoint()  # (its own writes are in its cache)
+    assert cp is not None and cp.agent_results[agent].status == "ok"
+    assert states(coordinator) == {agent: TaskState.DONE}
+
+
+def test_after_a_failed_agent_done_no_ok_result_is_accepted(
+    worker: RedisCheckpointBackend, coordinator: RedisCheckpointBackend, run_id: uuid.UUID
+) -> None:
+    (agent,) = submit(coordinator, 1)
+    lease = claim(worker)
+    worker.append_event(done(run_id, agent, AgentStatus.ERROR), lease=lease)
+    worker.upsert_agent_result(result(agent, "error"), lease=lease)  # its own outcome: fine
+    with pytest.raises(LeaseLostError):
+        worker.upsert_agent_result(result(agent), lease=lease)  # would make the task done
+    assert states(coordinator) == {agent: TaskState.READY}
+
+
+def test_a_blocked_claim_of_a_backend_without_watch_wakes_on_submit(
+    make_frontend_backend: Callable[..., Any],
+) -> None:
+    """``watch=False``: the claim follows the run's notices while it waits, so a submit wakes
+    it at once, not at its timeout."""
+    coordinator = make_frontend_backend(watch=False)
+    worker = make_frontend_backend(watch=False)
+    run_id = uuid.uuid4()
+    coordinator.init_run(run_id, "wake", "/d")
+    worker.open_run(run_id)
+    got: list[Any] = []
+    waiting = threading.Thread(target=lambda: got.append(
+        worker.claim_agent("w", lease_for=30.0, timeout=20.0)))  # fmt: skip
+    waiting.start()
+    time.sleep(0.3)
+    (agent,) = submit(coordinator, 1)
+    submitted = time.monotonic()
+    waiting.join(10)
+    assert not waiting.is_alive() and got and got[0] is not None
+    assert got[0].agent_id == agent
+    assert time.monotonic() - submitted < 2.0
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda b: b.claim_agent("w", lease_for=1e17), "lease_for"),
+        (lambda b: b.claim_agent("w", lease_for=float("nan")), "lease_for"),
+        (lambda b: b.claim_agent("w", timeout=float("nan")), "timeout"),
+        (lambda b: b.submit_agents([AgentTask(uuid.uuid4(), 0)], max_attempts=10**30),
+         "max_attempts"),
+        (lambda b: b.submit_agents([AgentTask(uuid.uuid4(), 0)], max_attempts=0),
+         "max_attempts"),
+    ],
+)  # fmt: skip
+def test_lease_numbers_out_of_range_are_refused_before_any_io(
+    make_frontend_backend: Callable[..., Any], call: Callable[[Any], Any], field: str
+) -> None:
+    backend = make_frontend_backend(watch=False)
+    backend.init_run(uuid.uuid4(), "ranges", "/d")
+    version = backend.version
+    with pytest.raises(ValidationError) as caught:
+        call(backend)
+    assert caught.value.field == field
+    assert backend.sync() is not None and backend.version == version
+
+
+@pytest.mark.parametrize("value", [0, -1, 10**30, 2.5, True])
+def test_a_backend_refuses_max_attempts_out_of_range(
+    frontend_backend_type: Any, frontend_client: Any, value: Any
+) -> None:
+    with pytest.raises(ValidationError, match="max_attempts"):
+        frontend_backend_type(frontend_client, watch=False, max_attempts=value)
