@@ -73,6 +73,7 @@ from .cli_common import (
     CommandFailed,
     add_connection,
     connect,
+    not_redis,
     parse_run_id,
     redact_url,
 )
@@ -415,9 +416,6 @@ def _cmd_events(args: argparse.Namespace) -> int:
                 print(line, flush=args.follow)
         except KeyboardInterrupt:  # the way out of --follow: not an error
             pass
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            with contextlib.suppress(OSError):
-                sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit
     return EXIT_OK
 
 
@@ -452,8 +450,9 @@ def _cmd_agents(args: argparse.Namespace) -> int:
         _open_run(backend, args)
         tasks = backend.agent_tasks()
         now = _server_time(backend)
-    if args.json:
-        print(dumps([task.to_json() for task in tasks]))
+    if args.json:  # JSON lines, as every --json: one task per line
+        for task in tasks:
+            print(dumps(task.to_json()))
         return EXIT_OK
     if tasks:
         _print(live.task_table(tasks, now))
@@ -533,8 +532,9 @@ def _cmd_web(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] in ("starlette", "uvicorn", "sse_starlette"):
             raise CommandFailed(
-                f"the web view needs the 'web' extra (missing module {exc.name}): "
-                "pip install 'luft-redis[web]'", EXIT_UNREACHABLE,
+                f"the web view needs the 'web' extra (missing module {exc.name}): from a "
+                "checkout of luft-redis (it is not on PyPI yet), pip install '.[web]'",
+                EXIT_UNREACHABLE,
             ) from exc  # fmt: skip
         raise
     token = args.token if args.token is not None else os.environ.get(_WEB_TOKEN_ENV) or None
@@ -778,7 +778,13 @@ def main(argv: list[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         try:
-            return handler(args)
+            code = handler(args)
+            sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
+            return code
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
         except Exception as exc:  # a refused password, ACL or certificate first
             refused = _refusal(exc, args)
             if refused is None:
@@ -801,6 +807,8 @@ def _failure(args: argparse.Namespace, exc: Exception) -> tuple[str, int]:
         return (f"Redis at {redact_url(args.redis)} refused the credentials or the permission "
                 f"(check the user and password in the URL, and the ACL): {auth}",
                 EXIT_FAILURE)  # fmt: skip
+    if isinstance(exc, redis.exceptions.InvalidResponse):
+        return str(not_redis(args.redis, exc)), EXIT_UNREACHABLE
     if isinstance(exc, (ConnectionError, redis.exceptions.ConnectionError,
                         redis.exceptions.TimeoutError, redis.exceptions.RedisClusterException)):
         return f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE

@@ -35,6 +35,7 @@ __all__ = [
     "add_connection",
     "client_kwargs",
     "connect",
+    "not_redis",
     "parse_run_id",
     "redact_url",
 ]
@@ -92,15 +93,28 @@ def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
+def not_redis(url: str, exc: BaseException) -> CommandFailed:
+    """The failure of a command whose server at ``url`` does not speak Redis."""
+    return CommandFailed(f"{redact_url(url)} is not a Redis server (it answered: {exc})",
+                         EXIT_UNREACHABLE)  # fmt: skip
+
+
 def connect(args: argparse.Namespace) -> Any:
-    """A client for ``--redis`` (a ``RedisCluster`` with ``--cluster``)."""
+    """A client for ``--redis`` (a ``RedisCluster`` with ``--cluster``), checked with one PING:
+    an unreachable server, one that is not Redis, or one that refuses this client fails here,
+    before the command starts (the caller maps a refusal to :data:`EXIT_REFUSED`)."""
     url: str = args.redis
+    client: Any
     try:
         if args.cluster:
-            return redis.cluster.RedisCluster.from_url(url, **client_kwargs(args))
-        client = redis.Redis.from_url(url, **client_kwargs(args))
-        warn_needless_password(url, args)
+            client = redis.cluster.RedisCluster.from_url(url, **client_kwargs(args))
+        else:
+            client = redis.Redis.from_url(url, **client_kwargs(args))
+            warn_needless_password(url, args)
+        client.ping()
         return client
+    except redis.exceptions.InvalidResponse as exc:
+        raise not_redis(url, exc) from exc
     except (
         redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,

@@ -537,6 +537,8 @@ class Coordinator:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.killed: Victim | None = None
         self.paused: Victim | None = None
+        self.stopped_by: str | None = None
+        """The run's status when another process stopped it (``luft-redis cancel``)."""
         self.display = Display(out, self.plan, 0.5 if args.fast else 2.0)
         self.phase_timeout = 60.0 if args.fast else 300.0
         self.events: list[AgentEvent] = []
@@ -630,6 +632,8 @@ class Coordinator:
         except BaseException:
             with contextlib.suppress(Exception):
                 self.backend.cancel()  # the workers see it and stop
+            if self.stopped_by is not None:
+                self.print_inspect()  # it is kept where it can be: say how to look at it
             raise
         finally:
             self.display.finish()
@@ -672,6 +676,10 @@ class Coordinator:
         while True:
             version = self.backend.version
             cp = self.checkpoint()
+            if cp.status is not CheckpointStatus.RUNNING:  # `luft-redis cancel`, elsewhere
+                self.stopped_by = cp.status.value
+                raise DemoError(f"the run was {cp.status.value} by another process (luft-redis "
+                                f"cancel?) in phase {p}; the demo stops here")  # fmt: skip
             tasks = self.read_tasks()
             self.display.update(cp, p, self.alive(), len(self.procs))
             self.follow_victims(tasks)
@@ -927,7 +935,7 @@ class Coordinator:
                       "Put redis-server on PATH (or pass --redis URL) and --keep to inspect it "
                       "afterwards.")  # fmt: skip
             return
-        if not self.args.keep:
+        if not self.keeps_run:
             what = ("its keys are deleted" if tgt.kind == "given"
                     else "the private redis-server is stopped")  # fmt: skip
             self.emit(f"The run is gone: {what} at exit. Run the demo with --keep to keep it "
@@ -960,8 +968,14 @@ class Coordinator:
                         f'XREVRANGE "{self.keys.events}" + - COUNT 5'):  # fmt: skip
             self.emit(f"  {cli} {command}")
 
+    @property
+    def keeps_run(self) -> bool:
+        """The run stays after the demo: --keep, or another process stopped it on a Redis
+        the demo was given (it is theirs to inspect)."""
+        return self.args.keep or (self.stopped_by is not None and self.target.kind == "given")
+
     def cleanup(self) -> None:
-        if not self.args.keep:
+        if not self.keeps_run:
             with contextlib.suppress(Exception):
                 self.backend.delete_run(self.run_id)  # its keys and its run-index entry
         with contextlib.suppress(Exception):

@@ -39,13 +39,15 @@ TICK: Final = 1.0
 """Seconds between redraws while nothing changes (the clock); changes redraw at once."""
 
 
-def _entry_time(entry_id: str) -> str:
-    """The wall-clock time of a stream entry id (``<ms>-<seq>``), UTC, to the millisecond."""
-    try:
-        ms = int(entry_id.partition("-")[0])
-        stamp = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-    except (ValueError, OverflowError, OSError):
-        return entry_id
+def _event_time(entry_id: str, event: t.AgentEvent) -> str:
+    """When ``event`` happened, UTC, to the millisecond: its own ``ts`` when it has one (an
+    imported log keeps it), else the time its stream entry was appended (``<ms>-<seq>``)."""
+    stamp = getattr(event, "ts", None)
+    if not isinstance(stamp, dt.datetime):
+        try:
+            stamp = dt.datetime.fromtimestamp(int(entry_id.partition("-")[0]) / 1000, dt.UTC)
+        except (ValueError, OverflowError, OSError):
+            return entry_id
     return stamp.strftime("%Y-%m-%d %H:%M:%S.") + f"{stamp.microsecond // 1000:03d}"
 
 
@@ -60,7 +62,8 @@ def one_line(value: Any, limit: int = _WIDTH) -> str:
 
 
 def event_line(entry_id: str, event: t.AgentEvent) -> str:
-    """One readable line: time (from the entry id), entry id, type, then its main fields."""
+    """One readable line: time (the event's own, else its append's), entry id, type, then its
+    main fields."""
     obj = event.to_json()
     if isinstance(event, t.AgentDone):
         obj["tokens"] = event.tokens.total()
@@ -72,7 +75,7 @@ def event_line(entry_id: str, event: t.AgentEvent) -> str:
         f"{name}={one_line(obj[name])}" for name in names
         if name not in _SKIP and obj[name] is not None and obj[name] != [] and obj[name] != {}
     )  # fmt: skip
-    return f"{_entry_time(entry_id)}  {entry_id:<17} {event.TYPE:<16} {fields}".rstrip()
+    return f"{_event_time(entry_id, event)}  {entry_id:<17} {event.TYPE:<16} {fields}".rstrip()
 
 
 def follow_events(

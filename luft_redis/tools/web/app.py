@@ -50,8 +50,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ... import index
-from ...errors import CorruptDataError, LuftRedisError
+from ...errors import AccessError, CorruptDataError, LuftRedisError
 from ...keys import run_keys
+from ...retry import is_access_error
 from ..cli import decode_page, dumps, event_json, run_row_json
 from ..live import one_line, utc_time
 from .hub import Hubs, RunHub
@@ -205,6 +206,23 @@ class Guard:
 # ------------------------------------------------------------------------------- HTML
 
 
+def _is_entry_id(text: str) -> bool:
+    """``<ms>-<seq>``, each a decimal of at most 2^64-1 (what XRANGE takes as an id)."""
+    ms, dash, seq = text.partition("-")
+    return bool(dash) and all(
+        part.isascii() and part.isdigit() and int(part) < 2**64 for part in (ms, seq))
+
+
+def redis_problem(exc: BaseException) -> str:
+    """What the view says when Redis failed it: refused this client (password, ACL, TLS), or
+    unreachable; one sentence, without the doubled period of an error text that ends in
+    one."""
+    text = str(exc).rstrip(". ")
+    if isinstance(exc, AccessError) or is_access_error(exc):
+        return f"Redis refused the web view's client: {text}"
+    return f"Redis is unreachable: {text}"
+
+
 def _e(value: object) -> str:
     """Escaped text for HTML (every value that came from Redis goes through here)."""
     return html.escape("" if value is None else str(value), quote=True)
@@ -333,7 +351,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             return await hubs.acquire(run_id)
         except Exception as exc:
             logger.warning("opening run %s failed: %s", run_id, exc)
-            return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
+            return JSONResponse({"error": redis_problem(exc)}, 503)
 
     async def hub_of(request: Request) -> RunHub | Response:
         """The hub of the run the request names, or the error response (404 for a bad or
@@ -361,7 +379,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             banner = f"<div class=\"banner\" id=\"banner\">Corrupt data: {_e(exc)}</div>"
             code = 500
         except Exception as exc:
-            banner = (f"<div class=\"banner\" id=\"banner\">Redis is unreachable: {_e(exc)}. "
+            banner = (f"<div class=\"banner\" id=\"banner\">{_e(redis_problem(exc))}. "
                       "Reload to try again.</div>")
             code = 503
         parts = [banner, "<h1>Runs</h1><ul class=\"counts\" id=\"counts\">"]
@@ -447,8 +465,8 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                 run_keys(config.prefix, run_id).run, ["task", "status"])  # fmt: skip
         except Exception as exc:
             return HTMLResponse(_page("Redis unreachable", "<div class=\"banner\" "
-                                      f"id=\"banner\">Redis is unreachable ({_e(exc)}): "
-                                      "reload to try again.</div>"), 503)  # fmt: skip
+                                      f"id=\"banner\">{_e(redis_problem(exc))}. "
+                                      "Reload to try again.</div>"), 503)  # fmt: skip
         if raw_status is None:
             return HTMLResponse(_page("Not found", f"<p>No run {run_id} under prefix "
                                       f"{_e(config.prefix)}.</p>"), 404)  # fmt: skip
@@ -492,7 +510,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         except CorruptDataError as exc:
             return JSONResponse({"error": str(exc)}, 500)
         except Exception as exc:
-            return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
+            return JSONResponse({"error": redis_problem(exc)}, 503)
         age = 0.0 if counts.exact else (time.monotonic() - counts.at if counts.at else None)
         body = {"runs": [run_row_json(r) for r in rows], "indexed": indexed, "more": more,
                 "page": page, "counts": counts.counts, "counts_exact": counts.exact,
@@ -532,15 +550,15 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         if run_id is None:
             return JSONResponse({"error": "not a run id"}, 404)
         before = request.query_params.get("before", "+")
-        if before != "+" and not all(part.isdigit() for part in before.split("-", 1)):
-            return JSONResponse({"error": "before: not a stream entry id"}, 400)
+        if before != "+" and not _is_entry_id(before):
+            return JSONResponse({"error": "before: not a stream entry id (<ms>-<seq>)"}, 400)
         count = min(max(1, _int_arg(request, "count", LOG_PAGE)), 1000)
         key = run_keys(config.prefix, run_id).events
         upper = before if before == "+" else f"({before}"
         try:
             page = await async_client.xrevrange(key, max=upper, min="-", count=count)
         except Exception as exc:
-            return JSONResponse({"error": f"Redis unreachable: {exc}"}, 503)
+            return JSONResponse({"error": redis_problem(exc)}, 503)
         try:  # every stored format (a log upgraded in flight holds two)
             events = [event_json(eid, event) for eid, event in decode_page(run_id, key, page)]
         except LuftRedisError as exc:

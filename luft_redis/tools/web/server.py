@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import ipaddress
 import logging
+import socket
 import sys
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 
 from ...connect import make_async_client
-from ..cli_common import EXIT_OK, EXIT_UNREACHABLE, connect
+from ..cli_common import EXIT_OK, EXIT_UNREACHABLE, CommandFailed, connect
 from .app import WebConfig, create_app
 
 __all__ = ["is_loopback", "serve"]
@@ -34,7 +37,7 @@ def _url(host: str, port: int, token: str | None) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     if ":" in shown:
         shown = f"[{shown}]"
-    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    return f"http://{shown}:{port}/" + (f"?token={quote(token, safe='')}" if token else "")
 
 
 def serve(args: argparse.Namespace, *, token: str | None) -> int:
@@ -51,8 +54,33 @@ def serve(args: argparse.Namespace, *, token: str | None) -> int:
     return asyncio.run(_main(args, config))
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one clear line (exit 2)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise CommandFailed(f"cannot listen on {host}:{port}: {exc}", EXIT_UNREACHABLE) from exc
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        why = "the port is in use" if exc.errno == errno.EADDRINUSE else str(exc)
+        raise CommandFailed(f"cannot listen on {host}:{port}: {why} (choose another with --port)",
+                            EXIT_UNREACHABLE) from exc  # fmt: skip
+    return sock
+
+
 async def _main(args: argparse.Namespace, config: WebConfig) -> int:
-    sync_client = connect(args)
+    sock = _listen(config.host, config.port)
+    try:
+        sync_client = connect(args)
+    except BaseException:
+        sock.close()
+        raise
     kwargs: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 15.0}
     if args.tls_ca_cert:
         kwargs["ssl_ca_certs"] = args.tls_ca_cert
@@ -61,15 +89,15 @@ async def _main(args: argparse.Namespace, config: WebConfig) -> int:
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", lifespan="on",
                                            timeout_graceful_shutdown=1))  # fmt: skip
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
             port = config.port
             for listener in server.servers:
-                for sock in listener.sockets:
-                    port = sock.getsockname()[1]
+                for bound in listener.sockets:
+                    port = bound.getsockname()[1]
             print(f"luft-redis web: serving prefix {config.prefix!r} "
                   f"({'cancel allowed' if config.allow_cancel else 'read-only'}); open "
                   f"{_url(config.host, port, config.token)}", flush=True)  # fmt: skip
