@@ -53,9 +53,9 @@ from ... import index
 from ...errors import AccessError, CorruptDataError, LuftRedisError
 from ...keys import run_keys
 from ...retry import is_access_error
-from ..cli import decode_page, dumps, event_json, run_row_json
+from ..cli import decode_page, dumps, run_row_json
 from ..live import one_line, utc_time
-from .hub import Hubs, RunHub
+from .hub import PAGE_BYTES, Hubs, RunHub, event_text
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
 
@@ -68,6 +68,8 @@ PAGE_SIZE: Final = 50
 MAX_ROWS: Final = 10_000
 """The deepest row the runs page pages to (read_page reads up to page * size rows)."""
 SEARCH_DEPTH: Final = 1000
+_RUN_COLUMNS: Final = ("task", "run", "status", "phase", "agents", "ok", "failed", "running",
+                       "tokens", "started (UTC)", "last change (UTC)")
 """A text search looks at the newest this many runs (of the status filter)."""
 COUNTS_MAX_AGE: Final = 15.0
 """Only while some indexed runs lack a kept status (indexed by an older version): seconds the
@@ -140,7 +142,11 @@ class Guard:
         self.names = config.host_names()
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "websocket":  # the view serves none: refused before any check
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
@@ -167,7 +173,8 @@ class Guard:
             if (given is not None and scope["method"] == "GET"
                     and hmac.compare_digest(given.encode(), token.encode())):  # fmt: skip
                 rest = urlencode([(k, v) for k, v in query.items() if k != "token"])
-                target = scope["path"] + (f"?{rest}" if rest else "")
+                # a path of this server, never "//host/...": a redirect off-site
+                target = "/" + scope["path"].lstrip("/\\") + (f"?{rest}" if rest else "")
                 response: Response = RedirectResponse(target, 303)
                 response.set_cookie(COOKIE, self.config.session_value(), httponly=True,
                                     samesite="strict", path="/")  # fmt: skip
@@ -264,15 +271,16 @@ class _Runs:
     async def page(self, status: str, text: str, page: int) -> tuple[
             list[index.IndexRow], int, bool]:  # fmt: skip
         """(rows of page ``page``, runs indexed, whether a next page exists) of the runs of
-        ``status`` (any status when it names none). A text search filters the newest
-        :data:`SEARCH_DEPTH` runs."""
+        ``status`` (any status when it names none). A text search (in the task, or
+        the start of the run id) filters the newest :data:`SEARCH_DEPTH` runs."""
         end = (page + 1) * PAGE_SIZE
         limit = SEARCH_DEPTH if text else min(MAX_ROWS, end + 1)
         statuses = [status] if status in index.STATUSES else []
         found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
                                         limit=limit, statuses=statuses)  # fmt: skip
-        needle = text.casefold()
-        rows = [r for r in found.rows if needle in r.task.casefold()] if text else found.rows
+        needle = text.casefold().strip()
+        rows = [r for r in found.rows if needle in r.task.casefold()
+                or str(r.run_id).startswith(needle)] if text else found.rows  # fmt: skip
         return rows[end - PAGE_SIZE:end], found.indexed, len(rows) > end
 
     async def status_counts(self) -> _Counts:
@@ -405,30 +413,35 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         for name in index.STATUSES:
             selected = " selected" if name == status else ""
             parts.append(f"<option{selected}>{name}</option>")
-        parts.append(f"</select></label> <label>task contains <input name=\"q\" "
+        parts.append(f"</select></label> <label>task or run id <input name=\"q\" "
                      f"value=\"{_e(text)}\"></label> <button>Filter</button></form>")
-        parts.append("<table class=\"runs\" id=\"runs\"><thead><tr><th>task</th><th>status</th>"
-                     "<th>phase</th><th>agents</th><th>ok</th><th>failed</th><th>running</th>"
-                     "<th>tokens</th><th>started (UTC)</th><th>last change (UTC)</th></tr>"
-                     "</thead><tbody>")  # fmt: skip
+        parts.append("<table class=\"runs stack\" id=\"runs\"><thead><tr>"
+                     + "".join(f"<th>{name}</th>" for name in _RUN_COLUMNS)
+                     + "</tr></thead><tbody>")  # fmt: skip
         counted = False
         for row in rows:
             if row.problem:
-                agents = (f"<td colspan=\"3\" class=\"corrupt\" title=\"{_e(row.problem)}\">"
-                          "corrupt counters</td>")  # fmt: skip
+                agents = (f"<td colspan=\"3\" data-label=\"ok\" class=\"corrupt\" "
+                          f"title=\"{_e(row.problem)}\">corrupt counters</td>")  # fmt: skip
             else:
                 mark = "<sup>*</sup>" if row.counted else ""
                 counted = counted or row.counted
-                agents = (f"<td class=\"a-ok\">{row.agents_ok}{mark}</td>"
-                          f"<td class=\"a-failed\">{row.agents_failed}{mark}</td>"
-                          f"<td class=\"a-running\">{row.agents_running}{mark}</td>")
+                agents = (f"<td data-label=\"ok\" class=\"a-ok\">{row.agents_ok}{mark}</td>"
+                          f"<td data-label=\"failed\" class=\"a-failed\">"
+                          f"{row.agents_failed}{mark}</td>"
+                          f"<td data-label=\"running\" class=\"a-running\">"
+                          f"{row.agents_running}{mark}</td>")  # fmt: skip
             parts.append(
-                f"<tr data-run=\"{row.run_id}\"><td><a href=\"/runs/{row.run_id}\">"
-                f"{_e(one_line(row.task, 80)) or '(no task)'}</a></td>"
-                f"<td class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
-                f"<td>{row.current_phase}</td><td class=\"a-all\">{row.agents}</td>{agents}"
-                f"<td>{row.total_tokens:,}</td><td>{utc_time(row.created_at)}</td>"
-                f"<td>{utc_time(row.updated_at)}</td></tr>")  # fmt: skip
+                f"<tr data-run=\"{row.run_id}\"><td data-label=\"task\">"
+                f"<a href=\"/runs/{row.run_id}\">{_e(one_line(row.task, 80)) or '(no task)'}"
+                f"</a></td><td data-label=\"run\" class=\"run-id\" title=\"{row.run_id}\">"
+                f"<a href=\"/runs/{row.run_id}\">{str(row.run_id)[:8]}</a></td>"
+                f"<td data-label=\"status\" class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
+                f"<td data-label=\"phase\">{row.current_phase}</td>"
+                f"<td data-label=\"agents\" class=\"a-all\">{row.agents}</td>{agents}"
+                f"<td data-label=\"tokens\">{row.total_tokens:,}</td>"
+                f"<td data-label=\"started\">{utc_time(row.created_at)}</td>"
+                f"<td data-label=\"last change\">{utc_time(row.updated_at)}</td></tr>")  # fmt: skip
         parts.append("</tbody></table>")
         if counted:
             parts.append("<p class=\"note\" id=\"rows-note\"><sup>*</sup> a run written by an "
@@ -488,9 +501,10 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
 <section class="charts"><div><h2>Tokens over time</h2><div id="chart-tokens"></div></div>
 <div><h2>Agents finished over time</h2><div id="chart-agents"></div></div></section>
 <section><h2>Agents <span id="agents-count" class="note"></span></h2>
-<table class="agents" id="agents"><thead><tr><th>agent</th><th>phase</th><th>status</th>
-<th>model</th><th>role</th><th>tokens</th><th>elapsed</th><th>retries</th><th>holder</th>
-<th>attempt</th><th>lease expires</th></tr></thead><tbody></tbody></table>
+<p class="note" id="tasks"></p>
+<table class="agents stack" id="agents"><thead><tr><th>agent</th><th>phase</th>
+<th>status</th><th>model</th><th>role</th><th>tokens</th><th>elapsed</th><th>retries</th>
+<th>holder</th><th>attempt</th><th>lease expires</th></tr></thead><tbody></tbody></table>
 <nav class="pager"><button id="agents-prev" type="button">← previous</button>
 <span id="agents-page"></span><button id="agents-next" type="button">next →</button></nav>
 </section>
@@ -559,12 +573,20 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
             page = await async_client.xrevrange(key, max=upper, min="-", count=count)
         except Exception as exc:
             return JSONResponse({"error": redis_problem(exc)}, 503)
-        try:  # every stored format (a log upgraded in flight holds two)
-            events = [event_json(eid, event) for eid, event in decode_page(run_id, key, page)]
+        texts: list[str] = []
+        size = 0
+        try:  # every stored format (a log upgraded in flight holds two); newest first here
+            for eid, event in reversed(decode_page(run_id, key, page)):
+                text = event_text(eid, event)
+                size += len(text)
+                if texts and size > PAGE_BYTES:  # the older rest: the next page
+                    break
+                texts.append(text)
         except LuftRedisError as exc:
             return JSONResponse({"error": str(exc)}, 500)
-        return Response(dumps({"events": events, "more": len(page) == count}),
-                        media_type="application/json")
+        more = len(texts) < len(page) or len(page) == count
+        return Response(f'{{"events":[{",".join(reversed(texts))}],"more":{dumps(more)}}}',
+                        media_type="application/json")  # (oldest first)
 
     async def api_cancel(request: Request) -> Response:
         if not config.allow_cancel:

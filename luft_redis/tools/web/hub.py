@@ -36,11 +36,12 @@ from ...asyncio import AsyncRedisCheckpointBackend
 from ...errors import LuftRedisError
 from ...keys import run_keys
 from ...retry import NO_RETRY
-from ...tasks import TaskInfo
+from ...tasks import TaskInfo, TaskState
 from ...wire import entry_id
 from ..cli import dumps, event_json, show_json
 
-__all__ = ["AGENTS_PAGE", "EVENT_RING", "Hubs", "RunHub", "Viewer"]
+__all__ = ["AGENTS_PAGE", "EVENT_BYTES", "EVENT_RING", "PAGE_BYTES", "Hubs", "RunHub", "Viewer",
+           "event_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,17 @@ FINDINGS_PER_SEVERITY: Final = 50
 CHART_POINTS: Final = 120
 """At most this many points per chart line (downsampled from the aggregates)."""
 
+EVENT_BYTES: Final = 64 * 1024
+"""The largest event message the view sends: a bigger event is sent cut (its large fields
+shortened, ``"cut": true``); ``luft-redis events --json`` has it whole."""
+
+FIELD_BYTES: Final = 2048
+"""What is kept of each large field of a cut event."""
+
+PAGE_BYTES: Final = 1024 * 1024
+"""The most event bytes one log page or one event-stream chunk carries: older events wait for
+the next page (``more``), or are reported skipped to a viewer that fell behind."""
+
 KEEPALIVE: Final = 15.0
 """Seconds of silence after which an event stream sends a comment line."""
 
@@ -106,6 +118,8 @@ class _Aggregates:
     agents: dict[uuid.UUID, _Agent] = field(default_factory=dict)
     token_points: list[tuple[float, int]] = field(default_factory=list)
     done_points: list[tuple[float, int]] = field(default_factory=list)
+    """(time, agents finished): each agent counted once, at its first agent_done."""
+    finished: set[uuid.UUID] = field(default_factory=set)
     events: int = 0
 
     def add(self, event: t.AgentEvent) -> None:
@@ -131,7 +145,9 @@ class _Aggregates:
             when = event.ts.timestamp()
             total = self.token_points[-1][1] if self.token_points else 0
             self.token_points.append((when, total + usage.input + usage.output))
-            self.done_points.append((when, len(self.done_points) + 1))
+            if event.agent_id not in self.finished:  # an agent, not an attempt
+                self.finished.add(event.agent_id)
+                self.done_points.append((when, len(self.finished)))
 
 
 def _downsample(points: list[tuple[float, int]], most: int = CHART_POINTS) -> list[list[float]]:
@@ -153,11 +169,28 @@ def _stream_id(raw: Any) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def event_text(entry_id: str, event: Any) -> str:
+    """The web view's JSON of one event: ``show``'s form, or when that is over
+    :data:`EVENT_BYTES`, the same with each large field cut to :data:`FIELD_BYTES` and
+    ``"cut": true`` (agent output is untrusted and unbounded: a page stays small)."""
+    obj = event_json(entry_id, event)
+    text = dumps(obj)
+    if len(text) <= EVENT_BYTES:
+        return text
+    for name, value in obj.items():
+        whole = value if isinstance(value, str) else dumps(value)
+        if len(whole) > FIELD_BYTES:
+            obj[name] = (f"{whole[:FIELD_BYTES]}… (cut: {len(whole):,} characters; "
+                         "luft-redis events --json shows it whole)")  # fmt: skip
+    obj["cut"] = True
+    return dumps(obj)
+
+
 def _text(item: list[Any]) -> str:
     """The ``event`` message text of a ring item (made once)."""
     if item[2] is None:
         entry = item[1]
-        item[2] = dumps(event_json(entry.id, entry.event))
+        item[2] = event_text(entry.id, entry.event)
     text: str = item[2]
     return text
 
@@ -358,6 +391,8 @@ class RunHub:
         order = list(cp.started_agent_ids)
         seen = set(order)
         order.extend(a for a in cp.agent_results if a not in seen)
+        seen.update(cp.agent_results)
+        order.extend(a for a in by_task if a not in seen)  # submitted, never started yet
         rows: list[dict[str, Any]] = []
         phases: dict[int, dict[str, Any]] = {}
         for summary in cp.completed_phases:
@@ -369,11 +404,14 @@ class RunHub:
             phase_id = result.phase_id if result else (
                 info.phase_id if info.phase_id is not None
                 else (task.phase_id if task else None))  # fmt: skip
-            status = result.status if result else "running"
+            status = result.status if result else (
+                "running" if agent_id in self.agg.agents or task is None
+                or task.state is TaskState.LEASED else task.state.value)  # ready, dead
             if phase_id is not None:
                 phase = phases.setdefault(phase_id, _phase(phase_id))
-                key = "ok" if status == "ok" else ("running" if result is None else "failed")
-                phase[key] += 1
+                if result is not None or status == "running":
+                    phase["ok" if status == "ok" else ("running" if result is None
+                                                       else "failed")] += 1  # fmt: skip
             elapsed: float | None = None
             if info.elapsed_ms is not None:
                 elapsed = info.elapsed_ms / 1000
@@ -410,6 +448,8 @@ class RunHub:
             "chart": {"tokens": _downsample(self.agg.token_points),
                       "agents": _downsample(self.agg.done_points)},
             "agents_total": len(rows), "agents_page_size": AGENTS_PAGE,
+            "tasks": {state.value: sum(1 for info in tasks if info.state is state)
+                      for state in TaskState} | {"lapsed": sum(info.lapsed for info in tasks)},
             "log_complete": self.caught_up, "events_seen": self.agg.events,
         }  # fmt: skip
         self._base = base
@@ -481,7 +521,15 @@ class RunHub:
         if skipped:
             parts.append("event: skipped\ndata: {}\n\n")
         fresh = min(max(0, last - first), len(self.ring))
-        newest = list(itertools.islice(reversed(self.ring), fresh))
+        newest: list[list[Any]] = []
+        size = 0
+        for item in itertools.islice(reversed(self.ring), fresh):
+            size += len(_text(item))
+            if newest and size > PAGE_BYTES:  # the older ones: "older events" has them
+                if not skipped:
+                    parts.append("event: skipped\ndata: {}\n\n")
+                break
+            newest.append(item)
         parts.extend(f"event: event\ndata: {_text(item)}\n\n" for item in reversed(newest))
         if with_state:
             parts.append(f"event: state\ndata: {self.state_text(page)}\n\n")

@@ -35,6 +35,9 @@
     return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " m";
   }
   function when(unix) { return unix ? new Date(unix * 1000).toISOString().replace(".000", "") : ""; }
+  const AGENT_COLUMNS = ["agent", "phase", "status", "model", "role", "tokens", "elapsed", "retries",
+    "holder", "attempt", "lease expires"];
+  const names = new Map(); // agent id -> name, from agent_started events and the agents table
   function statusClass(s) { return "st-" + String(s).replace(/[^a-z_]/g, ""); }
 
   let state = null;
@@ -109,8 +112,11 @@
     const age = Math.max(0, Date.now() / 1000 + skew - (v.as_of || 0));
     const live = v.fresh && v.redis_ok && source && source.readyState === 1;
     const node = $("age");
-    node.textContent = live ? "live" : "not live: data as of " + secs(age) + " ago";
+    const finished = state.status && state.status !== "running";
+    if (live && finished) node.textContent = "run " + state.status + ": nothing more will change";
+    else node.textContent = live ? "live" : "not live: data as of " + secs(age) + " ago";
     node.classList.toggle("stale", !live);
+    node.classList.toggle("final", live && finished);
   }
 
   // ---------------------------------------------------------------- phases, charts
@@ -144,7 +150,7 @@
     const box = $(target);
     clear(box);
     if (!points || !points.length) { box.appendChild(el("p", "note", "nothing yet")); return; }
-    const W = 420, H = 140, P = 30;
+    const W = 420, H = 140, P = 40;
     const t0 = points[0][0], t1 = Math.max(points[points.length - 1][0], t0 + 1);
     const ymax = Math.max(points[points.length - 1][1], 1);
     const xs = (t) => P + (W - 2 * P) * (t - t0) / (t1 - t0);
@@ -158,8 +164,23 @@
     for (const [t, y] of points) { d += (d ? " " : "") + xs(t).toFixed(1) + "," + ys(prev).toFixed(1) +
       " " + xs(t).toFixed(1) + "," + ys(y).toFixed(1); prev = y; }
     s.appendChild(svg("polyline", { points: d, class: "line" }));
-    const top = svg("text", { x: P + 4, y: P - 8, class: "tick" }); top.textContent = num(ymax); s.appendChild(top);
-    const right = svg("text", { x: W - P, y: H - P + 16, class: "tick end" }); right.textContent = secs(t1 - t0); s.appendChild(right);
+    // ticks: 0, the middle and the end of each axis (the middle one only when it differs)
+    const yl = [0, 0.5, 1].map((f) => num(Math.round(ymax * f)));
+    const xl = [0, 0.5, 1].map((f) => secs((t1 - t0) * f));
+    [0, 0.5, 1].forEach((f, i) => {
+      if (i === 1 && (yl[1] === yl[0] || yl[1] === yl[2])) return;
+      const y = ys(ymax * f);
+      s.appendChild(svg("line", { x1: P - 4, y1: y, x2: P, y2: y, class: "axis" }));
+      const label = svg("text", { x: P - 6, y: y + 3, class: "tick end" });
+      label.textContent = yl[i]; s.appendChild(label);
+    });
+    [0, 0.5, 1].forEach((f, i) => {
+      if (i === 1 && (xl[1] === xl[0] || xl[1] === xl[2])) return;
+      const x = xs(t0 + (t1 - t0) * f);
+      s.appendChild(svg("line", { x1: x, y1: H - P, x2: x, y2: H - P + 4, class: "axis" }));
+      const label = svg("text", { x: x, y: H - P + 16, class: ["tick", "tick mid", "tick end"][i] });
+      label.textContent = xl[i]; s.appendChild(label);
+    });
     box.appendChild(s);
   }
 
@@ -170,6 +191,7 @@
     for (const a of v.agents || []) {
       const tr = el("tr");
       tr.dataset.agent = a.agent_id;
+      if (a.name) names.set(a.agent_id, a.name);
       const tb = a.token_breakdown;
       const cells = [
         a.name || a.agent_id.slice(0, 8), a.phase_id, a.status, a.model || "", a.role || "",
@@ -179,12 +201,18 @@
       ];
       cells.forEach((c, i) => {
         const td = el("td", i === 2 ? statusClass(c) : null, c);
+        td.dataset.label = AGENT_COLUMNS[i];
         if (i === 0) td.title = a.agent_id;
         tr.appendChild(td);
       });
       body.appendChild(tr);
     }
     $("agents-count").textContent = "(" + num(v.agents_total) + ")";
+    const t = v.tasks || {};
+    const total = ["ready", "leased", "done", "dead"].reduce((n, k) => n + (t[k] || 0), 0);
+    $("tasks").textContent = total ? "tasks: " + num(t.ready) + " ready (waiting for a worker), " +
+      num(t.leased) + " leased" + (t.lapsed ? " (" + num(t.lapsed) + " lapsed)" : "") + ", " +
+      num(t.done) + " done, " + num(t.dead) + " dead" : "";
     $("agents-page").textContent = "page " + (v.agents_page + 1) + " of " + v.agents_pages;
     $("agents-prev").disabled = v.agents_page <= 0;
     $("agents-next").disabled = v.agents_page + 1 >= v.agents_pages;
@@ -211,9 +239,16 @@
   }
 
   // ---------------------------------------------------------------- the log
+  function evTime(e) {
+    // the event's own time, else its append's (the stream entry id's milliseconds), UTC
+    const iso = e.ts || new Date(Number(String(e.id).split("-")[0])).toISOString();
+    return iso.slice(11, 23);
+  }
+  function agentName(id) { return names.get(id) || String(id).slice(0, 8); }
   function eventText(e) {
-    const skip = new Set(["id", "type", "run_id", "ts", "v"]);
+    const skip = new Set(["id", "type", "run_id", "ts", "v", "agent_id", "name"]);
     const parts = [];
+    if (e.agent_id) parts.push("agent=" + agentName(e.agent_id));
     for (const k in e) {
       if (skip.has(k)) continue;
       let val = e[k];
@@ -228,7 +263,9 @@
   function logLine(e) {
     const li = el("li", "ev ev-" + String(e.type).replace(/[^a-z_]/g, ""));
     li.dataset.id = e.id;
-    li.appendChild(el("span", "ev-id", e.id));
+    if (e.agent_id && e.name) names.set(e.agent_id, e.name);
+    li.title = "entry " + e.id + (e.ts ? ", " + e.ts : "") + (e.agent_id ? ", agent " + e.agent_id : "");
+    li.appendChild(el("span", "ev-id", evTime(e)));
     li.appendChild(el("span", "ev-type", e.type));
     li.appendChild(el("span", "ev-text", eventText(e)));
     return li;
@@ -242,6 +279,13 @@
     }
     while (log.childNodes.length > MAX_LOG) { log.removeChild(log.firstChild); oldest = log.firstChild.dataset.id; }
     if (atBottom) log.scrollTop = log.scrollHeight;
+    updateOlder();
+  }
+  let noneOlder = false; // the log API said there is nothing before the oldest shown
+  function updateOlder() {
+    const shown = $("log").childNodes.length;
+    const all = state && state.events !== null && state.events !== undefined ? state.events : null;
+    $("log-older").disabled = noneOlder || (all !== null && shown >= all);
   }
   async function olderEvents() {
     const before = oldest === null ? "+" : oldest;
@@ -253,7 +297,8 @@
     const first = log.firstChild;
     for (const e of body.events) log.insertBefore(logLine(e), first);
     if (body.events.length) oldest = body.events[0].id;
-    $("log-older").disabled = !body.more;
+    noneOlder = !body.more;
+    updateOlder();
   }
 
   // ---------------------------------------------------------------- actions
@@ -280,6 +325,7 @@
     renderAgents(v);
     renderFindings(v);
     renderAge();
+    updateOlder();
     document.body.dataset.version = String(v.version);
   }
   function connect() {
@@ -292,7 +338,8 @@
       // each (re)connection starts with the newest events again: start the log afresh
       clear($("log"));
       oldest = null;
-      $("log-older").disabled = false;
+      noneOlder = false;
+      updateOlder();
       if (state) renderBanner(state);
       renderAge();
     });
