@@ -3,8 +3,9 @@
 - The tools (``luft_redis.tools``) import the library; no module of the library imports a tool
   (``luft_redis/__main__.py``, the ``python -m luft_redis`` entry that nothing imports, is the
   one exception).
-- No modules of the package import each other in a circle (an import inside a function or
-  under ``TYPE_CHECKING`` counts: it is still an arrow).
+- No modules of the package import each other in a circle (an import inside a function,
+  under ``TYPE_CHECKING`` or by ``importlib.import_module("a.literal.name")`` counts: it is
+  still an arrow).
 - The old module paths (``luft_redis.cli``, ``.doctor``, ``.server``, ``.testing``) are gone,
   not re-exported: the package was never released.
 
@@ -54,6 +55,10 @@ def imported(name: str, path: Path) -> Iterator[str]:
             # imports pkg itself
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
                        for a in node.names]  # fmt: skip
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and ast.unparse(node.func) in ("importlib.import_module", "import_module")):
+            targets = [node.args[0].value]  # a dynamic import with a literal name: an arrow too
         else:
             continue
         for target in targets:
@@ -73,6 +78,7 @@ def test_the_arrows_are_read() -> None:
     assert "luft_redis.backend" in ARROWS["luft_redis.tools.testing"]
     assert "luft_redis._version" in ARROWS["luft_redis.tracing"]
     assert "luft_redis.tools.cli" in ARROWS[ENTRY]
+    assert "luft_redis.tools.web.server" in ARROWS["luft_redis.tools.cli"]  # importlib
 
 
 def test_the_library_imports_no_tool() -> None:

@@ -42,9 +42,8 @@ import re
 import sys
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, TextIO
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
 
 import redis
 import redis.exceptions
@@ -61,7 +60,6 @@ from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, exception_chain, is_access_error
 from ..scripts import translate_error
 from ..tasks import TaskState
-from ..wire import decode_entry, entry_id
 from . import cli_interop, cli_retention, live
 from .cli_common import (
     DEFAULT_URL,
@@ -77,8 +75,20 @@ from .cli_common import (
     parse_run_id,
     redact_url,
 )
-from .doctor import ServerReport, check_server
-from .live import utc_time
+from .doctor import check_server
+from .render import (
+    STATUS_STYLE,
+    decode_page,
+    dumps,
+    event_json,
+    event_line,
+    one_line,
+    print_report,
+    run_row_json,
+    show_json,
+    task_table,
+    utc_time,
+)
 
 __all__ = ["DEFAULT_URL", "EXIT_FAILURE", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
 
@@ -120,23 +130,6 @@ def _open_run(backend: RedisCheckpointBackend, args: argparse.Namespace) -> t.Ru
     return cp
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return list(value)
-    if isinstance(value, (uuid.UUID, dt.datetime)):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    raise TypeError(f"cannot serialize {type(value).__name__}")
-
-
-def dumps(value: Any) -> str:
-    """JSON text as the CLI prints it (UUIDs, datetimes and frozen containers included)."""
-    return json.dumps(value, default=_json_default, ensure_ascii=False, sort_keys=False)
-
-
 def _whole(least: int = 0, most: int | None = None) -> Callable[[str], int]:
     """An argparse ``type=``: a whole number, 0 or more, at least ``least``, at most ``most``."""
 
@@ -157,22 +150,6 @@ def _whole(least: int = 0, most: int | None = None) -> Callable[[str], int]:
 
 
 # ---------------------------------------------------------------------------- doctor
-
-
-def print_report(report: ServerReport, out: TextIO) -> None:
-    """Print one line per check, then a verdict."""
-    width = max((len(c.name) for c in report.checks), default=0)
-    for check in report.checks:
-        where = f"[{check.node}] " if check.node else ""
-        print(f"{check.level.upper():<8} {where}{check.name:<{width}}  {check.message}", file=out)
-    counts: Counter[str] = Counter(check.level for check in report.checks)
-    if not report.ok:
-        print(f"\nUNSAFE: {counts['unsafe']} problem(s) can lose checkpoints; fix them first.",
-              file=out)  # fmt: skip
-    else:
-        notes = [f"{counts[level]} {what}" for level, what in
-                 (("warn", "warning(s)"), ("unknown", "unknown")) if counts[level]]  # fmt: skip
-        print("\nsafe" + (f" ({', '.join(notes)})" if notes else ""), file=out)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -210,48 +187,6 @@ def _print(renderable: Any) -> None:
         wide.print(renderable)
     for line in capture.get().splitlines():
         print(line.rstrip())
-
-
-def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
-    """A run as ``show --json`` prints it (also the web view's ``state`` message):
-    ``events`` is the length of its log (None when unknown)."""
-    statuses = dict(Counter(result.status for result in cp.agent_results.values()))
-    return {
-        "run_id": str(cp.run_id),
-        "status": cp.status.value,
-        "task": cp.task,
-        "current_phase": cp.current_phase,
-        "total_tokens": cp.total_tokens,
-        "created_at": utc_time(cp.created_at),
-        "updated_at": utc_time(cp.updated_at),
-        "completed_phases": len(cp.completed_phases),
-        "agents_started": len(cp.started_agent_ids),
-        "agent_results": statuses,
-        "agent_sessions": len(cp.agent_sessions),
-        "findings": len(cp.findings),
-        "can_resume": cp.can_resume(),
-        "events": events,
-        "log_trimmed": log_trimmed,  # retention: the log lost its oldest events
-    }
-
-
-def run_row_json(row: index.IndexRow) -> dict[str, Any]:
-    """One run as ``runs --json`` prints it (also the rows of the web view's ``/api/runs``)."""
-    return {
-        "run_id": str(row.run_id), "status": row.status, "task": row.task,
-        "current_phase": row.current_phase, "total_tokens": row.total_tokens,
-        "agents": row.agents, "agents_ok": row.agents_ok, "agents_failed": row.agents_failed,
-        "agents_running": row.agents_running, "created_at": utc_time(row.created_at),
-        "updated_at": utc_time(row.updated_at),
-        **({"counts_counted": True} if row.counted else {}),
-        **({"problem": row.problem} if row.problem else {}),
-    }  # fmt: skip
-
-
-def event_json(entry_id: str, event: t.AgentEvent) -> dict[str, Any]:
-    """One event as ``show`` prints it: its stream entry id, then luft's JSON form (the web
-    view's ``event`` message)."""
-    return {"id": entry_id, **event.to_json()}
 
 
 _DURATION: Final = re.compile(r"^(\d+)([smhdw])$")
@@ -304,9 +239,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         table.add_column("task", overflow="ellipsis", no_wrap=True, ratio=1)
         for row in page.rows:
             table.add_row(
-                str(row.run_id), Text(row.status, style=live.STATUS_STYLE.get(row.status, "")),
+                str(row.run_id), Text(row.status, style=STATUS_STYLE.get(row.status, "")),
                 str(row.total_tokens), str(row.agents), utc_time(row.updated_at),
-                Text(live.one_line(row.task)),
+                Text(one_line(row.task)),
             )  # fmt: skip
         _print(table)
         cut = len(page.rows) == args.limit and page.indexed > len(page.rows)
@@ -340,18 +275,6 @@ def _last_events(
     return decode_page(run_id, key, page)
 
 
-def decode_page(
-    run_id: uuid.UUID, key: str, page: Sequence[Any]
-) -> list[tuple[str, t.AgentEvent]]:
-    """An ``XREVRANGE`` page of the run's event log as (entry id, event), oldest first
-    (:class:`~luft_redis.errors.LuftRedisError` for an entry that does not decode)."""
-    out: list[tuple[str, t.AgentEvent]] = []
-    for raw_id, fields in reversed(page):
-        eid = entry_id(raw_id)
-        out.append((eid, decode_entry(run_id, key, eid, fields)))
-    return out
-
-
 def _cmd_show(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
     with _backend(args) as backend:
@@ -371,7 +294,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         for name, value in summary.items():
             multiline = isinstance(value, str) and not value.isprintable()
             shown = dumps(value) if isinstance(value, dict) or multiline else str(value)
-            style = live.STATUS_STYLE.get(shown, "") if name == "status" else ""
+            style = STATUS_STYLE.get(shown, "") if name == "status" else ""
             grid.add_row(name + ":", Text(shown, style=style))
         _print(grid)
         if events:
@@ -412,7 +335,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
                     line = json.dumps(entry.event.to_json(), ensure_ascii=False,
                                       separators=(",", ":"))  # fmt: skip
                 else:
-                    line = live.event_line(entry.id, entry.event)
+                    line = event_line(entry.id, entry.event)
                 print(line, flush=args.follow)
         except KeyboardInterrupt:  # the way out of --follow: not an error
             pass
@@ -455,7 +378,7 @@ def _cmd_agents(args: argparse.Namespace) -> int:
             print(dumps(task.to_json()))
         return EXIT_OK
     if tasks:
-        _print(live.task_table(tasks, now))
+        _print(task_table(tasks, now))
     counts = {state: sum(1 for task in tasks if task.state is state) for state in TaskState}
     lapsed = sum(1 for task in tasks if task.lapsed)
     print(f"{len(tasks)} agent task(s) of run {run_id}: "
@@ -510,7 +433,7 @@ def _cmd_delete(args: argparse.Namespace) -> int:
             if status is None:
                 raise CommandFailed(str(RunNotFoundError(run_id, args.prefix)))
             what = (f"{status.decode('utf-8', 'replace')}, {count} event(s), task "
-                    f"{live.one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
+                    f"{one_line(task.decode('utf-8', 'replace') if task else '', 40)!r}")
             if not _confirm(f"Delete run {run_id} ({what}) and its event log? [y/N] "):
                 raise CommandFailed(f"run {run_id}: not deleted")
         if not backend.delete_run(run_id):

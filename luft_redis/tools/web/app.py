@@ -53,8 +53,7 @@ from ... import index
 from ...errors import AccessError, CorruptDataError, LuftRedisError
 from ...keys import run_keys
 from ...retry import is_access_error
-from ..cli import decode_page, dumps, run_row_json
-from ..live import one_line, utc_time
+from ..render import decode_page, dumps, one_line, run_row_json, utc_time
 from .hub import PAGE_BYTES, Hubs, RunHub, event_text
 
 __all__ = ["STATIC", "WebConfig", "create_app"]

@@ -38,7 +38,7 @@ from ...keys import run_keys
 from ...retry import NO_RETRY
 from ...tasks import TaskInfo, TaskState
 from ...wire import entry_id
-from ..cli import dumps, event_json, show_json
+from ..render import dumps, event_json, show_json
 
 __all__ = ["AGENTS_PAGE", "EVENT_BYTES", "EVENT_RING", "PAGE_BYTES", "Hubs", "RunHub", "Viewer",
            "event_text"]
