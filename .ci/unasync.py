@@ -1,12 +1,13 @@
 """Generate the sync I/O modules of luft-redis from their hand-written asyncio sources.
 
-    python .ci/unasync.py           # write luft_redis/{backend,listener,fcall,lease}.py
+    python .ci/unasync.py           # write luft_redis/_sync/{backend,listener,fcall,lease}.py
     python .ci/unasync.py --check   # exit 1 when a generated file differs (CI runs this)
 
 The asyncio code in ``luft_redis/asyncio/`` is the only hand-written source of the backend, the
 change listener and the FCALL helper. Each sync module is that source with fixed renames
 (``RENAMES``: ``async``/``await`` dropped, ``AsyncX`` -> ``X``, ``async_x`` -> ``sync_x``,
-``aclose`` -> ``close``, ``Awaitable[T]`` -> ``T``, ``from ..`` -> ``from .``) and a few
+``aclose`` -> ``close``, ``Awaitable[T]`` -> ``T``; ``luft_redis/_sync/`` sits as deep as
+``luft_redis/asyncio/``, so relative imports stay as they are) and a few
 docstring phrases that name the other front end (``PHRASES``; each must match, so a stale rule
 fails). What differs beyond a rename is in ``luft_redis/runtime.py``, by name. The result's
 imports and ``__all__`` are sorted with ruff (installed with the ``dev`` extra), so a
@@ -27,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "luft_redis"
 
 FILES = {
-    "asyncio/backend.py": "backend.py",
-    "asyncio/listener.py": "listener.py",
-    "asyncio/fcall.py": "fcall.py",
-    "asyncio/lease.py": "lease.py",
+    "asyncio/backend.py": "_sync/backend.py",
+    "asyncio/listener.py": "_sync/listener.py",
+    "asyncio/fcall.py": "_sync/fcall.py",
+    "asyncio/lease.py": "_sync/lease.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -46,13 +47,12 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease)\b", r"luft_redis.\1"),
-    (r"^from \.\.", "from ."),
+    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease)\b", r"luft_redis._sync.\1"),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""
 
 PHRASES: dict[str, list[tuple[str, str]]] = {
-    "backend.py": [
+    "_sync/backend.py": [
         ("(asyncio front end)", "(sync front end)"),
         ("``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster`` or\n"
          "    ``fakeredis.FakeAsyncRedis``",
@@ -123,7 +123,7 @@ def build() -> dict[Path, str]:
             text = generate(source, (PACKAGE / source).read_text(encoding="utf-8"))
             # inside the repository, so ruff reads pyproject.toml's settings (isort sections)
             path = Path(tmp) / "luft_redis" / target
-            path.parent.mkdir(exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             staged[PACKAGE / target] = path
         _ruff_fix(list(staged.values()))

@@ -55,7 +55,7 @@ from .pinning import pin_server, plan_placement
 HERE = str(Path(__file__).resolve().parent.parent)
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {}
-"""Label -> (checkout, attributes of ``luft_redis.listener`` set in every process)."""
+"""Label -> (checkout, attributes of ``luft_redis._sync.listener`` set in every process)."""
 
 WORKER = r'''
 import json, resource, sys, threading, time, uuid
@@ -63,9 +63,9 @@ cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["tree"])
 import redis
 import luft_redis
-import luft_redis.listener
+import luft_redis._sync.listener
 for name, value in cfg.get("settings", {}).items():
-    setattr(luft_redis.listener, name, value)
+    setattr(luft_redis._sync.listener, name, value)
 from luft_redis import RedisCheckpointBackend
 from benchmarks.run import make_agent_done
 role = cfg["role"]
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", action="append", default=[],
                         help="another checkout to measure in the same run (repeatable)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:NAME=JSON",
-                        help="this tree again with luft_redis.listener.NAME set to a JSON "
+                        help="this tree again with luft_redis._sync.listener.NAME set to a JSON "
                              "value in every process, e.g. nice19:LISTENER_NICE=19")
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)

@@ -374,7 +374,7 @@ def recording(backend: RedisCheckpointBackend) -> list[tuple[Any, list[Any], lis
     if original is None:
         raise RuntimeError(
             "RedisCheckpointBackend._fcall is gone: update benchmarks/run.py to record the "
-            "FCALL elsewhere (luft_redis.fcall.call_function)"
+            "FCALL elsewhere (luft_redis._sync.fcall.call_function)"
         )
     seen: list[tuple[Any, list[Any], list[Any]]] = []
 
@@ -635,7 +635,7 @@ SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "eval", "evalsha_ro", "eval_r
 
 
 class _CountingLane:
-    """A backend's write lane (``luft_redis.fcall.WriteLane``) that counts the commands it
+    """A backend's write lane (``luft_redis._sync.fcall.WriteLane``) that counts the commands it
     sends in ``counter["n"]``, as the patched ``execute_command`` counts the others."""
 
     def __init__(self, lane: Any, counter: dict[str, int]) -> None:

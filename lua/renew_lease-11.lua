@@ -8,8 +8,10 @@
   ARGS[1] agent_id   ARGS[2] token   ARGS[3] incarnation   ARGS[4] lease duration in ms
 
   Reply:  an array {outcome, expires (unix ms, or "0")}: "ok" (extended), "ended" (the lease's
-          task was finished with this token: nothing to extend), or "cancelled" (the run is
-          not running: the holder should stop; the lease is left to lapse)
+          task was finished with this token: nothing to extend), "released" (the task was handed
+          back without a new claim yet, as a resume after a cancel does: the holder should stop),
+          or "cancelled" (the run is not running: the holder should stop; the lease is left as
+          it is)
   Errors: LUFT_LEASE_LOST "<agent_id> <token> <current token or ->" when another claim took
           the task over (or the run was re-created); LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG
 ]]
@@ -27,7 +29,8 @@ local function main()
   if (run[3] or '') ~= inc then current = nil end
   if current ~= token then fail('LEASE_LOST', aid .. ' ' .. token .. ' ' .. (current or '-')) end
   if run[1] ~= 'running' then return {'cancelled', '0'} end
-  if task[2] ~= 'leased' then return {'ended', '0'} end
+  if task[2] == 'done' then return {'ended', '0'} end
+  if task[2] ~= 'leased' then return {'released', '0'} end -- handed back (a resume after a stop)
   local expires = whole(now_ms() + lease_ms)
   redis.call('HSET', K_TASKS, p .. 'expires', expires)
   redis.call('ZADD', K_QUEUE, expires, aid)

@@ -13,9 +13,10 @@ change is one atomic Lua script; ``get_checkpoint()`` is answered from an in-pro
 from __future__ import annotations
 
 from . import errors
+from ._sync.backend import CheckpointBackend, Durability, LogEntry, RedisCheckpointBackend
+from ._sync.lease import AgentLease
 from ._version import __version__
 from .asyncio import AsyncRedisCheckpointBackend
-from .backend import CheckpointBackend, Durability, LogEntry, RedisCheckpointBackend
 from .errors import (
     ConfigurationError,
     CorruptDataError,
@@ -31,7 +32,6 @@ from .errors import (
     RunNotRunningError,
     ValidationError,
 )
-from .lease import AgentLease
 from .retry import RetryPolicy
 from .stats import BackendStats
 from .tasks import AgentTask, TaskInfo, TaskState

@@ -414,7 +414,7 @@ class RunCache:
         self.recent: dict[bytes, None] = {}
         """The bytes of the last ``RECENT`` deltas that continued the chain (not whole-state
         ones), oldest first: a listener that reads its notices in batches (see
-        ``COALESCE_SECONDS`` in :mod:`luft_redis.listener`) finds this process's own notices
+        ``COALESCE_SECONDS`` in :mod:`luft_redis._sync.listener`) finds this process's own notices
         here, and drops them without parsing."""
         _LIVE.add(self)
 

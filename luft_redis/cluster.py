@@ -17,7 +17,7 @@ This module turns that failure into what it is, a transient change of topology:
   ``redis.cluster`` or ``redis.asyncio.cluster``, where the only ``None`` redis-py
   dereferences is a node it looked up and did not find;
 * ``refresh_topology`` (in :mod:`luft_redis.asyncio.fcall`, and the sync
-  :mod:`luft_redis.fcall` generated from it) re-reads the slot map (redis-py's
+  :mod:`luft_redis._sync.fcall` generated from it) re-reads the slot map (redis-py's
   ``nodes_manager.initialize()``), then adds to the client's node table every primary that
   ``CLUSTER NODES`` lists and the table lacks (the slotless importing node: the
   ``async_``/``sync_`` helpers here, since redis-py's two clients build nodes differently),

@@ -11,7 +11,7 @@
 * :func:`fork_generation` counts forks: a backend made before ``os.fork()`` notices in the
   child that it must take a new writer identity and new connections.
 
-The sync listener (:mod:`luft_redis.listener`) and the asyncio one
+The sync listener (:mod:`luft_redis._sync.listener`) and the asyncio one
 (:mod:`luft_redis.asyncio`) do the I/O around these.
 """
 

@@ -3,7 +3,7 @@
 No method here talks to Redis. :class:`FrontEnd` holds a backend's options and its current
 :class:`Binding`, and answers the reads of luft's trait (``get_checkpoint()``,
 ``get_findings()``, ``can_resume()``) and the plain properties from the cache. The backend's
-I/O (:mod:`luft_redis.asyncio.backend`, and the sync :mod:`luft_redis.backend` generated from
+I/O (:mod:`luft_redis.asyncio.backend`, and the sync :mod:`luft_redis._sync.backend` generated from
 it) is built on it; it imports :mod:`luft_redis.retry` and :mod:`luft_redis.tracing` only for
 their checks and types (which errors are redis-py's, which refusals are final, the tracer).
 """

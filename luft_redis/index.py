@@ -3,7 +3,7 @@
 ``<prefix>:{<prefix>}:runs`` (:func:`luft_redis.keys.run_index_key`) holds every run id under
 the prefix, scored by the run's ``updated_at`` (unix seconds) at its last lifecycle change. It
 lives in its own Cluster slot, so a run's scripts (which touch only the run's slot) cannot keep
-it; the front ends do (``index_add`` and ``index_remove`` of :mod:`luft_redis.fcall`), right
+it; the front ends do (``index_add`` and ``index_remove`` of :mod:`luft_redis._sync.fcall`), right
 after the scripts that
 
 - create a run (``init_run``, ``init_run_with_meta``): ZADD;
@@ -106,7 +106,7 @@ def status_args(run_id: uuid.UUID, values: Sequence[Any]) -> list[str] | None:
 def _eval(client: Any, prefix: str, args: Sequence[str]) -> Any:
     """Run ``lua/index_status-3.lua`` on a sync client (a function of the library; loaded on
     a miss on the node that owns the prefix's slot). The front ends' index writes go through
-    :func:`luft_redis.fcall.call_function`; this is the readers' path (entries of runs that
+    :func:`luft_redis._sync.fcall.call_function`; this is the readers' path (entries of runs that
     are gone), kept here so that this module does not import the front ends."""
     import redis.exceptions
 

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple, TypeVar
 
 from . import types as t
-from .backend import RedisCheckpointBackend
+from ._sync.backend import RedisCheckpointBackend
+from ._sync.fcall import call_function, index_add
 from .delta import UnknownFormat, parse_delta
 from .errors import (
     BackendError,
@@ -42,7 +43,6 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
-from .fcall import call_function, index_add
 from .keys import (
     DEFAULT_PREFIX,
     SCHEMA_VERSION,

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ._sync.fcall import call_function, index_remove
 from .errors import ConfigurationError, ValidationError
-from .fcall import call_function, index_remove
 from .keys import (
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,

@@ -2,10 +2,11 @@
 
 The I/O code of luft-redis is written once, for asyncio, in :mod:`luft_redis.asyncio` (the
 backend, the change listener and the FCALL helper). ``.ci/unasync.py`` generates the sync
-modules (:mod:`luft_redis.backend`, :mod:`luft_redis.listener`, :mod:`luft_redis.fcall`)
-from it with fixed renames: ``async``/``await`` dropped, ``AsyncX`` -> ``X``,
-``async_x`` -> ``sync_x``, ``aclose`` -> ``close``. Whatever is more than a rename lives
-here, in two families of the same names, so a reader sees every difference in one page:
+modules (:mod:`luft_redis._sync.backend`, :mod:`luft_redis._sync.listener`,
+:mod:`luft_redis._sync.fcall`) from it with fixed renames: ``async``/``await`` dropped,
+``AsyncX`` -> ``X``, ``async_x`` -> ``sync_x``, ``aclose`` -> ``close``. Whatever is more
+than a rename lives here, in two families of the same names, so a reader sees every
+difference in one page:
 
 ===========================  ================================  ===============================
 name (asyncio / sync)        asyncio                           sync
@@ -228,7 +229,7 @@ class WorkQueue(Generic[_T]):
 
 def lower_priority(nice: int | None) -> None:
     """Give the calling thread the nice value ``nice`` (Linux only; see
-    ``luft_redis.listener.LISTENER_NICE``)."""
+    ``luft_redis._sync.listener.LISTENER_NICE``)."""
     if nice is None or not sys.platform.startswith("linux"):
         return
     try:  # on Linux, PRIO_PROCESS with a thread id sets that one thread's priority

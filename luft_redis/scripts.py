@@ -22,7 +22,7 @@ At load time the files become ONE Redis Functions library (:func:`library`):
 The same files still run as plain EVAL scripts (:func:`script_source`: includes expanded in
 place, then the ``@each-call`` statement), which the benchmarks use as a baseline.
 
-Loading is the front ends' job (:mod:`luft_redis.backend`, :mod:`luft_redis.asyncio.backend`):
+Loading is the front ends' job (:mod:`luft_redis._sync.backend`, :mod:`luft_redis.asyncio.backend`):
 they send ``FCALL`` and, when the server answers "Function not found" (a new node, a flushed or
 restarted server), ``FUNCTION LOAD REPLACE`` and the ``FCALL`` once more. What they share, free
 of I/O, is here: the library, the FCALL arguments (:meth:`Function.command`), the routing of a

@@ -2,8 +2,9 @@
 
 A fleet of workers shares one run: the process that plans a phase submits the agents to run
 (:class:`AgentTask`), workers claim them one at a time with a lease (see
-:mod:`luft_redis.lease`), and the run's scripts keep every rule (``lua/claim_agent-11.lua`` and
-its siblings; docs/leases.md). This module builds their arguments and reads their replies.
+:mod:`luft_redis._sync.lease`), and the run's scripts keep every rule
+(``lua/claim_agent-11.lua`` and its siblings; docs/leases.md). This module builds their
+arguments and reads their replies.
 """
 
 from __future__ import annotations

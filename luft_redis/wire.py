@@ -1,6 +1,6 @@
 """The wire: checked script arguments for every operation, and stream entries back (no I/O).
 
-Both front ends (:mod:`luft_redis.backend`, :mod:`luft_redis.asyncio`) build their script
+Both front ends (:mod:`luft_redis._sync.backend`, :mod:`luft_redis.asyncio`) build their script
 calls here, so a value is validated and encoded one way only. Numbers travel as decimal
 strings; an optional argument is ``"n"`` (null) or ``"s"`` followed by the value.
 """

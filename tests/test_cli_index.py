@@ -14,7 +14,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from luft_redis import fcall, index
+from luft_redis import index
+from luft_redis._sync import fcall
 from luft_redis.keys import run_index_key, run_keys
 from luft_redis.retry import NO_RETRY
 from luft_redis.types import (

@@ -12,7 +12,8 @@ import redis.asyncio.cluster
 import redis.cluster
 import redis.exceptions
 
-from luft_redis import cluster, fcall
+from luft_redis import cluster
+from luft_redis._sync import fcall
 from luft_redis.asyncio import fcall as async_fcall
 from luft_redis.errors import BackendError
 from luft_redis.retry import RetryPolicy, is_transient

@@ -56,7 +56,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis import cluster as luft_cluster
-from luft_redis import fcall as luft_fcall
+from luft_redis._sync import fcall as luft_fcall
 from luft_redis.asyncio import fcall as luft_async_fcall
 from luft_redis.errors import LuftRedisError
 from luft_redis.keys import run_keys

@@ -198,7 +198,7 @@ def test_a_backend_without_watch_catches_up_on_its_next_write(make_backend: Fact
 def test_many_backends_on_one_client_share_one_listener(
     redis_client: Client, open_client: Callable[[], Client]
 ) -> None:
-    from luft_redis.listener import ChangeListener
+    from luft_redis._sync.listener import ChangeListener
 
     backends = [RedisCheckpointBackend(redis_client) for _ in range(3)]
     runs = [uuid.uuid4() for _ in backends]
@@ -298,7 +298,7 @@ def test_rebinding_during_a_write_does_not_mix_runs() -> None:
     writer.init_run(r1, "one", "/d")
     reader = RedisCheckpointBackend(c1)
     reader.open_run(r1)
-    from luft_redis.listener import ChangeListener
+    from luft_redis._sync.listener import ChangeListener
 
     # a slow listener: the notices of c1 are not delivered
     ChangeListener.for_client(c1)._targets = lambda channel: []  # type: ignore[method-assign]

@@ -161,7 +161,7 @@ def test_demo_keep_leaves_the_server_and_the_run(
              run.group(1), "--json"], capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert listed.returncode == 0, listed.stderr
-        assert [row["state"] for row in json.loads(listed.stdout)] == ["done"] * 3
+        assert [row["state"] for row in map(json.loads, listed.stdout.splitlines())] == ["done"] * 3
         # the stop instructions name the data directory the server leaves behind
         workdir = re.search(r" in (/\S+) \(appendonly yes\)", text)
         assert workdir is not None and os.path.isdir(workdir.group(1))

@@ -66,8 +66,8 @@ from luft_redis import (
 )
 from luft_redis import errors as luft_errors
 from luft_redis import types as t
+from luft_redis._sync.listener import ChangeListener
 from luft_redis.keys import run_keys
-from luft_redis.listener import ChangeListener
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, packaged_server
 

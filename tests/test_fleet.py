@@ -53,7 +53,7 @@ from luft_redis import (
     Severity,
     TokenUsage,
 )
-from luft_redis.listener import ChangeListener
+from luft_redis._sync.listener import ChangeListener
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 
 _CHILD_RUN_NAME = "_luft_fleet_child"

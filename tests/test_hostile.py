@@ -94,10 +94,10 @@ from luft_redis import (
     RunStatus,
     TokenUsage,
 )
+from luft_redis._sync.backend import Durability
+from luft_redis._sync.listener import ChangeListener
 from luft_redis.asyncio import AsyncChangeListener
-from luft_redis.backend import Durability
 from luft_redis.errors import ConnectionError as LuftConnectionError
-from luft_redis.listener import ChangeListener
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 
 

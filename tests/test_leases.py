@@ -719,7 +719,7 @@ def test_logging_names_the_lost_lease(
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     submit(coordinator, 1)
-    with caplog.at_level(logging.WARNING, logger="luft_redis.lease"), \
+    with caplog.at_level(logging.WARNING, logger="luft_redis._sync.lease"), \
             claim(worker, lease_for=0.3) as lease:  # fmt: skip
         coordinator.cancel()
         deadline = time.monotonic() + 1
@@ -900,3 +900,19 @@ def test_a_backend_refuses_max_attempts_out_of_range(
 ) -> None:
     with pytest.raises(ValidationError, match="max_attempts"):
         frontend_backend_type(frontend_client, watch=False, max_attempts=value)
+
+
+def test_a_holder_that_missed_the_cancel_learns_the_resume_handed_its_task_back(
+    make_backend: Factory, run_id: uuid.UUID, coordinator: RedisCheckpointBackend
+) -> None:
+    """Cancel and resume both between two heartbeats: the holder never saw the run stop, and
+    its task is ready again. Its next renew says so: ``lost``, not ``finished``."""
+    (agent,) = submit(coordinator, 1)
+    worker = make_backend()
+    worker.open_run(run_id)
+    lease = claim(worker, lease_for=60.0)
+    coordinator.cancel()
+    coordinator.reset_status_to_running()
+    lease.renew()
+    assert lease.lost and not lease.finished and not lease.cancelled
+    assert states(coordinator) == {agent: TaskState.READY}

@@ -1,4 +1,4 @@
-"""The sync listener's subscriber connection (``luft_redis.listener.Subscriber``) and thread.
+"""The sync listener's subscriber connection (``luft_redis._sync.listener.Subscriber``) and thread.
 
 The subscriber reads its socket with a RESP reader of its own instead of redis-py's
 ``PubSub.get_message``: these tests feed it RESP2 and RESP3 bytes over a socket pair (split
@@ -22,8 +22,8 @@ import redis
 import redis.exceptions
 
 from luft_redis import AgentDone, AgentStatus, RedisCheckpointBackend, TokenUsage
-from luft_redis import listener as listener_module
-from luft_redis.listener import ChangeListener
+from luft_redis._sync import listener as listener_module
+from luft_redis._sync.listener import ChangeListener
 from luft_redis.subscriber import Subscriber, open_subscriber
 
 

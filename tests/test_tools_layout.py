@@ -75,7 +75,7 @@ def test_the_arrows_are_read() -> None:
     # the reader sees relative, absolute, lazy and TYPE_CHECKING imports
     assert "luft_redis.tools.cli_common" in ARROWS["luft_redis.tools.cli"]
     assert "luft_redis.tools.server" in ARROWS["luft_redis.tools.testing"]
-    assert "luft_redis.backend" in ARROWS["luft_redis.tools.testing"]
+    assert "luft_redis._sync.backend" in ARROWS["luft_redis.tools.testing"]
     assert "luft_redis._version" in ARROWS["luft_redis.tracing"]
     assert "luft_redis.tools.cli" in ARROWS[ENTRY]
     assert "luft_redis.tools.web.server" in ARROWS["luft_redis.tools.cli"]  # importlib

@@ -1,5 +1,5 @@
-"""The write lane (luft_redis.fcall.WriteLane): when a backend uses it, and that a write through
-it survives its connection being killed, exactly once (issue 21)."""
+"""The write lane (luft_redis._sync.fcall.WriteLane): when a backend uses it, and that a write
+through it survives its connection being killed, exactly once (issue 21)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ whose reply is a :class:`~luft_redis.delta.Delta`, and the in-process
 :class:`~luft_redis.cache.RunCache` applies deltas (its own writes' and, through the change
 listener, every other process's). This module only does the I/O around them.
 
-This is the hand-written asyncio source; the sync :mod:`luft_redis.backend`
+This is the hand-written asyncio source; the sync :mod:`luft_redis._sync.backend`
 (:class:`luft_redis.RedisCheckpointBackend`) is generated from it by ``.ci/unasync.py``, and
 :mod:`luft_redis.runtime` names every difference that is more than a rename.
 """
@@ -420,7 +420,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     # -- I/O -------------------------------------------------------------------------------
 
     async def _fcall(self, fn: Function, keys: list[str], args: Sequence[Any]) -> Any:
-        """One attempt of ``fn`` (see :func:`luft_redis.fcall.call_function`)."""
+        """One attempt of ``fn`` (see :func:`luft_redis._sync.fcall.call_function`)."""
         return await call_function(self._client, fn, keys, args, cluster=self._cluster)
 
     async def _call(self, fn: Function, args: Sequence[Any], keys: list[str],
@@ -901,8 +901,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         return parse_tasks(reply, binding.keys.tasks)
 
     async def _renew_lease(self, lease: AsyncAgentLease) -> tuple[str, int]:
-        """RENEW: ("ok" | "ended" | "cancelled", new expiry in unix ms); retried within the
-        lease's remaining time, not the backend's retry budget."""
+        """RENEW: ("ok" | "ended" | "released" | "cancelled", new expiry in unix ms); retried
+        within the lease's remaining time, not the backend's retry budget."""
         binding = self._need_run("renew")
         left = max(0.05, lease.time_left())  # (the local monotonic clock: never the wall's)
         policy = RetryPolicy(max_attempts=self._retry.max_attempts, deadline=left,

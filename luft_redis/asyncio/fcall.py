@@ -17,7 +17,7 @@ not raised, when they still fail (the script is what counts; ``luft-redis runs
 one connection of the client's pool kept for them, the FCALL packed in one piece, its constant
 head (function, keys, channel) packed once.
 
-This is the hand-written asyncio source; :mod:`luft_redis.fcall` is generated from it
+This is the hand-written asyncio source; :mod:`luft_redis._sync.fcall` is generated from it
 (see :mod:`luft_redis.runtime`).
 """
 

@@ -6,7 +6,7 @@ is the task's current one). ``async with lease:`` renews it in the background ev
 its duration and, when the block ends without the agent finished, hands the task back
 (an exception counts as a failed attempt). :attr:`lost` tells a long-running agent to stop.
 
-This is the hand-written asyncio source; :mod:`luft_redis.lease` is generated from it
+This is the hand-written asyncio source; :mod:`luft_redis._sync.lease` is generated from it
 (see :mod:`luft_redis.runtime` for what differs).
 """
 
@@ -130,6 +130,8 @@ class AsyncAgentLease:
             self._lose("the run is no longer running")
         elif outcome == "ended":
             self.finished = True
+        elif outcome == "released":  # a resume after a stop handed the task back
+            self._lose("the run was resumed after a stop and its task handed back")
         else:
             self.expires_at = expires_ms / 1000
             self._deadline = sent + self.lease_ms / 1000

@@ -2,7 +2,7 @@
 
 :class:`AsyncChangeListener` keeps one subscriber connection per Redis node that owns a watched
 run's channel (one in all on a plain server), each served by its own worker (a task on the
-loop; a thread in the sync code generated from this module, :mod:`luft_redis.listener`). The
+loop; a thread in the sync code generated from this module, :mod:`luft_redis._sync.listener`). The
 worker only reads, health-checks and queues: a notice is handed to every
 :class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
 confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It reads
@@ -19,7 +19,7 @@ the cluster topology, subscribes again on the node that owns each channel now an
 watches stale; the :class:`AsyncRefresher` worker then reloads them (``Watch.on_work`` only
 queues work for it).
 
-This is the hand-written asyncio source; :mod:`luft_redis.listener` is generated from it
+This is the hand-written asyncio source; :mod:`luft_redis._sync.listener` is generated from it
 (see :mod:`luft_redis.runtime` for what differs).
 """
 
@@ -79,7 +79,7 @@ one cpu: 35-40 µs of CPU per write at the process's priority). A notice arrivin
 link is idle is read at once; only a notice that follows another within this time waits, at
 most this long. ``cache_is_fresh`` is unaffected (its bound is ``max_staleness``, and the
 health-check PINGs are sent and read on the same schedule). Read when a batch ends, so an
-assignment (``luft_redis.listener.COALESCE_SECONDS``) takes effect at once."""
+assignment (``luft_redis._sync.listener.COALESCE_SECONDS``) takes effect at once."""
 
 OWN_PAUSE_SECONDS = 0.05
 """The longest pause between reads while every notice read was this process's own (already
@@ -101,7 +101,7 @@ MAX_BACKOFF_SECONDS = 1.0
 
 LISTENER_NICE: int | None = None
 """The CPU priority (Linux nice value) of the sync listener threads
-(``luft_redis.listener.LISTENER_NICE``); None (the default): the process's own. asyncio tasks
+(``luft_redis._sync.listener.LISTENER_NICE``); None (the default): the process's own. asyncio tasks
 have none.
 
 Until the listener read in batches it ran at nice 19 by default: it woke for every notice, and

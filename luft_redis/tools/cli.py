@@ -53,7 +53,7 @@ from rich.text import Text
 
 from .. import index
 from .. import types as t
-from ..backend import RedisCheckpointBackend
+from .._sync.backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE

@@ -62,12 +62,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from ..backend import RedisCheckpointBackend
+from .._sync.backend import RedisCheckpointBackend
+from .._sync.lease import AgentLease
+from .._sync.listener import POLL_SECONDS as LISTENER_POLL_SECONDS
 from ..errors import AccessError, LeaseLostError
 from ..errors import ConnectionError as LuftConnectionError
 from ..keys import run_keys
-from ..lease import AgentLease
-from ..listener import POLL_SECONDS as LISTENER_POLL_SECONDS
 from ..retry import exception_chain
 from ..tasks import AgentTask, TaskInfo, TaskState
 from ..types import (
@@ -287,7 +287,7 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator handles Ctrl-C
     # the lost lease is told in the run's log (and by the coordinator), not on the terminal
     # under the live line
-    logging.getLogger("luft_redis.lease").disabled = True
+    logging.getLogger("luft_redis._sync.lease").disabled = True
     run_id = uuid.UUID(run_id_text)
     parent = os.getppid()
     name = worker_name(worker, os.getpid())

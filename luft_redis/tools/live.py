@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 
 from .. import types as t
-from ..backend import LogEntry, RedisCheckpointBackend
+from .._sync.backend import LogEntry, RedisCheckpointBackend
 from ..tasks import TaskInfo, TaskState
 from .render import render_run
 

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
+from .._sync.backend import RedisCheckpointBackend
 from ..asyncio import AsyncRedisCheckpointBackend
-from ..backend import RedisCheckpointBackend
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:

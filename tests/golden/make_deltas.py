@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import RUN, run_full, run_minimal, run_saved
 
 from luft_redis import RedisCheckpointBackend
-from luft_redis import backend as backend_module
+from luft_redis._sync import backend as backend_module
 from luft_redis.delta import FORMAT, parse_delta
 
 HERE = Path(__file__).resolve().parent

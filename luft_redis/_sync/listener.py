@@ -3,7 +3,7 @@
 
 :class:`ChangeListener` keeps one subscriber connection per Redis node that owns a watched
 run's channel (one in all on a plain server), each served by its own worker (a task on the
-loop; a thread in the sync code generated from this module, :mod:`luft_redis.listener`). The
+loop; a thread in the sync code generated from this module, :mod:`luft_redis._sync.listener`). The
 worker only reads, health-checks and queues: a notice is handed to every
 :class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
 confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It reads
@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
-from .coherence import (
+from ..coherence import (
     DEFAULT_MAX_STALENESS,
     LinkHealth,
     Router,
@@ -41,8 +41,8 @@ from .coherence import (
     node_name_for,
     on_fork,
 )
-from .connect import is_cluster
-from .runtime import (
+from ..connect import is_cluster
+from ..runtime import (
     Registry,
     Signal,
     StateLock,
@@ -50,7 +50,7 @@ from .runtime import (
     WorkQueue,
     sync_sleep,
 )
-from .subscriber import Reconnect, sync_open_subscriber
+from ..subscriber import Reconnect, sync_open_subscriber
 
 __all__ = [
     "COALESCE_SECONDS",
@@ -80,7 +80,7 @@ one cpu: 35-40 µs of CPU per write at the process's priority). A notice arrivin
 link is idle is read at once; only a notice that follows another within this time waits, at
 most this long. ``cache_is_fresh`` is unaffected (its bound is ``max_staleness``, and the
 health-check PINGs are sent and read on the same schedule). Read when a batch ends, so an
-assignment (``luft_redis.listener.COALESCE_SECONDS``) takes effect at once."""
+assignment (``luft_redis._sync.listener.COALESCE_SECONDS``) takes effect at once."""
 
 OWN_PAUSE_SECONDS = 0.05
 """The longest pause between reads while every notice read was this process's own (already
@@ -102,7 +102,7 @@ MAX_BACKOFF_SECONDS = 1.0
 
 LISTENER_NICE: int | None = None
 """The CPU priority (Linux nice value) of the sync listener threads
-(``luft_redis.listener.LISTENER_NICE``); None (the default): the process's own. asyncio tasks
+(``luft_redis._sync.listener.LISTENER_NICE``); None (the default): the process's own. asyncio tasks
 have none.
 
 Until the listener read in batches it ran at nice 19 by default: it woke for every notice, and

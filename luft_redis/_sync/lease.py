@@ -19,10 +19,10 @@ import uuid
 from types import TracebackType
 from typing import Any, Protocol
 
-from .coherence import fork_generation
-from .errors import LeaseLostError, LuftRedisError
-from .runtime import Signal, Worker
-from .tasks import AgentTask, Claim
+from ..coherence import fork_generation
+from ..errors import LeaseLostError, LuftRedisError
+from ..runtime import Signal, Worker
+from ..tasks import AgentTask, Claim
 
 
 class _Holder(Protocol):
@@ -131,6 +131,8 @@ class AgentLease:
             self._lose("the run is no longer running")
         elif outcome == "ended":
             self.finished = True
+        elif outcome == "released":  # a resume after a stop handed the task back
+            self._lose("the run was resumed after a stop and its task handed back")
         else:
             self.expires_at = expires_ms / 1000
             self._deadline = sent + self.lease_ms / 1000

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from . import types as t
-from .cache import Offer, RunCache, RunState
-from .coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
-from .connect import Durability, check_sync_client, make_sync_client
-from .delta import Delta, UnknownFormat, parse_delta
-from .errors import (
+from .. import types as t
+from ..cache import Offer, RunCache, RunState
+from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
+from ..connect import Durability, check_sync_client, make_sync_client
+from ..delta import Delta, UnknownFormat, parse_delta
+from ..errors import (
     BackendError,
     CorruptDataError,
     ForkedError,
@@ -34,15 +34,7 @@ from .errors import (
     RunNotFoundError,
     ValidationError,
 )
-from .fcall import (
-    WriteLane,
-    call_durably,
-    call_function,
-    index_add,
-    index_remove,
-    raise_lost_redirect,
-)
-from .frontend import (
+from ..frontend import (
     _UNBOUND,
     DEFAULT_PAGE_SIZE,
     GAP_WAIT,
@@ -52,8 +44,8 @@ from .frontend import (
     Binding,
     FrontEnd,
 )
-from .index import finishes, score_of
-from .keys import (
+from ..index import finishes, score_of
+from ..keys import (
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,
     run_id_from_key,
@@ -61,10 +53,8 @@ from .keys import (
     run_pattern,
     tombstone_key,
 )
-from .lease import AgentLease
-from .listener import ChangeListener, Refresher, weak_work
-from .retry import DEFAULT_RETRY, RetryPolicy
-from .runtime import (
+from ..retry import DEFAULT_RETRY, RetryPolicy
+from ..runtime import (
     Lock,
     Signal,
     StateLock,
@@ -74,8 +64,8 @@ from .runtime import (
     sync_sleep,
     sync_within,
 )
-from .scripts import Function, translate_error
-from .tasks import (
+from ..scripts import Function, translate_error
+from ..tasks import (
     DEFAULT_MAX_ATTEMPTS,
     RELEASE_FLOOR,
     AgentTask,
@@ -87,8 +77,8 @@ from .tasks import (
     parse_tasks,
     submit_args,
 )
-from .tracing import traced
-from .wire import (
+from ..tracing import traced
+from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
     check_uuid,
@@ -97,6 +87,16 @@ from .wire import (
     page_after,
     xread_entries,
 )
+from .fcall import (
+    WriteLane,
+    call_durably,
+    call_function,
+    index_add,
+    index_remove,
+    raise_lost_redirect,
+)
+from .lease import AgentLease
+from .listener import ChangeListener, Refresher, weak_work
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -421,7 +421,7 @@ class RedisCheckpointBackend(FrontEnd):
     # -- I/O -------------------------------------------------------------------------------
 
     def _fcall(self, fn: Function, keys: list[str], args: Sequence[Any]) -> Any:
-        """One attempt of ``fn`` (see :func:`luft_redis.fcall.call_function`)."""
+        """One attempt of ``fn`` (see :func:`luft_redis._sync.fcall.call_function`)."""
         return call_function(self._client, fn, keys, args, cluster=self._cluster)
 
     def _call(self, fn: Function, args: Sequence[Any], keys: list[str],
@@ -902,8 +902,8 @@ class RedisCheckpointBackend(FrontEnd):
         return parse_tasks(reply, binding.keys.tasks)
 
     def _renew_lease(self, lease: AgentLease) -> tuple[str, int]:
-        """RENEW: ("ok" | "ended" | "cancelled", new expiry in unix ms); retried within the
-        lease's remaining time, not the backend's retry budget."""
+        """RENEW: ("ok" | "ended" | "released" | "cancelled", new expiry in unix ms); retried
+        within the lease's remaining time, not the backend's retry budget."""
         binding = self._need_run("renew")
         left = max(0.05, lease.time_left())  # (the local monotonic clock: never the wall's)
         policy = RetryPolicy(max_attempts=self._retry.max_attempts, deadline=left,

@@ -34,7 +34,7 @@ import redis
 import redis.asyncio
 import redis.exceptions
 
-from .cluster import (
+from ..cluster import (
     TopologyChanged,
     is_lost_redirect,
     loaded_nodes,
@@ -44,13 +44,13 @@ from .cluster import (
     sync_node_pipeline,
     topology_changed,
 )
-from .coherence import fork_generation
-from .connect import is_cluster
-from .index import STATUS_FIELDS, script_keys, status_args, warn_index_failure
-from .keys import run_keys
-from .retry import REDIS_ERRORS, RetryPolicy, is_function_missing
-from .runtime import sync_cluster_ready
-from .scripts import Function, cluster_route, library
+from ..coherence import fork_generation
+from ..connect import is_cluster
+from ..index import STATUS_FIELDS, script_keys, status_args, warn_index_failure
+from ..keys import run_keys
+from ..retry import REDIS_ERRORS, RetryPolicy, is_function_missing
+from ..runtime import sync_cluster_ready
+from ..scripts import Function, cluster_route, library
 
 __all__ = [
     "WriteLane",
