@@ -10,7 +10,7 @@ and records, byte for byte, what the server sends it while one backend makes the
 (``init_run``) and appends ``--ops`` ``agent_done`` events (one finding and an output each).
 Then, for each tree, a worker (``PYTHONPATH`` = that tree) runs under
 ``valgrind --tool=callgrind`` with no server at all: a ``RunCache`` installed from the run's
-``init`` notice and a :class:`~luft_redis.coherence.Watch` on it, and the recorded bytes read
+``init`` notice and a :class:`~luft_redis.watch.Watch` on it, and the recorded bytes read
 through the sync listener's reader (``luft_redis.subscriber.Subscriber`` on a stand-in socket
 whose ``recv`` hands out the recording ``--batch`` notices at a time; the system call itself is
 not counted) and ``handle_message``. Phases, each zeroed and dumped with ``callgrind_control``:
@@ -49,7 +49,11 @@ cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["tree"])
 import hiredis
 from luft_redis.cache import RunCache, RunState
-from luft_redis.coherence import LinkHealth, Watch, handle_message
+try:  # (the tree measured may be a version before coherence.py was split)
+    from luft_redis.links import LinkHealth, handle_message
+    from luft_redis.watch import Watch
+except ImportError:  # pragma: no cover
+    from luft_redis.coherence import LinkHealth, Watch, handle_message  # type: ignore
 from luft_redis.delta import parse_delta
 from luft_redis.keys import run_keys
 from luft_redis import subscriber as subscriber_module

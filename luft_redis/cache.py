@@ -38,6 +38,7 @@ from . import codec
 from . import types as t
 from .delta import Delta
 from .errors import CorruptDataError
+from .forks import on_fork
 from .keys import SCHEMA_VERSION, RunKeys
 
 __all__ = ["Offer", "RunCache", "RunState", "finding_segments"]
@@ -600,6 +601,9 @@ def forget_snapshots() -> None:
     the fork (the slow path of a read does that)."""
     for cache in list(_LIVE):
         cache.current = None
+
+
+on_fork(forget_snapshots)
 
 
 def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:

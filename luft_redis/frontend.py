@@ -16,7 +16,6 @@ from typing import Any
 
 from . import types as t
 from .cache import RunCache
-from .coherence import Watch
 from .connect import Durability, is_cluster
 from .errors import ConfigurationError, LuftRedisError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
@@ -25,6 +24,7 @@ from .retry import NO_RETRY, REDIS_ERRORS, RetryPolicy, is_access_error
 from .scripts import library, translate_error
 from .stats import BackendStats, Counters
 from .tracing import OperationTracer
+from .watch import Watch
 from .wire import Encoder
 
 __all__ = [
@@ -89,7 +89,7 @@ class FrontEnd:
 
     _binding: Binding | None
     _fork: int
-    """The fork generation (coherence.fork_generation()) this backend last adopted."""
+    """The fork generation (forks.fork_generation()) this backend last adopted."""
 
     def _configure(
         self,

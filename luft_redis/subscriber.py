@@ -34,7 +34,7 @@ try:  # redis-py's table of error codes (NOPERM -> NoPermissionError, ...), redi
 except ImportError:  # pragma: no cover - a redis-py that moved it: plain ResponseError
     _parse_error = None
 
-from .coherence import check_primary
+from .links import check_primary
 
 __all__ = [
     "AsyncSubscription",
@@ -155,7 +155,7 @@ class Subscriber:
     redis-py's ``PubSub`` does).
 
     Messages come out in the shape of redis-py's ``PubSub.get_message`` (a dict with ``type``,
-    ``channel``, ``data``), which :func:`~luft_redis.coherence.handle_message` reads.
+    ``channel``, ``data``), which :func:`~luft_redis.links.handle_message` reads.
     """
 
     BUFFER_SIZE = 65536

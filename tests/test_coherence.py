@@ -494,7 +494,7 @@ def test_a_writers_own_notice_is_dropped_before_it_is_parsed(
 ) -> None:
     """The notice of a write whose reply was applied is the reply's bytes: the listener drops
     it with one comparison (no header parse, no lock, no work for the front end)."""
-    import luft_redis.coherence as coherence
+    import luft_redis.watch as watching
 
     writer = make_backend(watch=False)
     run_id = uuid.uuid4()
@@ -506,12 +506,12 @@ def test_a_writers_own_notice_is_dropped_before_it_is_parsed(
     own = cache.last_payload
     assert own is not None
     work: list[object] = []
-    watch = coherence.Watch(cache, binding.channel, work.append)
+    watch = watching.Watch(cache, binding.channel, work.append)
 
     def refuse(payload: bytes) -> Any:
         raise AssertionError("an own notice was parsed")
 
-    monkeypatch.setattr(coherence, "parse_delta", refuse)
+    monkeypatch.setattr(watching, "parse_delta", refuse)
     tip, generation = cache.tip, cache.generation
     watch.notice(bytes(bytearray(own)))  # equal bytes, another object (as off the socket)
     assert work == [] and cache.tip == tip and cache.generation == generation
@@ -528,7 +528,8 @@ def test_own_notices_read_in_a_batch_are_all_dropped_unparsed(
     writer's notices the writer applied several replies, and every one of those notices is
     dropped without parsing (not only the last); a notice that is news is still applied and
     counted in the link's ``news``."""
-    import luft_redis.coherence as coherence
+    import luft_redis.links as links
+    import luft_redis.watch as watching
     from luft_redis.cache import RECENT
 
     writer = make_backend(watch=False)
@@ -543,8 +544,8 @@ def test_own_notices_read_in_a_batch_are_all_dropped_unparsed(
         assert cache.last_payload is not None
         own.append(cache.last_payload)
     work: list[object] = []
-    watch = coherence.Watch(cache, binding.channel, work.append)
-    health = coherence.LinkHealth()
+    watch = watching.Watch(cache, binding.channel, work.append)
+    health = links.LinkHealth()
     from luft_redis.delta import parse_delta as real_parse
 
     parsed: list[bytes] = []
@@ -553,12 +554,12 @@ def test_own_notices_read_in_a_batch_are_all_dropped_unparsed(
         parsed.append(payload)
         return real_parse(payload)
 
-    monkeypatch.setattr(coherence, "parse_delta", counting)
+    monkeypatch.setattr(watching, "parse_delta", counting)
     tip, generation = cache.tip, cache.generation
     for payload in own:
         message = {"type": "smessage", "channel": binding.channel,
                    "data": bytes(bytearray(payload))}  # fmt: skip
-        coherence.handle_message(message, health, {}, lambda channel: [watch])
+        links.handle_message(message, health, {}, lambda channel: [watch])
     # the last RECENT are dropped unparsed; the older ones are parsed and found old
     assert parsed == own[:5]
     assert work == [] and cache.tip == tip and cache.generation == generation
@@ -570,7 +571,7 @@ def test_own_notices_read_in_a_batch_are_all_dropped_unparsed(
     theirs = other._binding.cache.last_payload  # type: ignore[union-attr]
     assert theirs is not None
     message = {"type": "smessage", "channel": binding.channel, "data": theirs}
-    coherence.handle_message(message, health, {}, lambda channel: [watch])
+    links.handle_message(message, health, {}, lambda channel: [watch])
     assert health.news == 1 and cache.tip[1] == tip[1] + 1
     assert writer.get_checkpoint() == fresh(writer)
 

@@ -19,8 +19,8 @@ import uuid
 from types import TracebackType
 from typing import Any, Protocol
 
-from ..coherence import fork_generation
 from ..errors import LeaseLostError, LuftRedisError
+from ..forks import fork_generation
 from ..runtime import Signal, Worker
 from ..tasks import AgentTask, Claim
 

@@ -5,7 +5,7 @@
 run's channel (one in all on a plain server), each served by its own worker (a task on the
 loop; a thread in the sync code generated from this module, :mod:`luft_redis._sync.listener`). The
 worker only reads, health-checks and queues: a notice is handed to every
-:class:`~luft_redis.coherence.Watch` of its channel (a header check and a list append), a
+:class:`~luft_redis.watch.Watch` of its channel (a header check and a list append), a
 confirmation marks the watches stale, and a PING goes out every ``max_staleness / 4``. It reads
 in batches: after a batch of this process's own notices only (already applied from the writes'
 replies) it pauses (``COALESCE_SECONDS``, doubling up to ``OWN_PAUSE_SECONDS``), so one wake-up
@@ -32,16 +32,9 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar
 
-from ..coherence import (
-    DEFAULT_MAX_STALENESS,
-    LinkHealth,
-    Router,
-    Watch,
-    handle_message,
-    node_name_for,
-    on_fork,
-)
 from ..connect import is_cluster
+from ..forks import on_fork
+from ..links import DEFAULT_MAX_STALENESS, LinkHealth, Router, handle_message, node_name_for
 from ..runtime import (
     Registry,
     Signal,
@@ -51,6 +44,7 @@ from ..runtime import (
     sync_sleep,
 )
 from ..subscriber import Reconnect, sync_open_subscriber
+from ..watch import Watch
 
 __all__ = [
     "COALESCE_SECONDS",

@@ -21,7 +21,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from .. import types as t
 from ..cache import Offer, RunCache, RunState
-from ..coherence import DEFAULT_MAX_STALENESS, Watch, fork_generation, fork_lock
 from ..connect import Durability, check_async_client, make_async_client
 from ..delta import Delta, UnknownFormat, parse_delta
 from ..errors import (
@@ -34,6 +33,7 @@ from ..errors import (
     RunNotFoundError,
     ValidationError,
 )
+from ..forks import fork_generation, fork_lock
 from ..frontend import (
     _UNBOUND,
     DEFAULT_PAGE_SIZE,
@@ -53,6 +53,7 @@ from ..keys import (
     run_pattern,
     tombstone_key,
 )
+from ..links import DEFAULT_MAX_STALENESS
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..runtime import (
     AsyncLock,
@@ -78,6 +79,7 @@ from ..tasks import (
     submit_args,
 )
 from ..tracing import traced
+from ..watch import Watch
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,

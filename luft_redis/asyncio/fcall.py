@@ -43,8 +43,8 @@ from ..cluster import (
     missing_primaries,
     topology_changed,
 )
-from ..coherence import fork_generation
 from ..connect import is_cluster
+from ..forks import fork_generation
 from ..index import STATUS_FIELDS, script_keys, status_args, warn_index_failure
 from ..keys import run_keys
 from ..retry import REDIS_ERRORS, RetryPolicy, is_function_missing

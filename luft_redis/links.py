@@ -1,54 +1,42 @@
-"""The I/O-free parts of keeping caches coherent: subscriber health, watches, forks.
+"""The subscriber connections of a change listener, without I/O: their health and their
+routes.
 
 * :class:`LinkHealth` is the bookkeeping of one subscriber connection: which channels the
   server confirmed on it, which health-check PINGs are out and when the newest answered one
   was sent. A channel is healthy while it is confirmed on the current connection and a PING
   sent less than ``max_staleness`` ago was answered: every notice published before that PING
   reached the server has then been received (a connection delivers in order).
-* :class:`Watch` is one bound cache as a listener sees it: it hands each notice to the
-  :class:`~luft_redis.cache.RunCache` (a header check and a queue append: no decoding) and asks
-  its front end for work (a reload, change callbacks) through ``on_work``; it never blocks.
-* :func:`fork_generation` counts forks: a backend made before ``os.fork()`` notices in the
-  child that it must take a new writer identity and new connections.
+* :class:`Router` knows which link (one per node) carries which channel, and each channel's
+  watches (:class:`~luft_redis.watch.Watch`); :func:`node_name_for` and
+  :func:`check_primary` find the node that owns a channel's slot (Redis Cluster), and
+  :func:`handle_message` applies one message of a connection (notices to the watches, PONGs
+  to the health, confirmations and lost subscriptions).
 
 The sync listener (:mod:`luft_redis._sync.listener`) and the asyncio one
-(:mod:`luft_redis.asyncio`) do the I/O around these.
+(:mod:`luft_redis.asyncio.listener`) do the I/O around these.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from redis.crc import key_slot
 
-from .cache import Offer, RunCache, forget_snapshots
-from .delta import UnknownFormat, parse_delta
-from .stats import Counters
+from .watch import Watch
 
-__all__ = [
-    "DEFAULT_MAX_STALENESS",
-    "LinkHealth",
-    "Router",
-    "StaleRoute",
-    "Watch",
-    "check_primary",
-    "fork_generation",
-    "fork_lock",
-    "handle_message",
-    "node_name_for",
-    "on_fork",
-]
+__all__ = ["DEFAULT_MAX_STALENESS", "LinkHealth", "Router", "StaleRoute", "check_primary",
+           "handle_message", "monotonic", "node_name_for"]  # fmt: skip
 
 DEFAULT_MAX_STALENESS = 1.0
 """Seconds: ``cache_is_fresh`` is False when the subscriber connection has not proved, within
 this long, that it delivers (a PING on it answered)."""
 
+
 PINGS_PER_STALENESS = 4
 """Health-check PINGs sent per ``max_staleness`` period."""
+
 
 STALL_FACTOR = 3.0
 """A subscriber connection whose oldest unanswered PING is older than this many
@@ -132,51 +120,6 @@ class LinkHealth:
             and last is not None
             and now - last <= limit
         )
-
-
-class Watch:
-    """One bound cache, as its listener sees it (never blocks, never does I/O)."""
-
-    __slots__ = ("__weakref__", "cache", "channel", "counters", "on_work", "wants_changes")
-
-    def __init__(self, cache: RunCache, channel: bytes, on_work: Callable[[Watch], None],
-                 counters: Counters | None = None) -> None:  # fmt: skip
-        self.cache = cache
-        self.channel = channel
-        self.on_work = on_work
-        self.counters = counters if counters is not None else Counters()
-        """The front end's counters: ``notices`` counts the notices this watch applied."""
-        self.wants_changes = False
-        """Set when somebody waits for changes or subscribed callbacks: every applied notice
-        then asks the front end to run them."""
-
-    def notice(self, payload: Any) -> bool:
-        """A notice of the watched channel; False when the cache had applied it already."""
-        cache = self.cache
-        if payload == cache.last_payload or payload in cache.recent:
-            return False  # this process's own write, applied from its reply: no parsing
-        try:
-            delta = parse_delta(payload)
-        except (UnknownFormat, ValueError):
-            cache.mark_stale()
-            self.on_work(self)
-            return True
-        outcome = cache.offer(delta)
-        if outcome is Offer.APPLIED:
-            self.counters.notices += 1
-            if self.wants_changes:
-                self.on_work(self)
-        elif outcome is Offer.OLD:
-            return False
-        else:
-            cache.mark_stale()
-            self.on_work(self)
-        return True
-
-    def subscribed(self) -> None:
-        """The channel was (re)subscribed: notices before it may be lost, so reload."""
-        self.cache.mark_stale()
-        self.on_work(self)
 
 
 class Link(Protocol):
@@ -317,6 +260,23 @@ class StaleRoute(Exception):
     """A subscriber connection went to a node that does not own the channel's slot."""
 
 
+def check_primary(role: Any, name: str) -> None:
+    """Raise :class:`StaleRoute` unless a ``ROLE`` reply says node ``name`` is a primary.
+
+    Right after a failover a refreshed slot map can still name the demoted primary, which
+    would take a sharded subscription as a replica and miss the shard's notices.
+    """
+    kind = role[0] if isinstance(role, (list, tuple)) and role else role
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if kind != "master":
+        raise StaleRoute(f"node {name} is a {kind}, not the slot's primary (stale slot map)")
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
 def handle_message(message: dict[str, Any], health: LinkHealth, asked_unsub: dict[bytes, int],
                    targets: Callable[[bytes], list[Watch]]) -> bytes | None:  # fmt: skip
     """Apply one message of a subscriber connection (no I/O, never blocks).
@@ -355,57 +315,3 @@ def handle_message(message: dict[str, Any], health: LinkHealth, asked_unsub: dic
         health.confirmed.discard(channel)
         raise StaleRoute(f"server unsubscribed {channel!r} (slot moved)")
     return None
-
-
-def check_primary(role: Any, name: str) -> None:
-    """Raise :class:`StaleRoute` unless a ``ROLE`` reply says node ``name`` is a primary.
-
-    Right after a failover a refreshed slot map can still name the demoted primary, which
-    would take a sharded subscription as a replica and miss the shard's notices.
-    """
-    kind = role[0] if isinstance(role, (list, tuple)) and role else role
-    if isinstance(kind, bytes):
-        kind = kind.decode()
-    if kind != "master":
-        raise StaleRoute(f"node {name} is a {kind}, not the slot's primary (stale slot map)")
-
-
-_fork_lock = threading.Lock()
-_fork_generation = 0
-_fork_hooks: list[Callable[[], None]] = []
-
-
-def fork_lock() -> threading.Lock:
-    """A process-wide lock for adopting a fork (made anew in every child, so it is never held
-    by a thread that did not survive the fork)."""
-    return _fork_lock
-
-
-def fork_generation() -> int:
-    """How many times this process was forked from the one that imported luft_redis (a
-    value captured before a fork differs from the value read in the child)."""
-    return _fork_generation
-
-
-def on_fork(hook: Callable[[], None]) -> None:
-    """Run ``hook()`` in every forked child, first thing (it must not take locks)."""
-    with _fork_lock:
-        _fork_hooks.append(hook)
-
-
-def _after_fork_in_child() -> None:
-    global _fork_generation, _fork_lock
-    _fork_generation += 1
-    _fork_lock = threading.Lock()
-    for hook in list(_fork_hooks):
-        hook()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-on_fork(forget_snapshots)
-
-
-def monotonic() -> float:
-    return time.monotonic()
