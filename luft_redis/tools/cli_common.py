@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import uuid
 from typing import Any, Final
@@ -93,7 +94,7 @@ def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def not_redis(url: str, exc: BaseException) -> CommandFailed:
+def not_redis(url: str, exc: object) -> CommandFailed:
     """The failure of a command whose server at ``url`` does not speak Redis."""
     return CommandFailed(f"{redact_url(url)} is not a Redis server (it answered: {exc})",
                          EXIT_UNREACHABLE)  # fmt: skip
@@ -115,8 +116,15 @@ def connect(args: argparse.Namespace) -> Any:
         return client
     except redis.exceptions.InvalidResponse as exc:
         raise not_redis(url, exc) from exc
+    except redis.exceptions.AuthenticationError:
+        raise  # refused, not unreachable: the command's caller says so (exit 3)
+    except redis.exceptions.ConnectionError as exc:  # (some redis-py versions say "closed")
+        answer = _foreign_answer(url)
+        if answer is not None:
+            raise not_redis(url, answer) from exc
+        raise CommandFailed(f"cannot reach Redis at {redact_url(url)}: {exc}",
+                            EXIT_UNREACHABLE) from exc  # fmt: skip
     except (
-        redis.exceptions.ConnectionError,
         redis.exceptions.TimeoutError,
         redis.exceptions.RedisClusterException,
     ) as exc:
@@ -125,6 +133,28 @@ def connect(args: argparse.Namespace) -> Any:
         ) from exc
     except ValueError as exc:
         raise CommandFailed(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
+
+
+_RESP_TYPES: Final = frozenset(b"+-:$*_,#!=(%~>|")
+"""The first byte of every RESP2/RESP3 reply."""
+
+
+def _foreign_answer(url: str) -> str | None:
+    """What the server at a ``redis://`` URL answers a bare ``PING`` with, when that is not
+    RESP (the port runs something else: an HTTP server, a database); None when it is RESP,
+    says nothing, or cannot be reached (a TLS, Unix or Sentinel URL is not probed)."""
+    parts = urlsplit(url)
+    if parts.scheme != "redis" or not parts.hostname:
+        return None
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 6379), timeout=2.0) as sock:
+            sock.sendall(b"PING\r\n")
+            first = sock.recv(64)
+    except (OSError, ValueError):
+        return None
+    if not first or first[0] in _RESP_TYPES:
+        return None
+    return repr(first.split(b"\r\n", 1)[0].decode("latin-1")[:40])
 
 
 _WARNED: set[str] = set()
