@@ -23,6 +23,7 @@ from .errors import CorruptDataError, ValidationError
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "RELEASE_FLOOR",
+    "RENEW_FLOOR",
     "AgentTask",
     "Claim",
     "TaskInfo",
@@ -37,6 +38,11 @@ __all__ = [
 DEFAULT_MAX_ATTEMPTS = 3
 """Failed attempts (lapses, non-ok ``agent_done``, exceptions leaving ``with lease``) after
 which a task is dead until the run is resumed."""
+
+RENEW_FLOOR = 0.25
+"""Seconds a renew may take at least (its retries and its wait for an answer are bounded by
+the lease's time left, or this long when less is left): on a loaded machine one round trip
+can take longer than a lease's last milliseconds. ``lease.lost`` does not wait for it."""
 
 RELEASE_FLOOR = 1.0
 """Seconds a release may take at least: a release waits for the lease's time left, or this

@@ -69,6 +69,7 @@ from ..scripts import Function, translate_error
 from ..tasks import (
     DEFAULT_MAX_ATTEMPTS,
     RELEASE_FLOOR,
+    RENEW_FLOOR,
     AgentTask,
     TaskInfo,
     attempts_arg,
@@ -906,7 +907,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """RENEW: ("ok" | "ended" | "released" | "cancelled", new expiry in unix ms); retried
         within the lease's remaining time, not the backend's retry budget."""
         binding = self._need_run("renew")
-        left = max(0.05, lease.time_left())  # (the local monotonic clock: never the wall's)
+        left = max(RENEW_FLOOR, lease.time_left())  # (the monotonic clock, never the wall)
         policy = RetryPolicy(max_attempts=self._retry.max_attempts, deadline=left,
                              initial_delay=self._retry.initial_delay,
                              max_delay=min(self._retry.max_delay, left / 4))  # fmt: skip
