@@ -32,6 +32,7 @@ FILES = {
     "asyncio/listener.py": "_sync/listener.py",
     "asyncio/fcall.py": "_sync/fcall.py",
     "asyncio/lease.py": "_sync/lease.py",
+    "asyncio/index.py": "_sync/index.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -47,7 +48,7 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease)\b", r"luft_redis._sync.\1"),
+    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index)\b", r"luft_redis._sync.\1"),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""
 

@@ -37,7 +37,11 @@ from collections.abc import Callable
 import redis
 
 from luft_redis import RedisCheckpointBackend, RunDone, RunStatus, TokenUsage
-from luft_redis.index import read_page
+
+try:  # (a tree before the index's reads were written once for both front ends)
+    from luft_redis._sync.index import read_page
+except ImportError:  # pragma: no cover
+    from luft_redis.index import read_page  # type: ignore
 from luft_redis.tools.server import LocalRedisServer, find_redis_server
 
 

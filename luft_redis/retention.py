@@ -328,8 +328,9 @@ def iter_finished_runs(
 
 def _drop_gone(client: Any, prefix: str, members: list[str]) -> None:
     """Remove index entries whose run is gone, with their statuses and counts
-    (:func:`luft_redis.index.remove_entries`; a failure is logged: the index is derived)."""
-    from .index import remove_entries
+    (:func:`luft_redis._sync.index.remove_entries`; a failure is logged: the index is
+    derived)."""
+    from ._sync.index import remove_entries
 
     remove_entries(client, prefix, members)
 

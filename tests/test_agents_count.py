@@ -12,8 +12,9 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from luft_redis import RedisCheckpointBackend, index, interop
+from luft_redis import RedisCheckpointBackend, interop
 from luft_redis import types as t
+from luft_redis._sync import index as index_io
 from luft_redis.keys import run_keys
 
 Client = redis.Redis | RedisCluster
@@ -41,7 +42,7 @@ def truth(backend: RedisCheckpointBackend) -> int:
 
 def shown(client: Client, run_id: uuid.UUID) -> int:
     """What ``luft-redis runs`` shows for the run."""
-    rows = [r for r in index.read_page(client, "luft", limit=500).rows if r.run_id == run_id]
+    rows = [r for r in index_io.read_page(client, "luft", limit=500).rows if r.run_id == run_id]
     assert len(rows) == 1
     return rows[0].agents
 

@@ -63,6 +63,7 @@ from luft_redis import (
 )
 from luft_redis import errors as luft_errors
 from luft_redis.asyncio import AsyncChangeListener
+from luft_redis.asyncio import index as async_index
 from luft_redis.tools.server import LOOPBACK, LocalRedisCluster, LocalRedisServer
 
 _CHILD_RUN_NAME = "_luft_asyncio_child"
@@ -800,7 +801,6 @@ if __name__ == _CHILD_RUN_NAME:
 def test_index_writes_keep_the_status_counts(target: Target) -> None:
     """The asyncio front end's index writes (init, cancel, resume, delete) keep the runs by
     status next to the index (lua/index_status-3.lua), as the sync ones do."""
-    from luft_redis import index
 
     async def main() -> None:
         client = target.client()
@@ -809,13 +809,11 @@ def test_index_writes_keep_the_status_counts(target: Target) -> None:
         for run_id in ids:
             await backend.init_run(run_id, "t", "d")
         await backend.cancel()
-        sync = target.sync_client()
-        assert index.read_counts(sync, "luft").counts["cancelled"] == 1
+        assert (await async_index.read_counts(client, "luft")).counts["cancelled"] == 1
         await backend.reset_status_to_running()
         await backend.delete_run(ids[0])
-        found = index.read_counts(sync, "luft")
+        found = await async_index.read_counts(client, "luft")
         assert found.exact and found.counts["running"] == 2 and found.counts["cancelled"] == 0
-        sync.close()
         await backend.aclose()
         await client.aclose()
 

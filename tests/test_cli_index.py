@@ -14,8 +14,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from luft_redis import index
 from luft_redis._sync import fcall
+from luft_redis._sync import index as index_io
 from luft_redis.keys import run_index_key, run_keys
 from luft_redis.retry import NO_RETRY
 from luft_redis.types import (
@@ -136,28 +136,28 @@ def test_read_page_orders_filters_and_skips_gone_runs(
 ) -> None:
     backend = make_frontend_backend(watch=False)
     runs = _make_runs(redis_client, backend, 10)
-    page = index.read_page(redis_client, "luft", limit=4)
+    page = index_io.read_page(redis_client, "luft", limit=4)
     assert [r.run_id for r in page.rows] == runs[::-1][:4]
     assert page.indexed == 10 and page.gone == 0
 
-    completed = index.read_page(redis_client, "luft", limit=50, statuses=["completed"])
+    completed = index_io.read_page(redis_client, "luft", limit=50, statuses=["completed"])
     assert [r.run_id for r in completed.rows] == [runs[9], runs[6], runs[3], runs[0]]
     assert all(r.status == "completed" for r in completed.rows)
 
-    recent = index.read_page(redis_client, "luft", limit=50, since=1_000_007)
+    recent = index_io.read_page(redis_client, "luft", limit=50, since=1_000_007)
     assert [r.run_id for r in recent.rows] == [runs[9], runs[8], runs[7]]
 
     # a run whose keys went without its index entry (expiry, a raw DEL) is skipped, and its
     # entry leaves the index
     redis_client.delete(*[k for k in run_keys("luft", runs[9]) if not k.endswith(":changes")])
-    page = index.read_page(redis_client, "luft", limit=3)
+    page = index_io.read_page(redis_client, "luft", limit=3)
     assert [r.run_id for r in page.rows] == [runs[8], runs[7], runs[6]]
     assert page.gone == 1 and page.indexed == 9
     assert str(runs[9]) not in _index(redis_client)
-    assert index.read_page(redis_client, "luft", limit=3).gone == 0
+    assert index_io.read_page(redis_client, "luft", limit=3).gone == 0
 
     redis_client.zadd(run_index_key("luft"), {"not-a-run-id": 2_000_000})
-    assert index.rebuild(redis_client, "luft") == (9, 1)
+    assert index_io.rebuild(redis_client, "luft") == (9, 1)
     assert set(_index(redis_client)) == {str(r) for r in runs[:9]}
     assert _index(redis_client)[str(runs[4])] == 1_000_004
 
@@ -168,9 +168,9 @@ def test_rebuild_finds_runs_that_were_never_indexed(
     backend = make_frontend_backend(watch=False)
     runs = _make_runs(redis_client, backend, 5)
     redis_client.delete(run_index_key("luft"))  # as after an upgrade from 0.1
-    assert index.read_page(redis_client, "luft", limit=50).rows == []
-    assert index.rebuild(redis_client, "luft") == (5, 0)
-    page = index.read_page(redis_client, "luft", limit=50)
+    assert index_io.read_page(redis_client, "luft", limit=50).rows == []
+    assert index_io.rebuild(redis_client, "luft") == (5, 0)
+    page = index_io.read_page(redis_client, "luft", limit=50)
     assert [r.run_id for r in page.rows] == runs[::-1]
     assert page.rows[0].task == "task 4" and page.rows[-1].status == "completed"
 
@@ -185,7 +185,7 @@ def test_read_page_removes_entries_of_gone_runs_across_pages(
     gone = [r for i, r in enumerate(runs) if i % 2 == 1]
     for run in gone:
         redis_client.delete(*[k for k in run_keys("luft", run) if not k.endswith(":changes")])
-    page = index.read_page(redis_client, "luft", limit=50, statuses=["running"])
+    page = index_io.read_page(redis_client, "luft", limit=50, statuses=["running"])
     alive_running = [r for i, r in enumerate(runs) if i % 2 == 0 and i % 3 != 0]
     assert [r.run_id for r in page.rows] == alive_running[::-1]
     assert page.gone == len(gone) and page.indexed == 12 - len(gone)
@@ -205,6 +205,6 @@ def test_an_expired_run_leaves_the_index_when_read(
     while redis_client.exists(run_keys("luft", runs[0]).run) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert str(runs[0]) in _index(redis_client)
-    page = index.read_page(redis_client, "luft", limit=50)
+    page = index_io.read_page(redis_client, "luft", limit=50)
     assert [r.run_id for r in page.rows] == [runs[1]] and page.gone == 1
     assert set(_index(redis_client)) == {str(runs[1])}

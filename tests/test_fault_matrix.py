@@ -61,7 +61,8 @@ from luft_redis import (
     Severity,
     TokenUsage,
 )
-from luft_redis.index import read_counts, run_status_key
+from luft_redis._sync.index import read_counts
+from luft_redis.index import run_status_key
 from luft_redis.interop import checkpoint_json, import_run
 from luft_redis.keys import run_index_key, run_keys
 from luft_redis.retention import collect_garbage

@@ -23,8 +23,11 @@ from redis.cluster import RedisCluster
 
 from luft_redis import AgentTask, RedisCheckpointBackend, index
 from luft_redis import types as t
+from luft_redis._sync import index as index_io
+from luft_redis._sync.fcall import call_function
 from luft_redis.errors import CorruptDataError
 from luft_redis.keys import run_index_key, run_keys
+from luft_redis.scripts import library
 
 Client = redis.Redis | RedisCluster
 PREFIX = "luft"
@@ -56,7 +59,7 @@ def truth(backend: RedisCheckpointBackend) -> tuple[int, int, int]:
 
 
 def row_of(client: Client, run_id: uuid.UUID) -> index.IndexRow:
-    rows = [r for r in index.read_page(client, PREFIX, limit=500).rows if r.run_id == run_id]
+    rows = [r for r in index_io.read_page(client, PREFIX, limit=500).rows if r.run_id == run_id]
     assert len(rows) == 1
     return rows[0]
 
@@ -179,9 +182,9 @@ def test_corrupt_counters_are_reported_never_defaulted(
 
 
 def _counts(client: Client) -> dict[str, int]:
-    found = index.read_counts(client, PREFIX)
+    found = index_io.read_counts(client, PREFIX)
     assert found.exact
-    assert found.counts == index.count_over_index(client, PREFIX)
+    assert found.counts == index_io.count_over_index(client, PREFIX)
     return {k: v for k, v in found.counts.items() if v}
 
 
@@ -200,7 +203,7 @@ def test_runs_by_status_are_kept_next_to_the_index(redis_client: Client) -> None
     # a run that expired (its keys gone): the first page that finds it gone drops its count
     for key in run_keys(PREFIX, r0):
         redis_client.delete(key)
-    page = index.read_page(redis_client, PREFIX, limit=50)
+    page = index_io.read_page(redis_client, PREFIX, limit=50)
     assert page.gone == 1
     assert _counts(redis_client) == {"running": 2, "completed": 1}
     for backend, _ in runs:
@@ -214,7 +217,8 @@ def test_an_older_read_never_overwrites_a_newer_status(redis_client: Client) -> 
     now: Any = redis_client.hmget(run_keys(PREFIX, run_id).run, list(index.STATUS_FIELDS))
     stale = index.status_args(run_id, [b"running", now[1], b"1", now[3]])
     assert stale is not None
-    assert index._eval(redis_client, PREFIX, stale) == 0
+    index_status = library().ops.index_status
+    assert call_function(redis_client, index_status, index.script_keys(PREFIX), stale) == 0
     assert _counts(redis_client) == {"cancelled": 1}
     backend.close()
 
@@ -226,19 +230,19 @@ def test_runs_indexed_by_an_older_version_are_counted_and_said_so(redis_client: 
     # as an older version left it: in the index, without a kept status
     redis_client.hdel(index.run_status_key(PREFIX), str(old_id))
     redis_client.hincrby(index.status_counts_key(PREFIX), "cancelled", -1)
-    found = index.read_counts(redis_client, PREFIX)
+    found = index_io.read_counts(redis_client, PREFIX)
     assert not found.exact and found.unkept == 1
     assert found.counts["running"] == 1 and found.counts["cancelled"] == 1
-    assert index.read_counts(redis_client, PREFIX, count=False).counts == {}
-    assert index.rebuild(redis_client, PREFIX) == (2, 0)
+    assert index_io.read_counts(redis_client, PREFIX, count=False).counts == {}
+    assert index_io.rebuild(redis_client, PREFIX) == (2, 0)
     assert _counts(redis_client) == {"running": 1, "cancelled": 1}
     # corrupt counts are reported
     redis_client.hset(index.status_counts_key(PREFIX), "running", "x")
     with pytest.raises(CorruptDataError):
-        index.read_counts(redis_client, PREFIX)
+        index_io.read_counts(redis_client, PREFIX)
     redis_client.hset(index.status_counts_key(PREFIX), "running", "5")
     with pytest.raises(CorruptDataError):
-        index.read_counts(redis_client, PREFIX)
+        index_io.read_counts(redis_client, PREFIX)
     assert redis_client.zcard(run_index_key(PREFIX)) == 2
     backend.close()
     old.close()

@@ -34,6 +34,7 @@ import redis
 
 from luft_redis import AgentTask, RedisCheckpointBackend
 from luft_redis import types as t
+from luft_redis._sync import index as index_io
 
 pytest.importorskip("starlette", reason="the web view needs the 'web' extra (starlette)")
 pytest.importorskip("uvicorn", reason="the web view needs the 'web' extra (uvicorn)")
@@ -300,7 +301,7 @@ def test_runs_of_an_older_version_are_counted_and_corrupt_counters_reported(
     status, _, html_page = _request(server, "GET", "/?wait_counts=1")
     assert status == 200 and "indexed by an older version" in html_page
     assert "corrupt counters" in html_page and "<sup>*</sup>" in html_page
-    assert index.rebuild(client, PREFIX)[0] >= 2
+    assert index_io.rebuild(client, PREFIX)[0] >= 2
     status, _, body = _request(server, "GET", "/api/runs")
     assert json.loads(body)["counts_exact"] is True
     client.close()

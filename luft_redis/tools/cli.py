@@ -51,8 +51,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .. import index
 from .. import types as t
+from .._sync import index as index_io
 from .._sync.backend import RedisCheckpointBackend
 from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
@@ -216,11 +216,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     client = connect(args)
     try:
         if args.rebuild_index:
-            indexed, removed = index.rebuild(client, args.prefix)
+            indexed, removed = index_io.rebuild(client, args.prefix)
             print(f"run index of prefix {args.prefix!r} rebuilt: {indexed} run(s) indexed, "
                   f"{removed} stale entr{'y' if removed == 1 else 'ies'} removed")  # fmt: skip
             return EXIT_OK
-        page = index.read_page(client, args.prefix, limit=args.limit, since=args.since,
+        page = index_io.read_page(client, args.prefix, limit=args.limit, since=args.since,
                                statuses=args.status or ())  # fmt: skip
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise translate_error(exc) from exc

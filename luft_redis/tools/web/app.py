@@ -50,6 +50,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ... import index
+from ...asyncio import index as index_io
 from ...errors import AccessError, CorruptDataError, LuftRedisError
 from ...keys import run_keys
 from ...retry import is_access_error
@@ -260,10 +261,10 @@ class _Counts:
 
 
 class _Runs:
-    """The runs page's reads: ``index.read_page`` on a sync client in a worker thread."""
+    """The runs page's reads of the run index, on the view's asyncio client."""
 
-    def __init__(self, sync_client: Any, prefix: str) -> None:
-        self.client = sync_client
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
         self.prefix = prefix
         self.counts = _Counts()
 
@@ -275,8 +276,8 @@ class _Runs:
         end = (page + 1) * PAGE_SIZE
         limit = SEARCH_DEPTH if text else min(MAX_ROWS, end + 1)
         statuses = [status] if status in index.STATUSES else []
-        found = await asyncio.to_thread(index.read_page, self.client, self.prefix,
-                                        limit=limit, statuses=statuses)  # fmt: skip
+        found = await index_io.read_page(self.client, self.prefix, limit=limit,
+                                         statuses=statuses)  # fmt: skip
         needle = text.casefold().strip()
         rows = [r for r in found.rows if needle in r.task.casefold()
                 or str(r.run_id).startswith(needle)] if text else found.rows  # fmt: skip
@@ -289,8 +290,7 @@ class _Runs:
         reported (``problem``), never shown as a number."""
         state = self.counts
         try:
-            kept = await asyncio.to_thread(index.read_counts, self.client, self.prefix,
-                                           count=False)  # fmt: skip
+            kept = await index_io.read_counts(self.client, self.prefix, count=False)
         except CorruptDataError as exc:
             return _Counts(problem=str(exc))
         if kept.exact:
@@ -300,8 +300,7 @@ class _Runs:
         if now - state.at > COUNTS_MAX_AGE and (state.task is None or state.task.done()):
             async def count() -> None:
                 try:
-                    state.counts = await asyncio.to_thread(index.count_over_index, self.client,
-                                                           self.prefix)  # fmt: skip
+                    state.counts = await index_io.count_over_index(self.client, self.prefix)
                     state.at = time.monotonic()
                 except Exception as exc:
                     logger.warning("counting runs by status failed: %s", exc)
@@ -338,11 +337,11 @@ def _parse_run(request: Request) -> uuid.UUID | None:
         return None
 
 
-def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
+def create_app(config: WebConfig, async_client: Any) -> _ASGI:
     """The guarded ASGI app for ``config`` on the two clients (one asyncio client shared by
     every run's hub, one sync client for the run index)."""
     hubs = Hubs(async_client, config.prefix)
-    runs = _Runs(sync_client, config.prefix)
+    runs = _Runs(async_client, config.prefix)
     host_names = config.host_names()
     warming: set[asyncio.Task[None]] = set()
 

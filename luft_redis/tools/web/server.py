@@ -76,8 +76,8 @@ def _listen(host: str, port: int) -> socket.socket:
 
 async def _main(args: argparse.Namespace, config: WebConfig) -> int:
     sock = _listen(config.host, config.port)
-    try:
-        sync_client = connect(args)
+    try:  # the same checks as every command (unreachable, not Redis, refused): exit 2 or 3
+        connect(args).close()
     except BaseException:
         sock.close()
         raise
@@ -85,7 +85,7 @@ async def _main(args: argparse.Namespace, config: WebConfig) -> int:
     if args.tls_ca_cert:
         kwargs["ssl_ca_certs"] = args.tls_ca_cert
     async_client = make_async_client(args.redis, cluster=args.cluster, **kwargs)
-    app = create_app(config, async_client, sync_client)
+    app = create_app(config, async_client)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", lifespan="on",
                                            timeout_graceful_shutdown=1))  # fmt: skip
@@ -104,5 +104,4 @@ async def _main(args: argparse.Namespace, config: WebConfig) -> int:
         await task
     finally:
         await async_client.aclose()
-        sync_client.close()
     return EXIT_OK if server.started else EXIT_UNREACHABLE
