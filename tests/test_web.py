@@ -783,42 +783,79 @@ def test_log_pages_and_event_streams_are_bounded_by_bytes(
     assert len(first) <= PAGE_BYTES + EVENT_BYTES + 64 * 1024  # (and the state message)
 
 
+# In the page: the first row of a stacked table, where two of its named cells stand (a card
+# puts two short cells on one line), and every header or short cell that wraps (a table whose
+# columns collapse breaks "running" into "runnin g" and 24 into "2 4").
+_CARD = """([a, b]) => {
+  const row = document.querySelector('table.stack tbody tr');
+  const top = (label) => row.querySelector(`td[data-label="${label}"]`).getBoundingClientRect().top;
+  return [top(a), top(b)];
+}"""
+_WRAPPED = """() => Array.from(document.querySelectorAll('table th, table td:not(.text)'))
+  .filter((c) => {
+    if (c.offsetParent === null || c.textContent.trim() === '') return false;
+    const text = document.createRange();
+    text.selectNodeContents(c);  // the text's own lines (a cell is as tall as its row)
+    return text.getBoundingClientRect().height > 1.6 * parseFloat(getComputedStyle(c).lineHeight);
+  }).map((c) => c.textContent)"""
+_TICKS_OUTSIDE = """() => Array.from(document.querySelectorAll('svg.chart text.tick'))
+.filter((t) => {
+  const box = t.getBBox(), view = t.ownerSVGElement.viewBox.baseVal;
+  return box.x < 0 || box.x + box.width > view.width;
+}).map((t) => t.textContent)"""
+
+
 @pytest.mark.slow
 @pytest.mark.full  # a real browser: pytest --full (CI)
 def test_a_phone_sees_every_page_without_sideways_scrolling(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     browser: Any, artifacts: Path,
 ) -> None:  # fmt: skip
-    """At 360 and 390 px wide, the runs page and a run page with agents, tasks, findings and
-    a long task are no wider than the screen, and a table row reads as named cells."""
+    """At 360 and 390 px wide, the runs page and a run page with many agents, tasks (one
+    leased by a worker with a long name), findings and a long task are no wider than the
+    screen, and a table row reads as a card of named cells, two short ones to a line. On a
+    desktop no column collapses (no header, number or status wraps) and the charts' tick
+    labels stay inside the chart."""
     expect = _expect()
     run_id = _new_run(backend, "review the repository " + "with a very long task name " * 6)
     writer = backend()
     writer.open_run(run_id)
     finding = t.Finding(kind="bug", severity=t.Severity.HIGH, title="a finding " * 8,
                         detail="detail " * 40, location=t.Location(file="a/b/c.py", line=1))
-    for _ in range(3):
-        _agent(writer, run_id, model="a-model-with-a-long-name", finding=finding)
-    writer.submit_agents([AgentTask(uuid.uuid4(), 1, {"p": i}) for i in range(2)])
+    for _ in range(8):
+        _agent(writer, run_id, model="a-model-with-a-long-name-20250929", finding=finding,
+               tokens=t.TokenUsage(input=40_000, output=10_500))  # fmt: skip
+    writer.submit_agents([AgentTask(uuid.uuid4(), 1, {"p": i}) for i in range(3)])
+    lease = writer.claim_agent("worker-7.build-farm.internal.example.com:48213", lease_for=60)
+    assert lease is not None
     server = start_web()
-    for width in (360, 390):
+    for width in (360, 390, 1280):
         context = browser.new_context(viewport={"width": width, "height": 800})
         phone = context.new_page()
         try:
             for path in ("/", f"/runs/{run_id}"):
                 phone.goto(server.base + path)
                 if path != "/":
-                    expect(phone.locator("#agents tbody tr")).to_have_count(5,
+                    expect(phone.locator("#agents tbody tr")).to_have_count(11,
                                                                              timeout=LIVE_WAIT_MS)
+                    expect(phone.locator("#chart-tokens svg text.tick").first).to_be_visible()
+                    assert phone.evaluate(_TICKS_OUTSIDE) == [], width
                 scroll = phone.evaluate("document.documentElement.scrollWidth")
                 assert scroll <= width, (path, width, scroll)
-                label = phone.evaluate("getComputedStyle(document.querySelector('table.stack "
-                                       "tbody td'), '::before').content")  # fmt: skip
-                assert label not in ("none", "normal", '""'), label
+                if width < 700:
+                    label = phone.evaluate("getComputedStyle(document.querySelector('table.stack "
+                                           "tbody td:nth-child(2)'), '::before').content")
+                    assert label not in ("none", "normal", '""'), label
+                    pair = ("run", "status") if path == "/" else ("phase", "status")
+                    top_a, top_b = phone.evaluate(_CARD, list(pair))
+                    assert top_a == top_b, (path, width, "two short cells on one line")
+                else:
+                    assert phone.evaluate(_WRAPPED) == [], path
                 name = "runs" if path == "/" else "run"
                 phone.screenshot(path=str(artifacts / f"{name}-{width}px.png"), full_page=True)
         finally:
             context.close()
+    lease.release()
 
 
 @pytest.mark.slow

@@ -432,7 +432,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                           f"<td data-label=\"running\" class=\"a-running\">"
                           f"{row.agents_running}{mark}</td>")  # fmt: skip
             parts.append(
-                f"<tr data-run=\"{row.run_id}\"><td data-label=\"task\">"
+                f"<tr data-run=\"{row.run_id}\"><td data-label=\"task\" class=\"text\">"
                 f"<a href=\"/runs/{row.run_id}\">{_e(one_line(row.task, 80)) or '(no task)'}"
                 f"</a></td><td data-label=\"run\" class=\"run-id\" title=\"{row.run_id}\">"
                 f"<a href=\"/runs/{row.run_id}\">{str(row.run_id)[:8]}</a></td>"
@@ -440,8 +440,9 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
                 f"<td data-label=\"phase\">{row.current_phase}</td>"
                 f"<td data-label=\"agents\" class=\"a-all\">{row.agents}</td>{agents}"
                 f"<td data-label=\"tokens\">{row.total_tokens:,}</td>"
-                f"<td data-label=\"started\">{utc_time(row.created_at)}</td>"
-                f"<td data-label=\"last change\">{utc_time(row.updated_at)}</td></tr>")  # fmt: skip
+                f"<td data-label=\"started\" class=\"wide\">{utc_time(row.created_at)}</td>"
+                f"<td data-label=\"last change\" class=\"wide\">{utc_time(row.updated_at)}"
+                "</td></tr>")  # fmt: skip
         parts.append("</tbody></table>")
         if counted:
             parts.append("<p class=\"note\" id=\"rows-note\"><sup>*</sup> a run written by an "

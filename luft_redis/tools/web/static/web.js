@@ -34,9 +34,18 @@
     if (s < 3600) return Math.floor(s / 60) + " m " + (s % 60) + " s";
     return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " m";
   }
+  function short(n) { // a chart's tick: 950, 12k, 403k, 1.2M
+    const a = Math.abs(n);
+    if (a >= 1e6) return (n / 1e6).toFixed(a >= 1e7 ? 0 : 1).replace(".0", "") + "M";
+    if (a >= 1e4) return Math.round(n / 1e3) + "k";
+    return num(n);
+  }
   function when(unix) { return unix ? new Date(unix * 1000).toISOString().replace(".000", "") : ""; }
+  function clock(unix) { return when(unix).slice(11, 19) + " UTC"; } // a lease lasts minutes: its time of day
   const AGENT_COLUMNS = ["agent", "phase", "status", "model", "role", "tokens", "elapsed", "retries",
     "holder", "attempt", "lease expires"];
+  const TEXT_CELLS = new Set([0, 3, 4, 8]); // free text: wraps (numbers and times never do)
+  const WIDE_CELLS = new Set([3, 8, 10]); // a line of their own on a phone
   const names = new Map(); // agent id -> name, from agent_started events and the agents table
   function statusClass(s) { return "st-" + String(s).replace(/[^a-z_]/g, ""); }
 
@@ -49,7 +58,8 @@
   // ---------------------------------------------------------------- header
   function renderHead(s) {
     const v = s.view || {};
-    $("title").textContent = (s.task || "(no task)").replace(/\s+/g, " ").slice(0, 120);
+    const title = (s.task || "(no task)").replace(/\s+/g, " ").trim();
+    $("title").textContent = title.length > 120 ? title.slice(0, 119) + "…" : title;
     $("task").textContent = s.task || "";
     const head = $("head");
     clear(head);
@@ -165,7 +175,7 @@
       " " + xs(t).toFixed(1) + "," + ys(y).toFixed(1); prev = y; }
     s.appendChild(svg("polyline", { points: d, class: "line" }));
     // ticks: 0, the middle and the end of each axis (the middle one only when it differs)
-    const yl = [0, 0.5, 1].map((f) => num(Math.round(ymax * f)));
+    const yl = [0, 0.5, 1].map((f) => short(Math.round(ymax * f)));
     const xl = [0, 0.5, 1].map((f) => secs((t1 - t0) * f));
     [0, 0.5, 1].forEach((f, i) => {
       if (i === 1 && (yl[1] === yl[0] || yl[1] === yl[2])) return;
@@ -197,12 +207,15 @@
         a.name || a.agent_id.slice(0, 8), a.phase_id, a.status, a.model || "", a.role || "",
         a.tokens === null ? (tb ? num(tb.input + tb.output) : "") : num(a.tokens),
         secs(a.elapsed_s), a.retries || 0, a.holder || "", a.attempt === null ? "" : a.attempt,
-        a.lease_expires_at ? when(a.lease_expires_at) + (a.lease_state === "lapsed" ? " (lapsed)" : "") : "",
+        a.lease_expires_at ? clock(a.lease_expires_at) + (a.lease_state === "lapsed" ? " (lapsed)" : "") : "",
       ];
       cells.forEach((c, i) => {
         const td = el("td", i === 2 ? statusClass(c) : null, c);
+        if (TEXT_CELLS.has(i)) td.classList.add("text");
+        if (WIDE_CELLS.has(i)) td.classList.add("wide");
         td.dataset.label = AGENT_COLUMNS[i];
         if (i === 0) td.title = a.agent_id;
+        if (i === 10 && a.lease_expires_at) td.title = when(a.lease_expires_at);
         tr.appendChild(td);
       });
       body.appendChild(tr);
