@@ -694,6 +694,40 @@ def test_a_malformed_before_is_a_400_naming_it(
         assert "before" in json.loads(body)["error"]
 
 
+def test_an_agents_row_follows_its_task(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+) -> None:  # fmt: skip
+    """An agent a worker started is ready again after its lease was handed back, dead after
+    its last failed attempt, running while leased; ready tasks are not counted in the phase,
+    a dead one is a failure."""
+    run_id = _new_run(backend, "tasks")
+    writer = backend()
+    writer.open_run(run_id)
+    ids = [uuid.uuid4() for _ in range(4)]
+    writer.submit_agents([AgentTask(agent_id, 1, {"p": i}) for i, agent_id in enumerate(ids)],
+                         max_attempts=1)  # fmt: skip
+    leases = []
+    for i, agent_id in enumerate(ids[:3]):  # three workers start three agents
+        lease = writer.claim_agent(f"worker-{i}", lease_for=60)
+        assert lease is not None and lease.agent_id == agent_id
+        leases.append(lease)
+        writer.append_event(t.AgentStarted(run_id=run_id, phase_id=1, agent_id=agent_id,
+                                           prompt_preview="p"))  # fmt: skip
+    leases[0].release(failed=True)  # its only attempt: dead
+    leases[1].release()  # handed back: ready for another worker
+    server = start_web()
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+    assert status == 200
+    view = json.loads(body)["view"]
+    rows = {a["agent_id"]: a["status"] for a in view["agents"]}
+    assert [rows[str(a)] for a in ids] == ["dead", "ready", "running", "ready"], rows
+    assert view["tasks"] | {"lapsed": 0} == {"ready": 2, "leased": 1, "done": 0, "dead": 1,
+                                             "lapsed": 0}  # fmt: skip
+    phase = view["phases"][0]
+    assert (phase["ok"], phase["failed"], phase["running"]) == (0, 1, 1), phase
+    leases[2].release()
+
+
 def test_the_token_login_never_redirects_off_site(start_web: Callable[..., WebServer]) -> None:
     """``GET //evil.example/x?token=T`` sets the cookie and redirects to a path of this
     server, never to ``//evil.example/x`` (a protocol-relative URL: another site)."""

@@ -404,14 +404,18 @@ class RunHub:
             phase_id = result.phase_id if result else (
                 info.phase_id if info.phase_id is not None
                 else (task.phase_id if task else None))  # fmt: skip
-            status = result.status if result else (
-                "running" if agent_id in self.agg.agents or task is None
-                or task.state is TaskState.LEASED else task.state.value)  # ready, dead
-            if phase_id is not None:
+            # a task says where the agent stands now: leased (running), ready (never claimed,
+            # or again after a failed or released attempt), dead; done: its (ok) result
+            if task is not None and task.state is not TaskState.DONE:
+                status = "running" if task.state is TaskState.LEASED else task.state.value
+            elif result is not None:
+                status = result.status
+            else:
+                status = "running" if task is None else task.state.value
+            if phase_id is not None and status != "ready":  # (waiting: not counted)
                 phase = phases.setdefault(phase_id, _phase(phase_id))
-                if result is not None or status == "running":
-                    phase["ok" if status == "ok" else ("running" if result is None
-                                                       else "failed")] += 1  # fmt: skip
+                phase["ok" if status in ("ok", "done") else (
+                    "running" if status == "running" else "failed")] += 1  # fmt: skip
             elapsed: float | None = None
             if info.elapsed_ms is not None:
                 elapsed = info.elapsed_ms / 1000
