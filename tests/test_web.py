@@ -781,40 +781,112 @@ def test_websocket_requests_are_refused_by_the_guard() -> None:
     assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
 
 
+def _sse_chunks(server: WebServer, path: str,
+                done: Callable[[list[bytes]], bool]) -> list[bytes]:  # fmt: skip
+    """The HTTP chunks of an event stream (each one write of the server: what a browser gets
+    at once) until ``done(chunks)``."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        stream = sock.makefile("rb")
+        while stream.readline() not in (b"\r\n", b""):  # the status line and headers
+            pass
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while not done(chunks):
+            assert time.monotonic() < deadline, f"not done after {len(chunks)} chunks"
+            size = int(stream.readline().split(b";")[0], 16)
+            assert size > 0, "the stream ended"
+            chunks.append(stream.read(size))
+            stream.readline()
+        return chunks
+
+
+def _sse_messages(chunk: bytes) -> list[tuple[str, bytes]]:
+    """(event name, data) of each message of a chunk."""
+    out = []
+    for message in chunk.split(b"\n\n"):
+        lines = dict(line.split(b": ", 1) for line in message.split(b"\n") if b": " in line)
+        if b"event" in lines:
+            out.append((lines[b"event"].decode(), lines.get(b"data", b"")))
+    return out
+
+
 def test_log_pages_and_event_streams_are_bounded_by_bytes(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
 ) -> None:  # fmt: skip
-    """40 events of 1 MB output: neither a log page nor the event stream's first chunk
-    carries 40 MB; a big event comes cut, saying so, and paging reaches every event."""
+    """Events of 60 KB (in bytes: 20,000 three-byte characters), one of 1 MB and two of
+    30,000 three-byte characters (90 KB, under 64 Ki characters): a log page and each chunk
+    of the event stream carry at most PAGE_BYTES of events, an event over EVENT_BYTES comes
+    cut, saying so, and every event arrives: older ones in the log's next pages, a burst of
+    newer ones in the stream's next chunks (none skipped). The state message cuts
+    agent-written texts too (a finding's detail of 1 MB, a model name of 100 KB)."""
     from luft_redis.tools.web.hub import EVENT_BYTES, PAGE_BYTES
 
     run_id = _new_run(backend, "huge outputs")
     writer = backend()
     writer.open_run(run_id)
-    for i in range(40):
-        writer.append_event(t.Log(run_id=run_id, agent_id=None, level=t.LogLevel.INFO,
-                                  msg=f"big {i} " + "x" * 1_000_000))  # fmt: skip
+
+    def big(label: str, chars: int, char: str = "€") -> t.Log:
+        return t.Log(run_id=run_id, level=t.LogLevel.INFO, msg=f"{label} " + char * chars)
+
+    writer.append_events([big(f"old {i}", 20_000) for i in range(40)])
+    writer.append_events([big("wide 0", 30_000), big("wide 1", 30_000),
+                          big("huge", 1_000_000, "x")])  # fmt: skip
+    finding = t.Finding(kind="bug", severity=t.Severity.HIGH, title="t" * 100_000,
+                        detail="d" * 1_000_000)  # fmt: skip
+    _agent(writer, run_id, model="m" * 100_000, finding=finding)
     server = start_web()
+
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+    assert status == 200 and len(body.encode()) < 64 * 1024
+    item = json.loads(body)["view"]["findings"][0]["items"][0]
+    assert item["detail"].endswith("has it whole)") and len(item["title"]) < 1000
+
     seen: list[Any] = []
-    before = "+"
+    before, pages = "+", 0
     while True:
         query = urllib.parse.quote(before)
         status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?before={query}")
-        assert status == 200 and len(body) <= PAGE_BYTES + EVENT_BYTES
+        assert status == 200 and len(body.encode()) <= PAGE_BYTES + 100, len(body.encode())
         page = json.loads(body)
-        cut = [e for e in page["events"] if e["type"] == "log"]
-        assert all(e["cut"] is True and "luft-redis events --json" in e["msg"] for e in cut)
+        for event in page["events"]:
+            assert len(json.dumps(event, ensure_ascii=False).encode()) <= EVENT_BYTES
+            if event.get("cut"):  # saying so, in the field that was cut
+                assert any(str(value).endswith("luft-redis events --json has it whole)")
+                           for value in event.values()), event  # fmt: skip
         seen = page["events"] + seen
+        pages += 1
         if not page["more"]:
             break
         before = page["events"][0]["id"]
-    assert [e["type"] for e in seen].count("log") == 40
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=20)
-    conn.request("GET", f"/api/runs/{run_id}/events", headers={"Host": f"127.0.0.1:{server.port}"})
-    response = conn.getresponse()
-    first = response.read1(8 * PAGE_BYTES)  # the first chunk: what a new viewer gets at once
-    conn.close()
-    assert len(first) <= PAGE_BYTES + EVENT_BYTES + 64 * 1024  # (and the state message)
+    logs = {" ".join(e["msg"].split(" ")[:2])[:8]: e.get("cut") for e in seen
+            if e["type"] == "log"}  # fmt: skip
+    assert list(logs) == [f"old {i}" for i in range(40)] + ["wide 0", "wide 1", "huge xxx"]
+    assert [name for name, was_cut in logs.items() if was_cut] == ["wide 0", "wide 1",
+                                                                   "huge xxx"]  # fmt: skip
+    assert pages >= 3
+
+    burst = [big(f"burst {i}", 20_000) for i in range(40)]
+
+    def all_burst(chunks: list[bytes]) -> bool:
+        if len(chunks) == 2:  # the state and the newest events a new viewer gets: a burst
+            writer.append_events(burst)
+        return sum(c.count(b'"msg": "burst ') for c in chunks) >= len(burst)
+
+    chunks = _sse_chunks(server, f"/api/runs/{run_id}/events", all_burst)
+    for chunk in chunks:
+        messages = _sse_messages(chunk)
+        assert "skipped" not in [name for name, _ in messages]
+        events = sum(len(data) for name, data in messages if name == "event")
+        assert events <= PAGE_BYTES, events
+        states = [len(data) for name, data in messages if name == "state"]
+        assert all(size < 64 * 1024 for size in states), states
+    first_events = [json.loads(d) for c in chunks[:2] for n, d in _sse_messages(c) if n == "event"]
+    assert 0 < len(first_events) < 43  # a new viewer: the newest within the budget
+    got = [json.loads(d)["msg"].split(" ", 2)[1] for c in chunks for n, d in _sse_messages(c)
+           if n == "event" and d.startswith(b'{"id"') and b'"msg": "burst ' in d]  # fmt: skip
+    assert got == [str(i) for i in range(40)]
+    assert sum(1 for c in chunks if b'"msg": "burst ' in c) >= 3  # in several chunks
 
 
 # In the page: the first row of a stacked table, where two of its named cells stand (a card

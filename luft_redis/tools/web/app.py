@@ -55,7 +55,7 @@ from ...keys import run_keys
 from ...retry import is_access_error
 from ..cli import decode_page, dumps, run_row_json
 from ..live import one_line, utc_time
-from .hub import PAGE_BYTES, Hubs, RunHub, event_text
+from .hub import PAGE_BYTES, TASK_BYTES, Hubs, RunHub, cut, event_text
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
 
@@ -488,6 +488,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         warming.add(warm)
         warm.add_done_callback(warming.discard)
         task, status = _text(raw_task), _text(raw_status)
+        task_shown = cut(task, TASK_BYTES, "luft-redis show --json")  # (as the state has it)
         meta = f"<meta name=\"luft-run\" content=\"{run_id}\">"
         if config.allow_cancel:
             meta += f"<meta name=\"luft-csrf\" content=\"{config.csrf_token()}\">"
@@ -513,7 +514,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
 <section><h2>Event log</h2><p class="note hidden" id="trimmed"></p>
 <button id="log-older" type="button">older events</button>
 <ol class="log" id="log"></ol></section>
-<details><summary>task</summary><pre id="task">{_e(task)}</pre></details>
+<details><summary>task</summary><pre id="task">{_e(task_shown)}</pre></details>
 """
         return HTMLResponse(_page(f"Run {run_id}", body, meta=meta, script=True))
 
@@ -579,7 +580,7 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         try:  # every stored format (a log upgraded in flight holds two); newest first here
             for eid, event in reversed(decode_page(run_id, key, page)):
                 text = event_text(eid, event)
-                size += len(text)
+                size += len(text.encode()) + 1
                 if texts and size > PAGE_BYTES:  # the older rest: the next page
                     break
                 texts.append(text)
