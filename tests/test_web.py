@@ -692,6 +692,9 @@ def test_a_malformed_before_is_a_400_naming_it(
         status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?before={before}")
         assert status == 400, (before, body)
         assert "before" in json.loads(body)["error"]
+    # well formed, and nothing can be older (Redis refuses the interval): an empty last page
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?before=0-0")
+    assert (status, json.loads(body)) == (200, {"events": [], "more": False}), body
 
 
 def test_an_agents_row_follows_its_task(

@@ -569,6 +569,8 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
         if before != "+" and not _is_entry_id(before):
             return JSONResponse({"error": "before: not a stream entry id (<ms>-<seq>)"}, 400)
         count = min(max(1, _int_arg(request, "count", LOG_PAGE)), 1000)
+        if before == "0-0":  # nothing is older than the first possible id
+            return Response('{"events":[],"more":false}', media_type="application/json")
         key = run_keys(config.prefix, run_id).events
         upper = before if before == "+" else f"({before}"
         try:
