@@ -531,11 +531,14 @@ def test_the_token_cookie_carries_the_browser(
 ) -> None:  # fmt: skip
     expect = _expect()
     run_id = _new_run(backend, "behind a token")
-    server = start_web("--token", "browser-token")
+    server = start_web("--token", "a+b&c#d e%f/?=")  # what a URL would otherwise mangle
     response = page.goto(f"{server.base}/runs/{run_id}")
     assert response is not None and response.status == 401
-    page.goto(f"{server.base}/runs/{run_id}?token=browser-token")
+    response = page.goto(server.url)  # the printed URL, as a person opens it
+    assert response is not None and response.status == 200, server.url
     assert "token" not in page.url
+    expect(page.locator("#runs")).to_be_visible()
+    page.goto(f"{server.base}/runs/{run_id}")  # the cookie carries on
     expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
     writer = backend()
     writer.open_run(run_id)
