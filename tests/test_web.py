@@ -592,6 +592,33 @@ def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
         server.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI)
+def test_the_log_names_an_agent_whose_start_is_not_shown(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    """The log shows the newest 200 events: an agent whose agent_started (the event with its
+    name) is older is named all the same, from the agents table (its id on hover)."""
+    expect = _expect()
+    run_id = _new_run(backend, "a chatty agent")
+    writer = backend()
+    writer.open_run(run_id)
+    agent_id = uuid.uuid4()
+    writer.append_event(t.AgentStarted(run_id=run_id, phase_id=1, agent_id=agent_id,
+                                       prompt_preview="p", name="chatty-agent"))  # fmt: skip
+    writer.append_events([t.Log(run_id=run_id, agent_id=agent_id, level=t.LogLevel.INFO,
+                                msg=f"line {i}") for i in range(250)])  # fmt: skip
+    server = start_web()
+    page.goto(f"{server.base}/runs/{run_id}")
+    last = page.locator("#log li").last
+    expect(last).to_contain_text("line 249", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#log")).not_to_contain_text("agent_started")
+    expect(last).to_contain_text("agent=chatty-agent")
+    assert str(agent_id) not in last.inner_text() and str(agent_id) in (
+        last.get_attribute("title") or "")  # fmt: skip
+
+
 def test_the_page_assets_are_in_the_installed_package() -> None:
     """CI installs the wheel: the page's script and style must be inside the package."""
     from luft_redis.tools.web.app import STATIC

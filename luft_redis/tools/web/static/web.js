@@ -258,10 +258,17 @@
     return iso.slice(11, 23);
   }
   function agentName(id) { return names.get(id) || String(id).slice(0, 8); }
+  function nameAgents() {
+    // log lines drawn before their agent's name was known (its agent_started is older than
+    // the log shown): named once the agents table or a later event tells it
+    for (const span of document.querySelectorAll("#log .ev-agent.unnamed")) {
+      const name = names.get(span.dataset.agent);
+      if (name) { span.textContent = "agent=" + name; span.classList.remove("unnamed"); }
+    }
+  }
   function eventText(e) {
     const skip = new Set(["id", "type", "run_id", "ts", "v", "agent_id", "name"]);
     const parts = [];
-    if (e.agent_id) parts.push("agent=" + agentName(e.agent_id));
     for (const k in e) {
       if (skip.has(k)) continue;
       let val = e[k];
@@ -280,6 +287,12 @@
     li.title = "entry " + e.id + (e.ts ? ", " + e.ts : "") + (e.agent_id ? ", agent " + e.agent_id : "");
     li.appendChild(el("span", "ev-id", evTime(e)));
     li.appendChild(el("span", "ev-type", e.type));
+    if (e.agent_id) {
+      const agent = el("span", "ev-agent" + (names.has(e.agent_id) ? "" : " unnamed"),
+        "agent=" + agentName(e.agent_id));
+      agent.dataset.agent = e.agent_id;
+      li.appendChild(agent);
+    }
     li.appendChild(el("span", "ev-text", eventText(e)));
     return li;
   }
@@ -292,6 +305,7 @@
     }
     while (log.childNodes.length > MAX_LOG) { log.removeChild(log.firstChild); oldest = log.firstChild.dataset.id; }
     if (atBottom) log.scrollTop = log.scrollHeight;
+    nameAgents();
     updateOlder();
   }
   let noneOlder = false; // the log API said there is nothing before the oldest shown
@@ -311,6 +325,7 @@
     for (const e of body.events) log.insertBefore(logLine(e), first);
     if (body.events.length) oldest = body.events[0].id;
     noneOlder = !body.more;
+    nameAgents();
     updateOlder();
   }
 
@@ -336,6 +351,7 @@
     chart("chart-tokens", v.chart.tokens, "tokens over time");
     chart("chart-agents", v.chart.agents, "agents finished over time");
     renderAgents(v);
+    nameAgents();
     renderFindings(v);
     renderAge();
     updateOlder();
