@@ -501,7 +501,8 @@ def create_app(config: WebConfig, async_client: Any, sync_client: Any) -> _ASGI:
 </dl><div id="actions"></div></section>
 <section><h2>Phases</h2><div id="phases"></div></section>
 <section class="charts"><div><h2>Tokens over time</h2><div id="chart-tokens"></div></div>
-<div><h2>Agents finished over time</h2><div id="chart-agents"></div></div></section>
+<div><h2>Agents finished over time <span class="note" title="a retried agent is counted once,
+when it first finished">(each agent once)</span></h2><div id="chart-agents"></div></div></section>
 <section><h2>Agents <span id="agents-count" class="note"></span></h2>
 <p class="note" id="tasks"></p>
 <table class="agents stack" id="agents"><thead><tr><th>agent</th><th>phase</th>
