@@ -942,6 +942,9 @@ _TICKS_OUTSIDE = """() => Array.from(document.querySelectorAll('svg.chart text.t
   const box = t.getBBox(), view = t.ownerSVGElement.viewBox.baseVal;
   return box.x < 0 || box.x + box.width > view.width;
 }).map((t) => t.textContent)"""
+_AGENT_TICKS = """() => Array.from(document.querySelectorAll('#chart-agents svg text.tick.end'))
+  .filter((t) => t.getAttribute('x') === t.parentNode.querySelector('text.tick.end')
+    .getAttribute('x')).map((t) => [Number(t.textContent), Number(t.getAttribute('y'))])"""
 
 
 @pytest.mark.slow
@@ -961,7 +964,7 @@ def test_a_phone_sees_every_page_without_sideways_scrolling(
     writer.open_run(run_id)
     finding = t.Finding(kind="bug", severity=t.Severity.HIGH, title="a finding " * 8,
                         detail="detail " * 40, location=t.Location(file="a/b/c.py", line=1))
-    for _ in range(8):
+    for _ in range(9):
         _agent(writer, run_id, model="a-model-with-a-long-name-20250929", finding=finding,
                tokens=t.TokenUsage(input=40_000, output=10_500))  # fmt: skip
     writer.submit_agents([AgentTask(uuid.uuid4(), 1, {"p": i}) for i in range(3)])
@@ -975,10 +978,15 @@ def test_a_phone_sees_every_page_without_sideways_scrolling(
             for path in ("/", f"/runs/{run_id}"):
                 phone.goto(server.base + path)
                 if path != "/":
-                    expect(phone.locator("#agents tbody tr")).to_have_count(11,
+                    expect(phone.locator("#agents tbody tr")).to_have_count(12,
                                                                              timeout=LIVE_WAIT_MS)
                     expect(phone.locator("#chart-tokens svg text.tick").first).to_be_visible()
                     assert phone.evaluate(_TICKS_OUTSIDE) == [], width
+                    # 9 agents finished: the middle tick reads 5 and stands at 5, not at 4.5
+                    ticks = sorted(phone.evaluate(_AGENT_TICKS))
+                    assert [value for value, _ in ticks] == [0, 5, 9], ticks
+                    (_, zero), (_, mid), (_, top) = ticks
+                    assert abs(mid - (zero + (top - zero) * 5 / 9)) < 0.5, ticks
                 scroll = phone.evaluate("document.documentElement.scrollWidth")
                 assert scroll <= width, (path, width, scroll)
                 if width < 700:

@@ -174,22 +174,26 @@
     for (const [t, y] of points) { d += (d ? " " : "") + xs(t).toFixed(1) + "," + ys(prev).toFixed(1) +
       " " + xs(t).toFixed(1) + "," + ys(y).toFixed(1); prev = y; }
     s.appendChild(svg("polyline", { points: d, class: "line" }));
-    // ticks: 0, the middle and the end of each axis (the middle one only when it differs)
-    const yl = [0, 0.5, 1].map((f) => short(Math.round(ymax * f)));
-    const xl = [0, 0.5, 1].map((f) => secs((t1 - t0) * f));
-    [0, 0.5, 1].forEach((f, i) => {
-      if (i === 1 && (yl[1] === yl[0] || yl[1] === yl[2])) return;
-      const y = ys(ymax * f);
+    // ticks: 0, the middle and the end of each axis, each where its label's value is (the
+    // middle rounded as its label shows it; left out when it reads as an end)
+    const span = t1 - t0, half = ymax / 2;
+    const ystep = half >= 1e7 ? 1e6 : half >= 1e6 ? 1e5 : half >= 1e4 ? 1e3 : 1;
+    const ymid = Math.round(half / ystep) * ystep;
+    const xmid = span / 2 >= 3600 ? Math.round(span / 120) * 60 : Math.round(span / 2);
+    const yticks = [0, ymid, ymax], xticks = [0, xmid, span];
+    yticks.forEach((value, i) => {
+      if (i === 1 && (short(value) === short(0) || short(value) === short(ymax))) return;
+      const y = ys(value);
       s.appendChild(svg("line", { x1: P - 4, y1: y, x2: P, y2: y, class: "axis" }));
       const label = svg("text", { x: P - 6, y: y + 3, class: "tick end" });
-      label.textContent = yl[i]; s.appendChild(label);
+      label.textContent = short(value); s.appendChild(label);
     });
-    [0, 0.5, 1].forEach((f, i) => {
-      if (i === 1 && (xl[1] === xl[0] || xl[1] === xl[2])) return;
-      const x = xs(t0 + (t1 - t0) * f);
+    xticks.forEach((value, i) => {
+      if (i === 1 && (secs(value) === secs(0) || secs(value) === secs(span))) return;
+      const x = xs(t0 + value);
       s.appendChild(svg("line", { x1: x, y1: H - P, x2: x, y2: H - P + 4, class: "axis" }));
       const label = svg("text", { x: x, y: H - P + 16, class: ["tick", "tick mid", "tick end"][i] });
-      label.textContent = xl[i]; s.appendChild(label);
+      label.textContent = secs(value); s.appendChild(label);
     });
     box.appendChild(s);
   }
