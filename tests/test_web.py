@@ -532,11 +532,14 @@ def test_the_token_cookie_carries_the_browser(
 ) -> None:  # fmt: skip
     expect = _expect()
     run_id = _new_run(backend, "behind a token")
-    server = start_web("--token", "browser-token")
+    server = start_web("--token", "a+b&c#d e%f/?=")  # what a URL would otherwise mangle
     response = page.goto(f"{server.base}/runs/{run_id}")
     assert response is not None and response.status == 401
-    page.goto(f"{server.base}/runs/{run_id}?token=browser-token")
+    response = page.goto(server.url)  # the printed URL, as a person opens it
+    assert response is not None and response.status == 200, server.url
     assert "token" not in page.url
+    expect(page.locator("#runs")).to_be_visible()
+    page.goto(f"{server.base}/runs/{run_id}")  # the cookie carries on
     expect(page.locator("#age")).to_have_text("live", timeout=LIVE_WAIT_MS)
     writer = backend()
     writer.open_run(run_id)
@@ -588,6 +591,33 @@ def test_a_redis_that_goes_away_shows_a_banner_and_comes_back(
         if web is not None:
             _stop(web)
         server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI)
+def test_the_log_names_an_agent_whose_start_is_not_shown(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    """The log shows the newest 200 events: an agent whose agent_started (the event with its
+    name) is older is named all the same, from the agents table (its id on hover)."""
+    expect = _expect()
+    run_id = _new_run(backend, "a chatty agent")
+    writer = backend()
+    writer.open_run(run_id)
+    agent_id = uuid.uuid4()
+    writer.append_event(t.AgentStarted(run_id=run_id, phase_id=1, agent_id=agent_id,
+                                       prompt_preview="p", name="chatty-agent"))  # fmt: skip
+    writer.append_events([t.Log(run_id=run_id, agent_id=agent_id, level=t.LogLevel.INFO,
+                                msg=f"line {i}") for i in range(250)])  # fmt: skip
+    server = start_web()
+    page.goto(f"{server.base}/runs/{run_id}")
+    last = page.locator("#log li").last
+    expect(last).to_contain_text("line 249", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#log")).not_to_contain_text("agent_started")
+    expect(last).to_contain_text("agent=chatty-agent")
+    assert str(agent_id) not in last.inner_text() and str(agent_id) in (
+        last.get_attribute("title") or "")  # fmt: skip
 
 
 def test_the_page_assets_are_in_the_installed_package() -> None:
@@ -693,6 +723,43 @@ def test_a_malformed_before_is_a_400_naming_it(
         status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?before={before}")
         assert status == 400, (before, body)
         assert "before" in json.loads(body)["error"]
+    # well formed, and nothing can be older (Redis refuses the interval): an empty last page
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?before=0-0")
+    assert (status, json.loads(body)) == (200, {"events": [], "more": False}), body
+
+
+def test_an_agents_row_follows_its_task(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+) -> None:  # fmt: skip
+    """An agent a worker started is ready again after its lease was handed back, dead after
+    its last failed attempt, running while leased; ready tasks are not counted in the phase,
+    a dead one is a failure."""
+    run_id = _new_run(backend, "tasks")
+    writer = backend()
+    writer.open_run(run_id)
+    ids = [uuid.uuid4() for _ in range(4)]
+    writer.submit_agents([AgentTask(agent_id, 1, {"p": i}) for i, agent_id in enumerate(ids)],
+                         max_attempts=1)  # fmt: skip
+    leases = []
+    for i, agent_id in enumerate(ids[:3]):  # three workers start three agents
+        lease = writer.claim_agent(f"worker-{i}", lease_for=60)
+        assert lease is not None and lease.agent_id == agent_id
+        leases.append(lease)
+        writer.append_event(t.AgentStarted(run_id=run_id, phase_id=1, agent_id=agent_id,
+                                           prompt_preview="p"))  # fmt: skip
+    leases[0].release(failed=True)  # its only attempt: dead
+    leases[1].release()  # handed back: ready for another worker
+    server = start_web()
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+    assert status == 200
+    view = json.loads(body)["view"]
+    rows = {a["agent_id"]: a["status"] for a in view["agents"]}
+    assert [rows[str(a)] for a in ids] == ["dead", "ready", "running", "ready"], rows
+    assert view["tasks"] | {"lapsed": 0} == {"ready": 2, "leased": 1, "done": 0, "dead": 1,
+                                             "lapsed": 0}  # fmt: skip
+    phase = view["phases"][0]
+    assert (phase["ok"], phase["failed"], phase["running"]) == (0, 1, 1), phase
+    leases[2].release()
 
 
 def test_the_token_login_never_redirects_off_site(start_web: Callable[..., WebServer]) -> None:
@@ -748,40 +815,137 @@ def test_websocket_requests_are_refused_by_the_guard() -> None:
     assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
 
 
+def _sse_chunks(server: WebServer, path: str,
+                done: Callable[[list[bytes]], bool]) -> list[bytes]:  # fmt: skip
+    """The HTTP chunks of an event stream (each one write of the server: what a browser gets
+    at once) until ``done(chunks)``."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+        stream = sock.makefile("rb")
+        while stream.readline() not in (b"\r\n", b""):  # the status line and headers
+            pass
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while not done(chunks):
+            assert time.monotonic() < deadline, f"not done after {len(chunks)} chunks"
+            size = int(stream.readline().split(b";")[0], 16)
+            assert size > 0, "the stream ended"
+            chunks.append(stream.read(size))
+            stream.readline()
+        return chunks
+
+
+def _sse_messages(chunk: bytes) -> list[tuple[str, bytes]]:
+    """(event name, data) of each message of a chunk."""
+    out = []
+    for message in chunk.split(b"\n\n"):
+        lines = dict(line.split(b": ", 1) for line in message.split(b"\n") if b": " in line)
+        if b"event" in lines:
+            out.append((lines[b"event"].decode(), lines.get(b"data", b"")))
+    return out
+
+
 def test_log_pages_and_event_streams_are_bounded_by_bytes(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
 ) -> None:  # fmt: skip
-    """40 events of 1 MB output: neither a log page nor the event stream's first chunk
-    carries 40 MB; a big event comes cut, saying so, and paging reaches every event."""
+    """Events of 60 KB (in bytes: 20,000 three-byte characters), one of 1 MB and two of
+    30,000 three-byte characters (90 KB, under 64 Ki characters): a log page and each chunk
+    of the event stream carry at most PAGE_BYTES of events, an event over EVENT_BYTES comes
+    cut, saying so, and every event arrives: older ones in the log's next pages, a burst of
+    newer ones in the stream's next chunks (none skipped). The state message cuts
+    agent-written texts too (a finding's detail of 1 MB, a model name of 100 KB)."""
     from luft_redis.tools.web.hub import EVENT_BYTES, PAGE_BYTES
 
     run_id = _new_run(backend, "huge outputs")
     writer = backend()
     writer.open_run(run_id)
-    for i in range(40):
-        writer.append_event(t.Log(run_id=run_id, agent_id=None, level=t.LogLevel.INFO,
-                                  msg=f"big {i} " + "x" * 1_000_000))  # fmt: skip
+
+    def big(label: str, chars: int, char: str = "€") -> t.Log:
+        return t.Log(run_id=run_id, level=t.LogLevel.INFO, msg=f"{label} " + char * chars)
+
+    writer.append_events([big(f"old {i}", 20_000) for i in range(40)])
+    writer.append_events([big("wide 0", 30_000), big("wide 1", 30_000),
+                          big("huge", 1_000_000, "x")])  # fmt: skip
+    finding = t.Finding(kind="bug", severity=t.Severity.HIGH, title="t" * 100_000,
+                        detail="d" * 1_000_000)  # fmt: skip
+    _agent(writer, run_id, model="m" * 100_000, finding=finding)
     server = start_web()
+
+    status, _, body = _request(server, "GET", f"/api/runs/{run_id}")
+    assert status == 200 and len(body.encode()) < 64 * 1024
+    item = json.loads(body)["view"]["findings"][0]["items"][0]
+    assert item["detail"].endswith("has it whole)") and len(item["title"]) < 1000
+
     seen: list[Any] = []
-    before = "+"
+    before, pages = "+", 0
     while True:
         query = urllib.parse.quote(before)
         status, _, body = _request(server, "GET", f"/api/runs/{run_id}/log?before={query}")
-        assert status == 200 and len(body) <= PAGE_BYTES + EVENT_BYTES
+        assert status == 200 and len(body.encode()) <= PAGE_BYTES + 100, len(body.encode())
         page = json.loads(body)
-        cut = [e for e in page["events"] if e["type"] == "log"]
-        assert all(e["cut"] is True and "luft-redis events --json" in e["msg"] for e in cut)
+        for event in page["events"]:
+            assert len(json.dumps(event, ensure_ascii=False).encode()) <= EVENT_BYTES
+            if event.get("cut"):  # saying so, in the field that was cut
+                assert any(str(value).endswith("luft-redis events --json has it whole)")
+                           for value in event.values()), event  # fmt: skip
         seen = page["events"] + seen
+        pages += 1
         if not page["more"]:
             break
         before = page["events"][0]["id"]
-    assert [e["type"] for e in seen].count("log") == 40
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=20)
-    conn.request("GET", f"/api/runs/{run_id}/events", headers={"Host": f"127.0.0.1:{server.port}"})
-    response = conn.getresponse()
-    first = response.read1(8 * PAGE_BYTES)  # the first chunk: what a new viewer gets at once
-    conn.close()
-    assert len(first) <= PAGE_BYTES + EVENT_BYTES + 64 * 1024  # (and the state message)
+    logs = {" ".join(e["msg"].split(" ")[:2])[:8]: e.get("cut") for e in seen
+            if e["type"] == "log"}  # fmt: skip
+    assert list(logs) == [f"old {i}" for i in range(40)] + ["wide 0", "wide 1", "huge xxx"]
+    assert [name for name, was_cut in logs.items() if was_cut] == ["wide 0", "wide 1",
+                                                                   "huge xxx"]  # fmt: skip
+    assert pages >= 3
+
+    burst = [big(f"burst {i}", 20_000) for i in range(40)]
+
+    def all_burst(chunks: list[bytes]) -> bool:
+        if len(chunks) == 2:  # the state and the newest events a new viewer gets: a burst
+            writer.append_events(burst)
+        return sum(c.count(b'"msg": "burst ') for c in chunks) >= len(burst)
+
+    chunks = _sse_chunks(server, f"/api/runs/{run_id}/events", all_burst)
+    for chunk in chunks:
+        messages = _sse_messages(chunk)
+        assert "skipped" not in [name for name, _ in messages]
+        events = sum(len(data) for name, data in messages if name == "event")
+        assert events <= PAGE_BYTES, events
+        states = [len(data) for name, data in messages if name == "state"]
+        assert all(size < 64 * 1024 for size in states), states
+    first_events = [json.loads(d) for c in chunks[:2] for n, d in _sse_messages(c) if n == "event"]
+    assert 0 < len(first_events) < 43  # a new viewer: the newest within the budget
+    got = [json.loads(d)["msg"].split(" ", 2)[1] for c in chunks for n, d in _sse_messages(c)
+           if n == "event" and d.startswith(b'{"id"') and b'"msg": "burst ' in d]  # fmt: skip
+    assert got == [str(i) for i in range(40)]
+    assert sum(1 for c in chunks if b'"msg": "burst ' in c) >= 3  # in several chunks
+
+
+# In the page: the first row of a stacked table, where two of its named cells stand (a card
+# puts two short cells on one line), and every header or short cell that wraps (a table whose
+# columns collapse breaks "running" into "runnin g" and 24 into "2 4").
+_CARD = """([a, b]) => {
+  const row = document.querySelector('table.stack tbody tr');
+  const top = (label) => row.querySelector(`td[data-label="${label}"]`).getBoundingClientRect().top;
+  return [top(a), top(b)];
+}"""
+_WRAPPED = """() => Array.from(document.querySelectorAll('table th, table td:not(.text)'))
+  .filter((c) => {
+    if (c.offsetParent === null || c.textContent.trim() === '') return false;
+    const text = document.createRange();
+    text.selectNodeContents(c);  // the text's own lines (a cell is as tall as its row)
+    return text.getBoundingClientRect().height > 1.6 * parseFloat(getComputedStyle(c).lineHeight);
+  }).map((c) => c.textContent)"""
+_TICKS_OUTSIDE = """() => Array.from(document.querySelectorAll('svg.chart text.tick'))
+.filter((t) => {
+  const box = t.getBBox(), view = t.ownerSVGElement.viewBox.baseVal;
+  return box.x < 0 || box.x + box.width > view.width;
+}).map((t) => t.textContent)"""
+_AGENT_TICKS = """() => Array.from(document.querySelectorAll('#chart-agents svg text.tick.end'))
+  .filter((t) => t.getAttribute('x') === t.parentNode.querySelector('text.tick.end')
+    .getAttribute('x')).map((t) => [Number(t.textContent), Number(t.getAttribute('y'))])"""
 
 
 @pytest.mark.slow
@@ -790,36 +954,56 @@ def test_a_phone_sees_every_page_without_sideways_scrolling(
     start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
     browser: Any, artifacts: Path,
 ) -> None:  # fmt: skip
-    """At 360 and 390 px wide, the runs page and a run page with agents, tasks, findings and
-    a long task are no wider than the screen, and a table row reads as named cells."""
+    """At 360 and 390 px wide, the runs page and a run page with many agents, tasks (one
+    leased by a worker with a long name), findings and a long task are no wider than the
+    screen, and a table row reads as a card of named cells, two short ones to a line. On a
+    desktop no column collapses (no header, number or status wraps) and the charts' tick
+    labels stay inside the chart."""
     expect = _expect()
     run_id = _new_run(backend, "review the repository " + "with a very long task name " * 6)
     writer = backend()
     writer.open_run(run_id)
     finding = t.Finding(kind="bug", severity=t.Severity.HIGH, title="a finding " * 8,
                         detail="detail " * 40, location=t.Location(file="a/b/c.py", line=1))
-    for _ in range(3):
-        _agent(writer, run_id, model="a-model-with-a-long-name", finding=finding)
-    writer.submit_agents([AgentTask(uuid.uuid4(), 1, {"p": i}) for i in range(2)])
+    for _ in range(9):
+        _agent(writer, run_id, model="a-model-with-a-long-name-20250929", finding=finding,
+               tokens=t.TokenUsage(input=40_000, output=10_500))  # fmt: skip
+    writer.submit_agents([AgentTask(uuid.uuid4(), 1, {"p": i}) for i in range(3)])
+    lease = writer.claim_agent("worker-7.build-farm.internal.example.com:48213", lease_for=60)
+    assert lease is not None
     server = start_web()
-    for width in (360, 390):
+    for width in (360, 390, 1280):
         context = browser.new_context(viewport={"width": width, "height": 800})
         phone = context.new_page()
         try:
             for path in ("/", f"/runs/{run_id}"):
                 phone.goto(server.base + path)
                 if path != "/":
-                    expect(phone.locator("#agents tbody tr")).to_have_count(5,
+                    expect(phone.locator("#agents tbody tr")).to_have_count(12,
                                                                              timeout=LIVE_WAIT_MS)
+                    expect(phone.locator("#chart-tokens svg text.tick").first).to_be_visible()
+                    assert phone.evaluate(_TICKS_OUTSIDE) == [], width
+                    # 9 agents finished: the middle tick reads 5 and stands at 5, not at 4.5
+                    ticks = sorted(phone.evaluate(_AGENT_TICKS))
+                    assert [value for value, _ in ticks] == [0, 5, 9], ticks
+                    (_, zero), (_, mid), (_, top) = ticks
+                    assert abs(mid - (zero + (top - zero) * 5 / 9)) < 0.5, ticks
                 scroll = phone.evaluate("document.documentElement.scrollWidth")
                 assert scroll <= width, (path, width, scroll)
-                label = phone.evaluate("getComputedStyle(document.querySelector('table.stack "
-                                       "tbody td'), '::before').content")  # fmt: skip
-                assert label not in ("none", "normal", '""'), label
+                if width < 700:
+                    label = phone.evaluate("getComputedStyle(document.querySelector('table.stack "
+                                           "tbody td:nth-child(2)'), '::before').content")
+                    assert label not in ("none", "normal", '""'), label
+                    pair = ("run", "status") if path == "/" else ("phase", "status")
+                    top_a, top_b = phone.evaluate(_CARD, list(pair))
+                    assert top_a == top_b, (path, width, "two short cells on one line")
+                else:
+                    assert phone.evaluate(_WRAPPED) == [], path
                 name = "runs" if path == "/" else "run"
                 phone.screenshot(path=str(artifacts / f"{name}-{width}px.png"), full_page=True)
         finally:
             context.close()
+    lease.release()
 
 
 @pytest.mark.slow

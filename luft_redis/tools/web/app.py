@@ -55,7 +55,7 @@ from ...errors import AccessError, CorruptDataError, LuftRedisError
 from ...keys import run_keys
 from ...retry import is_access_error
 from ..render import decode_page, dumps, one_line, run_row_json, utc_time
-from .hub import PAGE_BYTES, Hubs, RunHub, event_text
+from .hub import PAGE_BYTES, TASK_BYTES, Hubs, RunHub, cut, event_text
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
 
@@ -430,7 +430,7 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
                           f"<td data-label=\"running\" class=\"a-running\">"
                           f"{row.agents_running}{mark}</td>")  # fmt: skip
             parts.append(
-                f"<tr data-run=\"{row.run_id}\"><td data-label=\"task\">"
+                f"<tr data-run=\"{row.run_id}\"><td data-label=\"task\" class=\"text\">"
                 f"<a href=\"/runs/{row.run_id}\">{_e(one_line(row.task, 80)) or '(no task)'}"
                 f"</a></td><td data-label=\"run\" class=\"run-id\" title=\"{row.run_id}\">"
                 f"<a href=\"/runs/{row.run_id}\">{str(row.run_id)[:8]}</a></td>"
@@ -438,8 +438,9 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
                 f"<td data-label=\"phase\">{row.current_phase}</td>"
                 f"<td data-label=\"agents\" class=\"a-all\">{row.agents}</td>{agents}"
                 f"<td data-label=\"tokens\">{row.total_tokens:,}</td>"
-                f"<td data-label=\"started\">{utc_time(row.created_at)}</td>"
-                f"<td data-label=\"last change\">{utc_time(row.updated_at)}</td></tr>")  # fmt: skip
+                f"<td data-label=\"started\" class=\"wide\">{utc_time(row.created_at)}</td>"
+                f"<td data-label=\"last change\" class=\"wide\">{utc_time(row.updated_at)}"
+                "</td></tr>")  # fmt: skip
         parts.append("</tbody></table>")
         if counted:
             parts.append("<p class=\"note\" id=\"rows-note\"><sup>*</sup> a run written by an "
@@ -485,6 +486,7 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
         warming.add(warm)
         warm.add_done_callback(warming.discard)
         task, status = _text(raw_task), _text(raw_status)
+        task_shown = cut(task, TASK_BYTES, "luft-redis show --json")  # (as the state has it)
         meta = f"<meta name=\"luft-run\" content=\"{run_id}\">"
         if config.allow_cancel:
             meta += f"<meta name=\"luft-csrf\" content=\"{config.csrf_token()}\">"
@@ -497,7 +499,8 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
 </dl><div id="actions"></div></section>
 <section><h2>Phases</h2><div id="phases"></div></section>
 <section class="charts"><div><h2>Tokens over time</h2><div id="chart-tokens"></div></div>
-<div><h2>Agents finished over time</h2><div id="chart-agents"></div></div></section>
+<div><h2>Agents finished over time <span class="note" title="a retried agent is counted once,
+when it first finished">(each agent once)</span></h2><div id="chart-agents"></div></div></section>
 <section><h2>Agents <span id="agents-count" class="note"></span></h2>
 <p class="note" id="tasks"></p>
 <table class="agents stack" id="agents"><thead><tr><th>agent</th><th>phase</th>
@@ -510,7 +513,7 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
 <section><h2>Event log</h2><p class="note hidden" id="trimmed"></p>
 <button id="log-older" type="button">older events</button>
 <ol class="log" id="log"></ol></section>
-<details><summary>task</summary><pre id="task">{_e(task)}</pre></details>
+<details><summary>task</summary><pre id="task">{_e(task_shown)}</pre></details>
 """
         return HTMLResponse(_page(f"Run {run_id}", body, meta=meta, script=True))
 
@@ -565,6 +568,8 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
         if before != "+" and not _is_entry_id(before):
             return JSONResponse({"error": "before: not a stream entry id (<ms>-<seq>)"}, 400)
         count = min(max(1, _int_arg(request, "count", LOG_PAGE)), 1000)
+        if before == "0-0":  # nothing is older than the first possible id
+            return Response('{"events":[],"more":false}', media_type="application/json")
         key = run_keys(config.prefix, run_id).events
         upper = before if before == "+" else f"({before}"
         try:
@@ -576,7 +581,7 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
         try:  # every stored format (a log upgraded in flight holds two); newest first here
             for eid, event in reversed(decode_page(run_id, key, page)):
                 text = event_text(eid, event)
-                size += len(text)
+                size += len(text.encode()) + 1
                 if texts and size > PAGE_BYTES:  # the older rest: the next page
                     break
                 texts.append(text)

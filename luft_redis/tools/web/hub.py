@@ -76,15 +76,23 @@ CHART_POINTS: Final = 120
 """At most this many points per chart line (downsampled from the aggregates)."""
 
 EVENT_BYTES: Final = 64 * 1024
-"""The largest event message the view sends: a bigger event is sent cut (its large fields
-shortened, ``"cut": true``); ``luft-redis events --json`` has it whole."""
+"""The largest event the view sends (bytes of its UTF-8 JSON): a bigger event is sent cut
+(its large fields shortened, ``"cut": true``); ``luft-redis events --json`` has it whole."""
 
 FIELD_BYTES: Final = 2048
-"""What is kept of each large field of a cut event."""
+"""What is kept of each large field of a cut event, and of a finding's detail in the state."""
+
+TEXT_BYTES: Final = 512
+"""What the state keeps of an agent-written text other than a finding's detail (a finding's
+title, kind and location; an agent's name, model, role and holder; a phase's label)."""
+
+TASK_BYTES: Final = 16 * 1024
+"""What the state (and the run page) keeps of the run's task."""
 
 PAGE_BYTES: Final = 1024 * 1024
-"""The most event bytes one log page or one event-stream chunk carries: older events wait for
-the next page (``more``), or are reported skipped to a viewer that fell behind."""
+"""The most event bytes one log page or one event-stream chunk carries (a chunk also carries
+the state, at most about as much again, its texts cut as above): older events wait for the
+next page (``more``); a viewer's newer ones come in the next chunks."""
 
 KEEPALIVE: Final = 15.0
 """Seconds of silence after which an event stream sends a comment line."""
@@ -169,30 +177,48 @@ def _stream_id(raw: Any) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def cut(value: Any, most: int, whole_in: str) -> Any:
+    """``value`` (a string, else left alone: None, a number) in at most ``most`` bytes of
+    UTF-8, or its start and a note that says it was cut and where it is whole."""
+    if not isinstance(value, str) or len(value) * 4 <= most:  # (4: the most bytes a char takes)
+        return value
+    data = value.encode()
+    if len(data) <= most:
+        return value
+    head = data[:most].decode("utf-8", "ignore")  # (never half a character)
+    return f"{head}… (cut: {len(data):,} bytes; {whole_in} has it whole)"
+
+
 def event_text(entry_id: str, event: Any) -> str:
-    """The web view's JSON of one event: ``show``'s form, or when that is over
+    """The web view's JSON of one event: ``show``'s form, or when its UTF-8 is over
     :data:`EVENT_BYTES`, the same with each large field cut to :data:`FIELD_BYTES` and
     ``"cut": true`` (agent output is untrusted and unbounded: a page stays small)."""
     obj = event_json(entry_id, event)
     text = dumps(obj)
-    if len(text) <= EVENT_BYTES:
+    if len(text) * 4 <= EVENT_BYTES or len(text.encode()) <= EVENT_BYTES:
         return text
     for name, value in obj.items():
         whole = value if isinstance(value, str) else dumps(value)
-        if len(whole) > FIELD_BYTES:
-            obj[name] = (f"{whole[:FIELD_BYTES]}… (cut: {len(whole):,} characters; "
-                         "luft-redis events --json shows it whole)")  # fmt: skip
+        short = cut(whole, FIELD_BYTES, "luft-redis events --json")
+        if short is not whole:  # (a small field stays as it was, a number a number)
+            obj[name] = short
     obj["cut"] = True
     return dumps(obj)
 
 
-def _text(item: list[Any]) -> str:
-    """The ``event`` message text of a ring item (made once)."""
+def _short(value: Any) -> Any:
+    """An agent-written text of the state, cut to :data:`TEXT_BYTES`."""
+    return cut(value, TEXT_BYTES, "luft-redis export")
+
+
+def _message(item: list[Any]) -> bytes:
+    """The encoded ``event`` message of a ring item (made once; then the event is let go)."""
     if item[2] is None:
         entry = item[1]
-        item[2] = event_text(entry.id, entry.event)
-    text: str = item[2]
-    return text
+        item[2] = f"event: event\ndata: {event_text(entry.id, entry.event)}\n\n".encode()
+        item[1] = None
+    data: bytes = item[2]
+    return data
 
 
 @dataclass
@@ -386,6 +412,7 @@ class RunHub:
             self._rows = []
             return
         base = show_json(cp, length, self.backend.log_trimmed)
+        base["task"] = cut(cp.task, TASK_BYTES, "luft-redis show --json")
         final = cp.status is not t.CheckpointStatus.RUNNING
         by_task = {info.agent_id: info for info in tasks}
         order = list(cp.started_agent_ids)
@@ -396,7 +423,8 @@ class RunHub:
         rows: list[dict[str, Any]] = []
         phases: dict[int, dict[str, Any]] = {}
         for summary in cp.completed_phases:
-            phases[summary.phase_id] = _phase(summary.phase_id, summary.label, summary.planned)
+            phases[summary.phase_id] = _phase(summary.phase_id, _short(summary.label),
+                                              summary.planned)  # fmt: skip
         for agent_id in order:
             result = cp.agent_results.get(agent_id)
             info = self.agg.agents.get(agent_id) or _Agent()
@@ -404,26 +432,30 @@ class RunHub:
             phase_id = result.phase_id if result else (
                 info.phase_id if info.phase_id is not None
                 else (task.phase_id if task else None))  # fmt: skip
-            status = result.status if result else (
-                "running" if agent_id in self.agg.agents or task is None
-                or task.state is TaskState.LEASED else task.state.value)  # ready, dead
-            if phase_id is not None:
+            # a task says where the agent stands now: leased (running), ready (never claimed,
+            # or again after a failed or released attempt), dead; done: its (ok) result
+            if task is not None and task.state is not TaskState.DONE:
+                status = "running" if task.state is TaskState.LEASED else task.state.value
+            elif result is not None:
+                status = result.status
+            else:
+                status = "running" if task is None else task.state.value
+            if phase_id is not None and status != "ready":  # (waiting: not counted)
                 phase = phases.setdefault(phase_id, _phase(phase_id))
-                if result is not None or status == "running":
-                    phase["ok" if status == "ok" else ("running" if result is None
-                                                       else "failed")] += 1  # fmt: skip
+                phase["ok" if status in ("ok", "done") else (
+                    "running" if status == "running" else "failed")] += 1  # fmt: skip
             elapsed: float | None = None
             if info.elapsed_ms is not None:
                 elapsed = info.elapsed_ms / 1000
             elif result is None and info.started is not None:
                 elapsed = max(0.0, now - info.started)
             rows.append({
-                "agent_id": str(agent_id), "name": info.name, "phase_id": phase_id,
-                "status": status, "model": info.model,
-                "role": result.role if result and result.role else info.role,
+                "agent_id": str(agent_id), "name": _short(info.name), "phase_id": phase_id,
+                "status": status, "model": _short(info.model),
+                "role": _short(result.role if result and result.role else info.role),
                 "tokens": result.tokens if result else None, "token_breakdown": info.tokens,
                 "elapsed_s": elapsed, "retries": info.retries,
-                "holder": task.holder if task else None,
+                "holder": _short(task.holder) if task else None,
                 "attempt": task.attempt if task else None,
                 "lease_expires_at": task.expires_at if task else None,
                 "lease_state": (("lapsed" if task.lapsed else task.state.value)
@@ -434,10 +466,11 @@ class RunHub:
             items = [f for f in cp.findings if str(f.severity) == severity]
             if items:
                 groups.append({"severity": severity, "count": len(items), "items": [
-                    {"kind": f.kind, "title": f.title, "detail": f.detail,
-                     "location": (f"{f.location.file}:{f.location.line}"
-                                  if f.location and f.location.line is not None
-                                  else (f.location.file if f.location else None))}
+                    {"kind": _short(f.kind), "title": _short(f.title),
+                     "detail": cut(f.detail, FIELD_BYTES, "luft-redis export"),
+                     "location": _short(f"{f.location.file}:{f.location.line}"
+                                        if f.location and f.location.line is not None
+                                        else (f.location.file if f.location else None))}
                     for f in items[-FINDINGS_PER_SEVERITY:]]})  # fmt: skip
         end = cp.updated_at if final else now
         base["view"] = {
@@ -493,10 +526,10 @@ class RunHub:
                 first, last, skipped = viewer.sent_seq, viewer.sent_seq, False
                 if self.caught_up:
                     if first < 0:  # a new viewer: the newest events, no gap notice
-                        first = max(0, self.seq - INITIAL_EVENTS)
-                    else:
+                        first, last = self._span(max(0, self.seq - INITIAL_EVENTS), True)
+                    else:  # the oldest it has not seen; the rest in the next chunks
                         skipped = bool(self.ring) and self.ring[0][0] > first + 1
-                    last = self.seq
+                        first, last = self._span(first, False)
                 state = self.state_seq if self.state_seq > viewer.sent_state else -1
                 key = (first, last, state, viewer.page if state >= 0 else -1, skipped)
                 chunk = self._chunks.get(key)
@@ -513,27 +546,37 @@ class RunHub:
             if gone:
                 return
 
+    def _span(self, after: int, newest: bool) -> tuple[int, int]:
+        """``(first, last)``: the events ``first`` < seq <= ``last`` one chunk carries of those
+        after seq ``after`` still in the ring: at most :data:`PAGE_BYTES` of them (at least
+        one), the newest (a new viewer: "older events" has the others) or the oldest."""
+        if not self.ring or after >= self.seq:
+            return self.seq, self.seq
+        base = self.ring[0][0]  # (the ring's seqs are consecutive)
+        after = max(after, base - 1)
+        items = itertools.islice(self.ring, after + 1 - base, None)
+        taken, size, end = 0, 0, after
+        for item in reversed(list(items)) if newest else items:
+            size += len(_message(item))
+            if taken and size > PAGE_BYTES:
+                break
+            taken, end = taken + 1, item[0]
+        return (end - 1, self.seq) if newest else (after, end)
+
     def _chunk(self, first: int, last: int, with_state: bool, page: int,
                skipped: bool) -> bytes:  # fmt: skip
-        """The encoded messages: events ``first`` < seq <= ``last`` (the ring's seqs are
-        consecutive: taken from its end), then the state."""
-        parts: list[str] = []
+        """The encoded messages: a gap notice, events ``first`` < seq <= ``last``, then the
+        state."""
+        parts: list[bytes] = []
         if skipped:
-            parts.append("event: skipped\ndata: {}\n\n")
-        fresh = min(max(0, last - first), len(self.ring))
-        newest: list[list[Any]] = []
-        size = 0
-        for item in itertools.islice(reversed(self.ring), fresh):
-            size += len(_text(item))
-            if newest and size > PAGE_BYTES:  # the older ones: "older events" has them
-                if not skipped:
-                    parts.append("event: skipped\ndata: {}\n\n")
-                break
-            newest.append(item)
-        parts.extend(f"event: event\ndata: {_text(item)}\n\n" for item in reversed(newest))
+            parts.append(b"event: skipped\ndata: {}\n\n")
+        if last > first and self.ring:
+            base = self.ring[0][0]
+            parts.extend(_message(item) for item in itertools.islice(
+                self.ring, first + 1 - base, last + 1 - base))  # fmt: skip
         if with_state:
-            parts.append(f"event: state\ndata: {self.state_text(page)}\n\n")
-        return ("".join(parts) if parts else ": keepalive\n\n").encode()
+            parts.append(f"event: state\ndata: {self.state_text(page)}\n\n".encode())
+        return b"".join(parts) if parts else b": keepalive\n\n"
 
     def acquired(self) -> None:
         self.viewers += 1

@@ -34,9 +34,18 @@
     if (s < 3600) return Math.floor(s / 60) + " m " + (s % 60) + " s";
     return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " m";
   }
+  function short(n) { // a chart's tick: 950, 12k, 403k, 1.2M
+    const a = Math.abs(n);
+    if (a >= 1e6) return (n / 1e6).toFixed(a >= 1e7 ? 0 : 1).replace(".0", "") + "M";
+    if (a >= 1e4) return Math.round(n / 1e3) + "k";
+    return num(n);
+  }
   function when(unix) { return unix ? new Date(unix * 1000).toISOString().replace(".000", "") : ""; }
+  function clock(unix) { return when(unix).slice(11, 19) + " UTC"; } // a lease lasts minutes: its time of day
   const AGENT_COLUMNS = ["agent", "phase", "status", "model", "role", "tokens", "elapsed", "retries",
     "holder", "attempt", "lease expires"];
+  const TEXT_CELLS = new Set([0, 3, 4, 8]); // free text: wraps (numbers and times never do)
+  const WIDE_CELLS = new Set([3, 8, 10]); // a line of their own on a phone
   const names = new Map(); // agent id -> name, from agent_started events and the agents table
   function statusClass(s) { return "st-" + String(s).replace(/[^a-z_]/g, ""); }
 
@@ -49,7 +58,8 @@
   // ---------------------------------------------------------------- header
   function renderHead(s) {
     const v = s.view || {};
-    $("title").textContent = (s.task || "(no task)").replace(/\s+/g, " ").slice(0, 120);
+    const title = (s.task || "(no task)").replace(/\s+/g, " ").trim();
+    $("title").textContent = title.length > 120 ? title.slice(0, 119) + "…" : title;
     $("task").textContent = s.task || "";
     const head = $("head");
     clear(head);
@@ -164,22 +174,26 @@
     for (const [t, y] of points) { d += (d ? " " : "") + xs(t).toFixed(1) + "," + ys(prev).toFixed(1) +
       " " + xs(t).toFixed(1) + "," + ys(y).toFixed(1); prev = y; }
     s.appendChild(svg("polyline", { points: d, class: "line" }));
-    // ticks: 0, the middle and the end of each axis (the middle one only when it differs)
-    const yl = [0, 0.5, 1].map((f) => num(Math.round(ymax * f)));
-    const xl = [0, 0.5, 1].map((f) => secs((t1 - t0) * f));
-    [0, 0.5, 1].forEach((f, i) => {
-      if (i === 1 && (yl[1] === yl[0] || yl[1] === yl[2])) return;
-      const y = ys(ymax * f);
+    // ticks: 0, the middle and the end of each axis, each where its label's value is (the
+    // middle rounded as its label shows it; left out when it reads as an end)
+    const span = t1 - t0, half = ymax / 2;
+    const ystep = half >= 1e7 ? 1e6 : half >= 1e6 ? 1e5 : half >= 1e4 ? 1e3 : 1;
+    const ymid = Math.round(half / ystep) * ystep;
+    const xmid = span / 2 >= 3600 ? Math.round(span / 120) * 60 : Math.round(span / 2);
+    const yticks = [0, ymid, ymax], xticks = [0, xmid, span];
+    yticks.forEach((value, i) => {
+      if (i === 1 && (short(value) === short(0) || short(value) === short(ymax))) return;
+      const y = ys(value);
       s.appendChild(svg("line", { x1: P - 4, y1: y, x2: P, y2: y, class: "axis" }));
       const label = svg("text", { x: P - 6, y: y + 3, class: "tick end" });
-      label.textContent = yl[i]; s.appendChild(label);
+      label.textContent = short(value); s.appendChild(label);
     });
-    [0, 0.5, 1].forEach((f, i) => {
-      if (i === 1 && (xl[1] === xl[0] || xl[1] === xl[2])) return;
-      const x = xs(t0 + (t1 - t0) * f);
+    xticks.forEach((value, i) => {
+      if (i === 1 && (secs(value) === secs(0) || secs(value) === secs(span))) return;
+      const x = xs(t0 + value);
       s.appendChild(svg("line", { x1: x, y1: H - P, x2: x, y2: H - P + 4, class: "axis" }));
       const label = svg("text", { x: x, y: H - P + 16, class: ["tick", "tick mid", "tick end"][i] });
-      label.textContent = xl[i]; s.appendChild(label);
+      label.textContent = secs(value); s.appendChild(label);
     });
     box.appendChild(s);
   }
@@ -197,12 +211,15 @@
         a.name || a.agent_id.slice(0, 8), a.phase_id, a.status, a.model || "", a.role || "",
         a.tokens === null ? (tb ? num(tb.input + tb.output) : "") : num(a.tokens),
         secs(a.elapsed_s), a.retries || 0, a.holder || "", a.attempt === null ? "" : a.attempt,
-        a.lease_expires_at ? when(a.lease_expires_at) + (a.lease_state === "lapsed" ? " (lapsed)" : "") : "",
+        a.lease_expires_at ? clock(a.lease_expires_at) + (a.lease_state === "lapsed" ? " (lapsed)" : "") : "",
       ];
       cells.forEach((c, i) => {
         const td = el("td", i === 2 ? statusClass(c) : null, c);
+        if (TEXT_CELLS.has(i)) td.classList.add("text");
+        if (WIDE_CELLS.has(i)) td.classList.add("wide");
         td.dataset.label = AGENT_COLUMNS[i];
         if (i === 0) td.title = a.agent_id;
+        if (i === 10 && a.lease_expires_at) td.title = when(a.lease_expires_at);
         tr.appendChild(td);
       });
       body.appendChild(tr);
@@ -245,10 +262,17 @@
     return iso.slice(11, 23);
   }
   function agentName(id) { return names.get(id) || String(id).slice(0, 8); }
+  function nameAgents() {
+    // log lines drawn before their agent's name was known (its agent_started is older than
+    // the log shown): named once the agents table or a later event tells it
+    for (const span of document.querySelectorAll("#log .ev-agent.unnamed")) {
+      const name = names.get(span.dataset.agent);
+      if (name) { span.textContent = "agent=" + name; span.classList.remove("unnamed"); }
+    }
+  }
   function eventText(e) {
     const skip = new Set(["id", "type", "run_id", "ts", "v", "agent_id", "name"]);
     const parts = [];
-    if (e.agent_id) parts.push("agent=" + agentName(e.agent_id));
     for (const k in e) {
       if (skip.has(k)) continue;
       let val = e[k];
@@ -267,6 +291,12 @@
     li.title = "entry " + e.id + (e.ts ? ", " + e.ts : "") + (e.agent_id ? ", agent " + e.agent_id : "");
     li.appendChild(el("span", "ev-id", evTime(e)));
     li.appendChild(el("span", "ev-type", e.type));
+    if (e.agent_id) {
+      const agent = el("span", "ev-agent" + (names.has(e.agent_id) ? "" : " unnamed"),
+        "agent=" + agentName(e.agent_id));
+      agent.dataset.agent = e.agent_id;
+      li.appendChild(agent);
+    }
     li.appendChild(el("span", "ev-text", eventText(e)));
     return li;
   }
@@ -279,6 +309,7 @@
     }
     while (log.childNodes.length > MAX_LOG) { log.removeChild(log.firstChild); oldest = log.firstChild.dataset.id; }
     if (atBottom) log.scrollTop = log.scrollHeight;
+    nameAgents();
     updateOlder();
   }
   let noneOlder = false; // the log API said there is nothing before the oldest shown
@@ -298,6 +329,7 @@
     for (const e of body.events) log.insertBefore(logLine(e), first);
     if (body.events.length) oldest = body.events[0].id;
     noneOlder = !body.more;
+    nameAgents();
     updateOlder();
   }
 
@@ -323,6 +355,7 @@
     chart("chart-tokens", v.chart.tokens, "tokens over time");
     chart("chart-agents", v.chart.agents, "agents finished over time");
     renderAgents(v);
+    nameAgents();
     renderFindings(v);
     renderAge();
     updateOlder();
