@@ -45,9 +45,12 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "luft_redis", *args]
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "LUFT_REDIS_URL"}
+
+
 def luft(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LUFT_REDIS_URL"}
-    return subprocess.run(_command(*args), capture_output=True, text=True, env=env,
+    return subprocess.run(_command(*args), capture_output=True, text=True, env=_env(),
                           stdin=subprocess.DEVNULL, timeout=timeout, check=False)  # fmt: skip
 
 
@@ -98,6 +101,27 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(
     assert proc.wait(timeout=60) == 0, err
     assert err == "" or "note:" in err or "agent task(s)" in err, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_a_reader_that_stops_reading_ends_the_demo_quietly(redis_url: str) -> None:
+    """``luft-redis demo | head``: the demo, too, goes through the one closed-stdout rule (it
+    reported "FAILED: BrokenPipeError", exit 1); its run is cleaned up as after any stop."""
+    proc = subprocess.Popen(_command("demo", "--redis", redis_url, "--fast", "--no-crash",
+                                     "--workers", "2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=_env())  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    run_id = None
+    while run_id is None and (line := proc.stdout.readline().decode()):
+        found = re.search(r"\brun ([0-9a-f-]{36}):", line)
+        run_id = found[1] if found else None
+    assert run_id is not None, proc.stderr.read()
+    proc.stdout.close()  # as `head` exits
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=90) == 0, err
+    assert err == "", err
+    with redis.Redis.from_url(redis_url) as client:
+        assert not client.exists(run_keys("luft", uuid.UUID(run_id)).run)
 
 
 @pytest.fixture
@@ -205,11 +229,10 @@ def test_the_demo_stops_and_keeps_a_run_cancelled_by_another_process(redis_url: 
     """``luft-redis cancel RUN`` while ``luft-redis demo`` runs: the demo says the run was
     cancelled by another process, keeps it on the Redis it was given and says how to inspect
     it, stages no crash after, and exits 1."""
-    env = {k: v for k, v in os.environ.items() if k != "LUFT_REDIS_URL"}
     proc = subprocess.Popen(_command("demo", "--redis", redis_url, "--phases", "3", "--agents",
                                      "8", "--workers", "3"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+                            stdin=subprocess.DEVNULL, env=_env())  # fmt: skip
     assert proc.stdout is not None
     run_id = None
     deadline = time.monotonic() + 60

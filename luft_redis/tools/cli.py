@@ -686,7 +686,23 @@ def _auth_failure(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``luft-redis`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run ``luft-redis`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    The one place for a closed stdout (``luft-redis runs | head -1``), for every command and
+    the demo: the reader has what it wanted, so the rest of the output is dropped quietly and
+    the command ends with exit 0 (or the code it had already returned)."""
+    code = EXIT_OK
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # nor at the interpreter's exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
+    """:func:`main` but for a closed stdout: parse, run the command, report its failure."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     demo_args = _split_demo(args_list)
     if demo_args is not None:
@@ -701,13 +717,9 @@ def main(argv: list[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         try:
-            code = handler(args)
-            sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
-            return code
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_OK
+            return handler(args)
+        except BrokenPipeError:  # `| head`: main's
+            raise
         except Exception as exc:  # a refused password, ACL or certificate first
             refused = _refusal(exc, args)
             if refused is None:

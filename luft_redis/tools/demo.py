@@ -606,14 +606,14 @@ class Coordinator:
         self.backend.init_run_with_meta(self.run_id, "simulated review of a repository",
                                         tempfile.gettempdir() + f"/luft-demo-{self.run_id}",
                                         meta)  # fmt: skip
-        self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
-                         f"{args.workers} workers, seed {args.seed}")  # fmt: skip
-        self.display.say(f"follow it from another terminal: luft-redis --redis "
-                         f"{self.cli_url()} watch {self.run_id}"
-                         + self.password_note())  # fmt: skip
-        self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
-                                             ts=_now()))  # fmt: skip
-        try:
+        try:  # from here on the run is cleaned up however the demo ends (a closed stdout too)
+            self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
+                             f"{args.workers} workers, seed {args.seed}")  # fmt: skip
+            self.display.say(f"follow it from another terminal: luft-redis --redis "
+                             f"{self.cli_url()} watch {self.run_id}"
+                             + self.password_note())  # fmt: skip
+            self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
+                                                 ts=_now()))  # fmt: skip
             self.start_workers()
             for p, jobs in enumerate(self.plan):
                 self.run_phase(p, jobs)
@@ -1050,6 +1050,8 @@ def main(argv: list[str] | None = None) -> int:
     except DemoError as exc:
         print(f"luft-redis demo: FAILED: {exc}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:  # `| head`: not a failure; the CLI's main ends quietly
+        raise
     except (redis.exceptions.RedisError, OSError, RuntimeError) as exc:
         print(f"luft-redis demo: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
