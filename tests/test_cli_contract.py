@@ -137,11 +137,21 @@ def http_port() -> Iterator[int]:
         server.server_close()
 
 
-@pytest.mark.parametrize("command", [["doctor"], ["runs"], ["show", str(uuid.uuid4())]])
+@pytest.mark.parametrize(
+    "command",
+    [["doctor"], ["runs"], ["show", "{run}"], ["export", "{run}", "-o", "{dir}"],
+     ["--cluster", "runs"], ["--cluster", "doctor"], ["demo", "--fast"]],
+    ids=lambda c: " ".join(c).replace("{run}", "RUN").replace("{dir}", "DIR"),
+)  # fmt: skip
 def test_a_server_that_is_not_redis_exits_2_in_one_line(
-    http_port: int, command: list[str]
+    http_port: int, command: list[str], tmp_path: Path
 ) -> None:
-    result = luft("--redis", f"redis://{LOOPBACK}:{http_port}/0", *command)
+    """Whichever client meets it (the commands' own, interop's, a cluster client, the demo's),
+    the one rule names it (export said "Redis error: Protocol error", exit 1; a cluster client
+    "cannot reach"; the demo "answered PING with an error", exit 1)."""
+    argv = [a.replace("{run}", str(uuid.uuid4())).replace("{dir}", str(tmp_path / "out"))
+            for a in command]  # fmt: skip
+    result = luft("--redis", f"redis://{LOOPBACK}:{http_port}/0", *argv)
     assert result.returncode == 2, result
     line = _one_line(result.stderr)
     assert f"redis://{LOOPBACK}:{http_port}/0 is not a Redis server" in line

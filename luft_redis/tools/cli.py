@@ -54,7 +54,7 @@ from rich.text import Text
 from .. import types as t
 from .._sync import index as index_io
 from .._sync.backend import RedisCheckpointBackend
-from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
+from ..errors import AccessError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, exception_chain, is_access_error
@@ -71,9 +71,9 @@ from .cli_common import (
     CommandFailed,
     add_connection,
     connect,
-    not_redis,
     parse_run_id,
     redact_url,
+    server_failure,
 )
 from .doctor import check_server
 from .render import (
@@ -157,10 +157,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     try:
         print(f"checking {redact_url(args.redis)}", file=sys.stdout)
         report = check_server(client, prefix=args.prefix)
-    except ConnectionError as exc:
-        raise CommandFailed(
-            f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
-        ) from exc
     finally:
         client.close()
     print_report(report, sys.stdout)
@@ -742,11 +738,9 @@ def _failure(args: argparse.Namespace, exc: Exception) -> tuple[str, int]:
         return (f"Redis at {redact_url(args.redis)} refused the credentials or the permission "
                 f"(check the user and password in the URL, and the ACL): {auth}",
                 EXIT_FAILURE)  # fmt: skip
-    if isinstance(exc, redis.exceptions.InvalidResponse):
-        return str(not_redis(args.redis, exc)), EXIT_UNREACHABLE
-    if isinstance(exc, (ConnectionError, redis.exceptions.ConnectionError,
-                        redis.exceptions.TimeoutError, redis.exceptions.RedisClusterException)):
-        return f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
+    failure = server_failure(args.redis, exc)
+    if failure is not None:
+        return str(failure), failure.code
     if isinstance(exc, LuftRedisError):
         return str(exc), EXIT_FAILURE
     if isinstance(exc, redis.exceptions.RedisError):

@@ -66,7 +66,6 @@ from .._sync.backend import RedisCheckpointBackend
 from .._sync.lease import AgentLease
 from .._sync.listener import POLL_SECONDS as LISTENER_POLL_SECONDS
 from ..errors import AccessError, LeaseLostError
-from ..errors import ConnectionError as LuftConnectionError
 from ..keys import run_keys
 from ..retry import exception_chain
 from ..tasks import AgentTask, TaskInfo, TaskState
@@ -94,7 +93,7 @@ from ..types import (
     Severity,
     TokenUsage,
 )
-from .cli_common import EXIT_REFUSED, EXIT_UNREACHABLE, URL_ENV, redact_url
+from .cli_common import EXIT_REFUSED, EXIT_UNREACHABLE, URL_ENV, redact_url, server_failure
 from .server import LocalRedisServer, find_free_port, find_redis_server
 
 __all__ = ["FAKEREDIS_ENV", "PREFIX", "REFUSED_MARK", "DemoError", "main"]
@@ -342,7 +341,7 @@ class Target:
 
 def _redis_error(exc: BaseException, url: str, hint: str = "") -> DemoError | None:
     """The DemoError for ``exc``: exit 3 when it (or its cause) is a refused password or ACL
-    permission, exit 2 when Redis cannot be reached; None for any other error."""
+    permission, exit 2 when Redis cannot be reached or is not Redis; None for any other error."""
     shown = redact_url(url)
     if any(
         isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
@@ -351,10 +350,8 @@ def _redis_error(exc: BaseException, url: str, hint: str = "") -> DemoError | No
         for current in exception_chain(exc)
     ):  # fmt: skip
         return DemoError(f"Redis at {shown} refused this client{hint}: {exc}", EXIT_REFUSED)
-    if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
-                        redis.exceptions.TimeoutError)):  # fmt: skip
-        return DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE)
-    return None
+    failure = server_failure(url, exc)  # unreachable, or not Redis: as every command says
+    return None if failure is None else DemoError(str(failure), failure.code)
 
 
 def _preflight(url: str) -> None:
