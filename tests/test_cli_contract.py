@@ -18,9 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -34,7 +36,7 @@ from luft_redis import (
 )
 from luft_redis.keys import run_keys
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
-from luft_redis.tools.web.app import redis_problem
+from luft_redis.tools.web.hub import redis_problem
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
 
@@ -195,6 +197,47 @@ def test_the_web_view_says_refused_not_unreachable_and_one_period() -> None:
                        "or user is disabled")  # fmt: skip
     away = redis_problem(redis.ConnectionError("Connection refused."))
     assert away == "Redis is unreachable: Connection refused"
+
+
+def _get_json(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://{LOOPBACK}:{port}{path}", timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_the_run_page_says_refused_when_the_password_changes_later(
+    password_server: LocalRedisServer,
+) -> None:
+    """The web view started with the right password; then the server's password changes and
+    its connections are cut. The run page's live state (its banner) says Redis refused the
+    web view's client, one period; it said "Redis is unreachable (...disabled.)"."""
+    url = f"redis://:{PASSWORD}@{LOOPBACK}:{password_server.port}/0"
+    run_id = uuid.uuid4()
+    with RedisCheckpointBackend.from_url(url, watch=False) as backend:
+        backend.init_run(run_id, "the password changes", "/d")
+    port = find_free_port()
+    proc = subprocess.Popen(_command("web", "--redis", url, "--port", str(port)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, env=_env())  # fmt: skip
+    try:
+        assert proc.stdout is not None and "open http" in proc.stdout.readline()
+        assert _get_json(port, f"/api/runs/{run_id}")["view"]["redis_ok"]  # its hub lingers
+        with redis.Redis.from_url(url) as admin:
+            admin.config_set("requirepass", "another-Pass")
+            for kind in ("normal", "pubsub"):  # the web view's connections, not this one
+                admin.client_kill_filter(_type=kind, skipme=True)
+        deadline = time.monotonic() + 20
+        view = _get_json(port, f"/api/runs/{run_id}")["view"]
+        while "disabled" not in view["redis_error"] and time.monotonic() < deadline:
+            time.sleep(0.2)  # first the cut ("Connection closed"), then the refused reconnect
+            view = _get_json(port, f"/api/runs/{run_id}")["view"]
+        assert not view["redis_ok"]
+        assert view["redis_error"] == ("Redis refused the web view's client: invalid "
+                                       "username-password pair or user is disabled")  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_events_of_an_imported_run_show_each_events_own_time(
