@@ -240,6 +240,20 @@ def test_the_run_page_says_refused_when_the_password_changes_later(
             proc.stdout.close()
 
 
+def test_the_web_help_names_what_installs_the_extra() -> None:
+    """luft-redis is not on PyPI yet: ``pip install 'luft-redis[web]'`` does not work."""
+    result = luft("web", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "pip install '.[web]'" in result.stdout
+    assert "luft-redis[web]" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["runs", "show", "events", "agents"])
+def test_every_json_help_says_json_lines(command: str) -> None:
+    text = " ".join(luft(command, "--help").stdout.split())
+    assert "JSON lines" in text and "array" not in text, text
+
+
 def test_events_of_an_imported_run_show_each_events_own_time(
     redis_url: str, tmp_path: Path
 ) -> None:

@@ -542,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "(7d, 12h, 30m) or an RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
     runs.add_argument("--limit", type=_whole(1), default=_DEFAULT_LIMIT, metavar="N",
                       help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
-    runs.add_argument("--json", action="store_true", help="one JSON object per run")
+    runs.add_argument("--json", action="store_true", help="JSON lines: one run per line")
     runs.add_argument("--rebuild-index", action="store_true",
                       help="rebuild the run index from a SCAN, then exit")  # fmt: skip
 
@@ -558,7 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=_DEFAULT_EVENTS,
         help=f"how many of the last events to print as JSON lines (default {_DEFAULT_EVENTS})",
     )
-    show.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    show.add_argument("--json", action="store_true",
+                      help="JSON lines: the summary, then the last events")  # fmt: skip
 
     events = _add_command(
         sub, "events", "a run's event log, one line per event; --follow tails it",
@@ -592,11 +593,11 @@ def build_parser() -> argparse.ArgumentParser:
         "claim_agent) in submit order: state (ready, leased, done, dead; a leased task whose\n"
         "lease expired is marked lapsed: the next claim takes it over), holder, attempt,\n"
         "failures, fencing token, the lease's time left (server clock), phase and the payload\n"
-        "cut short. --json prints one JSON array, one object per task.",
+        "cut short. --json prints JSON lines, one task per line.",
         _cmd_agents, run_id=True,
     )  # fmt: skip
     agents.add_argument("--json", action="store_true",
-                        help="one JSON array of the tasks (state, holder, token, expires_at "
+                        help="JSON lines, one task per line (state, holder, token, expires_at "
                              "in unix seconds, payload in full)")  # fmt: skip
 
     _add_command(
@@ -619,8 +620,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Serve a live web view of the runs under the prefix: the runs page (from the run\n"
         "index) and one page per run, updated by server-sent events driven by the run's\n"
         "change notices. Binds 127.0.0.1 by default; any other address needs --token (or env\n"
-        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel. Needs: pip install "
-        "'luft-redis[web]'.", _cmd_web,
+        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel. Needs the 'web' extra: from a\n"
+        "checkout of luft-redis (it is not on PyPI yet), pip install '.[web]'.", _cmd_web,
     )  # fmt: skip
     web.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; others need --token)")
