@@ -316,3 +316,59 @@ def test_the_demo_stops_and_keeps_a_run_cancelled_by_another_process(redis_url: 
     assert "CRASH:" not in out and "PAUSE:" not in out
     with redis.Redis.from_url(redis_url) as client:
         assert client.hget(run_keys("luft", uuid.UUID(run_id)).run, "status") == b"cancelled"
+
+
+def _hooked_demo(redis_url: str, before: str = "pass", after: str = "pass") -> Any:
+    """``luft-redis demo`` (2 phases) in a subprocess whose ``Coordinator.run_phase`` runs
+    ``before`` and ``after`` phase 1: what another process does at that point, made exact."""
+    code = f"""if True:
+        import sys
+        from luft_redis import RedisCheckpointBackend, errors
+        from luft_redis.tools import cli, demo
+
+        run_phase = demo.Coordinator.run_phase
+
+        def cancel(run_id):
+            with RedisCheckpointBackend.from_url({redis_url!r}, watch=False) as other:
+                other.open_run(run_id)
+                other.cancel()
+
+        def hooked(self, p, jobs):
+            if p == 1:
+                {before}
+            run_phase(self, p, jobs)
+            if p == 1:
+                {after}
+
+        demo.Coordinator.run_phase = hooked
+        sys.exit(cli.main(["demo", "--redis", {redis_url!r}, "--phases", "2", "--agents", "4",
+                           "--workers", "2", "--fast", "--no-crash"]))
+    """
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_env(), stdin=subprocess.DEVNULL, timeout=90)  # fmt: skip
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_the_demo_notices_a_cancel_between_phases(redis_url: str, when: str) -> None:
+    """The windows where the demo does not wait on its workers: the cancel lands just before
+    it submits phase 1 (submit_agents refused the cancelled run: a RunNotRunningError
+    traceback, and the run was deleted) or after its last phase (it reported "invariants
+    violated: status is cancelled", and the run was deleted)."""
+    done = _hooked_demo(redis_url, **{when: "cancel(self.run_id)"})
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    line = _one_line(done.stderr)
+    assert "the run was cancelled by another process" in line, line
+    run_id = re.search(r"\brun ([0-9a-f-]{36}):", done.stdout)
+    assert run_id is not None, done.stdout
+    assert f"luft-redis --redis {redis_url} show {run_id[1]}" in done.stdout
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.hget(run_keys("luft", uuid.UUID(run_id[1])).run, "status") == b"cancelled"
+
+
+def test_a_library_error_the_demo_does_not_expect_is_one_line(redis_url: str) -> None:
+    """Any luft-redis error ends the demo in one line, exit 1, as every command (one it did
+    not expect was a traceback)."""
+    done = _hooked_demo(redis_url, before="raise errors.CorruptDataError('k', 'f', 'bad')")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert _one_line(done.stderr) == ("luft-redis demo: FAILED: CorruptDataError: corrupt data "
+                                      "in k field 'f': bad")  # fmt: skip
