@@ -23,8 +23,9 @@ Cluster), ``--tls-ca-cert`` (a CA for ``rediss://``).
 
 Exit codes: 0 success (``doctor``: the server is safe); 1 failure (``doctor``: something is
 unsafe; a run that does not exist; corrupt data; ``cancel`` of a completed or failed run;
-``delete`` not confirmed); 2 Redis unreachable or a usage error; 3 Redis refused the client
-(password, ACL permission, TLS certificate); 130 interrupted.
+``delete`` not confirmed); 2 Redis unreachable, not Redis, or a usage error (a ``web`` port in
+use); 3 Redis refused the client (password, ACL permission, TLS certificate); 130 interrupted.
+A reader that stops reading (``| head``) ends any command quietly, exit 0 (:func:`main`).
 ``python -m luft_redis`` runs the same tool.
 """
 
@@ -510,8 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
         "options (--redis, --prefix, --cluster, --tls-ca-cert) go before or after the command.",
         epilog=f"Environment: {URL_ENV} is the Redis URL when --redis is not given. Exit codes: "
         "0 success; 1 failure (a run that does not exist, corrupt data, an unsafe server for "
-        "doctor); 2 Redis unreachable or a usage error; 3 Redis refused the client (password, "
-        "ACL, TLS certificate); 130 interrupted.",
+        "doctor); 2 Redis unreachable, not Redis, or a usage error (web: the port in use); 3 "
+        "Redis refused the client (password, ACL, TLS certificate); 130 interrupted. A reader "
+        "that stops reading (| head) ends any command quietly, exit 0.",
     )
     add_connection(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
