@@ -35,6 +35,7 @@ from luft_redis import (
     RedisCheckpointBackend,
 )
 from luft_redis.keys import run_keys
+from luft_redis.tools.cli_common import server_failure
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, find_free_port
 from luft_redis.tools.web.hub import redis_problem
 
@@ -158,6 +159,20 @@ def test_a_server_that_is_not_redis_exits_2_in_one_line(
     line = _one_line(result.stderr)
     assert f"redis://{LOOPBACK}:{http_port}/0 is not a Redis server" in line
     assert "UNKNOWN" not in result.stdout
+
+
+def test_a_closed_connection_is_told_apart_by_one_raw_ping(http_port: int, redis_url: str) -> None:
+    """redis-py 8.0 (the lowest the pyproject allows) says "Connection closed by server" where
+    8.2 says "Protocol error": server_failure then asks the port itself, whoever's client
+    (connect, interop, the demo) met it."""
+    closed = redis.ConnectionError("Connection closed by server.")
+    failure = server_failure(f"redis://{LOOPBACK}:{http_port}/0", closed)
+    assert failure is not None and failure.code == 2
+    assert str(failure).startswith(f"redis://{LOOPBACK}:{http_port}/0 is not a Redis server")
+    failure = server_failure(redis_url, closed)  # a Redis that answers RESP: unreachable
+    assert failure is not None and failure.code == 2
+    assert str(failure).startswith(f"cannot reach Redis at {redis_url}")
+    assert server_failure(redis_url, redis.AuthenticationError("WRONGPASS")) is None  # exit 3
 
 
 def test_web_on_a_port_in_use_exits_2_in_one_line(redis_url: str) -> None:
