@@ -23,8 +23,9 @@ Cluster), ``--tls-ca-cert`` (a CA for ``rediss://``).
 
 Exit codes: 0 success (``doctor``: the server is safe); 1 failure (``doctor``: something is
 unsafe; a run that does not exist; corrupt data; ``cancel`` of a completed or failed run;
-``delete`` not confirmed); 2 Redis unreachable or a usage error; 3 Redis refused the client
-(password, ACL permission, TLS certificate); 130 interrupted.
+``delete`` not confirmed); 2 Redis unreachable, not Redis, or a usage error (a ``web`` port in
+use); 3 Redis refused the client (password, ACL permission, TLS certificate); 130 interrupted.
+A reader that stops reading (``| head``) ends any command quietly, exit 0 (:func:`main`).
 ``python -m luft_redis`` runs the same tool.
 """
 
@@ -54,7 +55,7 @@ from rich.text import Text
 from .. import types as t
 from .._sync import index as index_io
 from .._sync.backend import RedisCheckpointBackend
-from ..errors import AccessError, ConnectionError, LuftRedisError, RunNotFoundError
+from ..errors import AccessError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
 from ..retry import NO_RETRY, exception_chain, is_access_error
@@ -71,9 +72,9 @@ from .cli_common import (
     CommandFailed,
     add_connection,
     connect,
-    not_redis,
     parse_run_id,
     redact_url,
+    server_failure,
 )
 from .doctor import check_server
 from .render import (
@@ -157,10 +158,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     try:
         print(f"checking {redact_url(args.redis)}", file=sys.stdout)
         report = check_server(client, prefix=args.prefix)
-    except ConnectionError as exc:
-        raise CommandFailed(
-            f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
-        ) from exc
     finally:
         client.close()
     print_report(report, sys.stdout)
@@ -514,8 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
         "options (--redis, --prefix, --cluster, --tls-ca-cert) go before or after the command.",
         epilog=f"Environment: {URL_ENV} is the Redis URL when --redis is not given. Exit codes: "
         "0 success; 1 failure (a run that does not exist, corrupt data, an unsafe server for "
-        "doctor); 2 Redis unreachable or a usage error; 3 Redis refused the client (password, "
-        "ACL, TLS certificate); 130 interrupted.",
+        "doctor); 2 Redis unreachable, not Redis, or a usage error (web: the port in use); 3 "
+        "Redis refused the client (password, ACL, TLS certificate); 130 interrupted. A reader "
+        "that stops reading (| head) ends any command quietly, exit 0.",
     )
     add_connection(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -546,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "(7d, 12h, 30m) or an RFC 3339 time (2026-01-31T12:00:00Z)")  # fmt: skip
     runs.add_argument("--limit", type=_whole(1), default=_DEFAULT_LIMIT, metavar="N",
                       help=f"show at most N runs (default {_DEFAULT_LIMIT})")  # fmt: skip
-    runs.add_argument("--json", action="store_true", help="one JSON object per run")
+    runs.add_argument("--json", action="store_true", help="JSON lines: one run per line")
     runs.add_argument("--rebuild-index", action="store_true",
                       help="rebuild the run index from a SCAN, then exit")  # fmt: skip
 
@@ -562,7 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=_DEFAULT_EVENTS,
         help=f"how many of the last events to print as JSON lines (default {_DEFAULT_EVENTS})",
     )
-    show.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    show.add_argument("--json", action="store_true",
+                      help="JSON lines: the summary, then the last events")  # fmt: skip
 
     events = _add_command(
         sub, "events", "a run's event log, one line per event; --follow tails it",
@@ -596,11 +595,11 @@ def build_parser() -> argparse.ArgumentParser:
         "claim_agent) in submit order: state (ready, leased, done, dead; a leased task whose\n"
         "lease expired is marked lapsed: the next claim takes it over), holder, attempt,\n"
         "failures, fencing token, the lease's time left (server clock), phase and the payload\n"
-        "cut short. --json prints one JSON array, one object per task.",
+        "cut short. --json prints JSON lines, one task per line.",
         _cmd_agents, run_id=True,
     )  # fmt: skip
     agents.add_argument("--json", action="store_true",
-                        help="one JSON array of the tasks (state, holder, token, expires_at "
+                        help="JSON lines, one task per line (state, holder, token, expires_at "
                              "in unix seconds, payload in full)")  # fmt: skip
 
     _add_command(
@@ -623,8 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Serve a live web view of the runs under the prefix: the runs page (from the run\n"
         "index) and one page per run, updated by server-sent events driven by the run's\n"
         "change notices. Binds 127.0.0.1 by default; any other address needs --token (or env\n"
-        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel. Needs: pip install "
-        "'luft-redis[web]'.", _cmd_web,
+        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel. Needs the 'web' extra: from a\n"
+        "checkout of luft-redis (it is not on PyPI yet), pip install '.[web]'.", _cmd_web,
     )  # fmt: skip
     web.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; others need --token)")
@@ -686,7 +685,23 @@ def _auth_failure(exc: BaseException) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``luft-redis`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    """Run ``luft-redis`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    The one place for a closed stdout (``luft-redis runs | head -1``), for every command and
+    the demo: the reader has what it wanted, so the rest of the output is dropped quietly and
+    the command ends with exit 0 (or the code it had already returned)."""
+    code = EXIT_OK
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # nor at the interpreter's exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
+    """:func:`main` but for a closed stdout: parse, run the command, report its failure."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     demo_args = _split_demo(args_list)
     if demo_args is not None:
@@ -701,13 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         try:
-            code = handler(args)
-            sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
-            return code
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_OK
+            return handler(args)
+        except BrokenPipeError:  # `| head`: main's
+            raise
         except Exception as exc:  # a refused password, ACL or certificate first
             refused = _refusal(exc, args)
             if refused is None:
@@ -730,11 +741,9 @@ def _failure(args: argparse.Namespace, exc: Exception) -> tuple[str, int]:
         return (f"Redis at {redact_url(args.redis)} refused the credentials or the permission "
                 f"(check the user and password in the URL, and the ACL): {auth}",
                 EXIT_FAILURE)  # fmt: skip
-    if isinstance(exc, redis.exceptions.InvalidResponse):
-        return str(not_redis(args.redis, exc)), EXIT_UNREACHABLE
-    if isinstance(exc, (ConnectionError, redis.exceptions.ConnectionError,
-                        redis.exceptions.TimeoutError, redis.exceptions.RedisClusterException)):
-        return f"cannot reach Redis at {redact_url(args.redis)}: {exc}", EXIT_UNREACHABLE
+    failure = server_failure(args.redis, exc)
+    if failure is not None:
+        return str(failure), failure.code
     if isinstance(exc, LuftRedisError):
         return str(exc), EXIT_FAILURE
     if isinstance(exc, redis.exceptions.RedisError):

@@ -22,7 +22,9 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..errors import ConnectionError as LuftConnectionError
 from ..keys import DEFAULT_PREFIX
+from ..retry import exception_chain
 
 __all__ = [
     "DEFAULT_URL",
@@ -36,9 +38,9 @@ __all__ = [
     "add_connection",
     "client_kwargs",
     "connect",
-    "not_redis",
     "parse_run_id",
     "redact_url",
+    "server_failure",
 ]
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
@@ -94,10 +96,35 @@ def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def not_redis(url: str, exc: object) -> CommandFailed:
-    """The failure of a command whose server at ``url`` does not speak Redis."""
-    return CommandFailed(f"{redact_url(url)} is not a Redis server (it answered: {exc})",
-                         EXIT_UNREACHABLE)  # fmt: skip
+_UNREACHABLE: Final = (
+    LuftConnectionError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.RedisClusterException,
+)
+
+
+def server_failure(url: str, exc: BaseException) -> CommandFailed | None:
+    """Exit 2 when the server at ``url`` answered but is not Redis (another service on the
+    port: its reply is no Redis reply, wherever a client wrapped it in ``exc``'s chain; some
+    redis-py versions only say "closed", then one raw PING tells), or could not be reached;
+    None for any other failure, a refused password included (exit 3, the caller's). Every
+    command and the demo report these two through here."""
+    if isinstance(exc, redis.exceptions.AuthenticationError):
+        return None
+    shown = redact_url(url)
+    chain = exception_chain(exc)
+    answer: object = next((c for c in chain if isinstance(c, redis.exceptions.InvalidResponse)),
+                          None)  # fmt: skip
+    closed = isinstance(exc, _UNREACHABLE) and not isinstance(exc, redis.exceptions.TimeoutError)
+    if answer is None and closed:
+        answer = _foreign_answer(url)
+    if answer is not None:
+        return CommandFailed(f"{shown} is not a Redis server (it answered: {answer})",
+                             EXIT_UNREACHABLE)  # fmt: skip
+    if isinstance(exc, _UNREACHABLE):
+        return CommandFailed(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE)
+    return None
 
 
 def connect(args: argparse.Namespace) -> Any:
@@ -114,23 +141,11 @@ def connect(args: argparse.Namespace) -> Any:
             warn_needless_password(url, args)
         client.ping()
         return client
-    except redis.exceptions.InvalidResponse as exc:
-        raise not_redis(url, exc) from exc
-    except redis.exceptions.AuthenticationError:
-        raise  # refused, not unreachable: the command's caller says so (exit 3)
-    except redis.exceptions.ConnectionError as exc:  # (some redis-py versions say "closed")
-        answer = _foreign_answer(url)
-        if answer is not None:
-            raise not_redis(url, answer) from exc
-        raise CommandFailed(f"cannot reach Redis at {redact_url(url)}: {exc}",
-                            EXIT_UNREACHABLE) from exc  # fmt: skip
-    except (
-        redis.exceptions.TimeoutError,
-        redis.exceptions.RedisClusterException,
-    ) as exc:
-        raise CommandFailed(
-            f"cannot reach Redis at {redact_url(url)}: {exc}", EXIT_UNREACHABLE
-        ) from exc
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        failure = server_failure(url, exc)
+        if failure is None:
+            raise
+        raise failure from exc
     except ValueError as exc:
         raise CommandFailed(f"bad Redis URL {redact_url(url)}: {exc}", EXIT_UNREACHABLE) from exc
 

@@ -65,8 +65,7 @@ from rich.text import Text
 from .._sync.backend import RedisCheckpointBackend
 from .._sync.lease import AgentLease
 from .._sync.listener import POLL_SECONDS as LISTENER_POLL_SECONDS
-from ..errors import AccessError, LeaseLostError
-from ..errors import ConnectionError as LuftConnectionError
+from ..errors import AccessError, LeaseLostError, LuftRedisError, RunNotRunningError
 from ..keys import run_keys
 from ..retry import exception_chain
 from ..tasks import AgentTask, TaskInfo, TaskState
@@ -94,7 +93,7 @@ from ..types import (
     Severity,
     TokenUsage,
 )
-from .cli_common import EXIT_REFUSED, EXIT_UNREACHABLE, URL_ENV, redact_url
+from .cli_common import EXIT_REFUSED, EXIT_UNREACHABLE, URL_ENV, redact_url, server_failure
 from .server import LocalRedisServer, find_free_port, find_redis_server
 
 __all__ = ["FAKEREDIS_ENV", "PREFIX", "REFUSED_MARK", "DemoError", "main"]
@@ -342,7 +341,7 @@ class Target:
 
 def _redis_error(exc: BaseException, url: str, hint: str = "") -> DemoError | None:
     """The DemoError for ``exc``: exit 3 when it (or its cause) is a refused password or ACL
-    permission, exit 2 when Redis cannot be reached; None for any other error."""
+    permission, exit 2 when Redis cannot be reached or is not Redis; None for any other error."""
     shown = redact_url(url)
     if any(
         isinstance(current, (AccessError, redis.exceptions.AuthenticationError)) or (
@@ -351,10 +350,8 @@ def _redis_error(exc: BaseException, url: str, hint: str = "") -> DemoError | No
         for current in exception_chain(exc)
     ):  # fmt: skip
         return DemoError(f"Redis at {shown} refused this client{hint}: {exc}", EXIT_REFUSED)
-    if isinstance(exc, (LuftConnectionError, redis.exceptions.ConnectionError,
-                        redis.exceptions.TimeoutError)):  # fmt: skip
-        return DemoError(f"cannot reach Redis at {shown}: {exc}", EXIT_UNREACHABLE)
-    return None
+    failure = server_failure(url, exc)  # unreachable, or not Redis: as every command says
+    return None if failure is None else DemoError(str(failure), failure.code)
 
 
 def _preflight(url: str) -> None:
@@ -606,18 +603,18 @@ class Coordinator:
         self.backend.init_run_with_meta(self.run_id, "simulated review of a repository",
                                         tempfile.gettempdir() + f"/luft-demo-{self.run_id}",
                                         meta)  # fmt: skip
-        self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
-                         f"{args.workers} workers, seed {args.seed}")  # fmt: skip
-        self.display.say(f"follow it from another terminal: luft-redis --redis "
-                         f"{self.cli_url()} watch {self.run_id}"
-                         + self.password_note())  # fmt: skip
-        self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
-                                             ts=_now()))  # fmt: skip
-        try:
+        try:  # from here on the run is cleaned up however the demo ends (a closed stdout too)
+            self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
+                             f"{args.workers} workers, seed {args.seed}")  # fmt: skip
+            self.display.say(f"follow it from another terminal: luft-redis --redis "
+                             f"{self.cli_url()} watch {self.run_id}"
+                             + self.password_note())  # fmt: skip
+            self.backend.append_event(RunStarted(run_id=self.run_id, task="simulated review",
+                                                 ts=_now()))  # fmt: skip
             self.start_workers()
             for p, jobs in enumerate(self.plan):
                 self.run_phase(p, jobs)
-            cp = self.checkpoint()
+            cp = self.check_running("after its last phase")
             self.backend.append_event(RunDone(
                 run_id=self.run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage(),
                 report={"agents": len(self.jobs), "findings": len(cp.findings)}, ts=_now(),
@@ -651,12 +648,28 @@ class Coordinator:
             raise DemoError("the coordinator lost its run")
         return cp
 
+    def check_running(self, when: str) -> RunCheckpoint:
+        """The run's checkpoint; DemoError when another process stopped it (``luft-redis
+        cancel``): the demo stops there, and keeps the run (:attr:`keeps_run`). The status is
+        read from Redis: the cache may not have the cancel's notice yet."""
+        raw = self.client.hget(self.keys.run, "status")
+        status = raw.decode() if isinstance(raw, bytes) else raw
+        if status is not None and status != CheckpointStatus.RUNNING.value:
+            self.stopped_by = status
+            raise DemoError(f"the run was {self.stopped_by} by another process (luft-redis "
+                            f"cancel?) {when}; the demo stops here")  # fmt: skip
+        return self.checkpoint()
+
     def run_phase(self, p: int, jobs: list[Job]) -> None:
         self.backend.append_event(PhaseStarted(
             run_id=self.run_id, phase_id=p, label=jobs[0].label, planned=len(jobs),
             description=f"phase {p}: {jobs[0].label}", role=jobs[0].role, ts=_now(),
         ))  # fmt: skip
-        self.backend.submit_agents([job.task() for job in jobs])
+        try:
+            self.backend.submit_agents([job.task() for job in jobs])
+        except RunNotRunningError:  # stopped since the last phase ended
+            self.check_running(f"before phase {p}")
+            raise
         self.display.say(f"phase {p} '{jobs[0].label}' (phases 0-{len(self.plan) - 1}): "
                          f"{len(jobs)} agents submitted (submit_agents)")  # fmt: skip
         self.wait_phase(p, jobs)
@@ -675,11 +688,7 @@ class Coordinator:
         threshold = max(1, len(jobs) // 3)
         while True:
             version = self.backend.version
-            cp = self.checkpoint()
-            if cp.status is not CheckpointStatus.RUNNING:  # `luft-redis cancel`, elsewhere
-                self.stopped_by = cp.status.value
-                raise DemoError(f"the run was {cp.status.value} by another process (luft-redis "
-                                f"cancel?) in phase {p}; the demo stops here")  # fmt: skip
+            cp = self.check_running(f"in phase {p}")
             tasks = self.read_tasks()
             self.display.update(cp, p, self.alive(), len(self.procs))
             self.follow_victims(tasks)
@@ -1050,7 +1059,9 @@ def main(argv: list[str] | None = None) -> int:
     except DemoError as exc:
         print(f"luft-redis demo: FAILED: {exc}", file=sys.stderr)
         return exc.code
-    except (redis.exceptions.RedisError, OSError, RuntimeError) as exc:
+    except BrokenPipeError:  # `| head`: not a failure; the CLI's main ends quietly
+        raise
+    except (LuftRedisError, redis.exceptions.RedisError, OSError, RuntimeError) as exc:
         print(f"luft-redis demo: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -51,11 +51,10 @@ from starlette.staticfiles import StaticFiles
 
 from ... import index
 from ...asyncio import index as index_io
-from ...errors import AccessError, CorruptDataError, LuftRedisError
+from ...errors import CorruptDataError, LuftRedisError
 from ...keys import run_keys
-from ...retry import is_access_error
 from ..render import decode_page, dumps, one_line, run_row_json, utc_time
-from .hub import PAGE_BYTES, TASK_BYTES, Hubs, RunHub, cut, event_text
+from .hub import PAGE_BYTES, TASK_BYTES, Hubs, RunHub, cut, event_text, redis_problem
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
 
@@ -218,16 +217,6 @@ def _is_entry_id(text: str) -> bool:
     ms, dash, seq = text.partition("-")
     return bool(dash) and all(
         part.isascii() and part.isdigit() and int(part) < 2**64 for part in (ms, seq))
-
-
-def redis_problem(exc: BaseException) -> str:
-    """What the view says when Redis failed it: refused this client (password, ACL, TLS), or
-    unreachable; one sentence, without the doubled period of an error text that ends in
-    one."""
-    text = str(exc).rstrip(". ")
-    if isinstance(exc, AccessError) or is_access_error(exc):
-        return f"Redis refused the web view's client: {text}"
-    return f"Redis is unreachable: {text}"
 
 
 def _e(value: object) -> str:

@@ -33,15 +33,15 @@ from typing import Any, Final
 
 from ... import types as t
 from ...asyncio import AsyncRedisCheckpointBackend
-from ...errors import LuftRedisError
+from ...errors import AccessError, LuftRedisError
 from ...keys import run_keys
-from ...retry import NO_RETRY
+from ...retry import NO_RETRY, is_access_error
 from ...tasks import TaskInfo, TaskState
 from ...wire import entry_id
 from ..render import dumps, event_json, show_json
 
 __all__ = ["AGENTS_PAGE", "EVENT_BYTES", "EVENT_RING", "PAGE_BYTES", "Hubs", "RunHub", "Viewer",
-           "event_text"]
+           "event_text", "redis_problem"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +206,16 @@ def event_text(entry_id: str, event: Any) -> str:
     return dumps(obj)
 
 
+def redis_problem(exc: BaseException) -> str:
+    """What the view says when Redis failed it (its pages, its API, the run page's banner):
+    refused this client (password, ACL, TLS), or unreachable; one sentence, without the
+    doubled period of an error text that ends in one."""
+    text = str(exc).rstrip(". ") or type(exc).__name__
+    if isinstance(exc, AccessError) or is_access_error(exc):
+        return f"Redis refused the web view's client: {text}"
+    return f"Redis is unreachable: {text}"
+
+
 def _short(value: Any) -> Any:
     """An agent-written text of the state, cut to :data:`TEXT_BYTES`."""
     return cut(value, TEXT_BYTES, "luft-redis export")
@@ -341,10 +351,11 @@ class RunHub:
         self.ring.append([self.seq, entry, None])
 
     def _down(self, exc: BaseException) -> None:
+        problem = redis_problem(exc)
         if self.redis_ok:
-            logger.warning("run %s: Redis unreachable: %s", self.run_id, exc)
+            logger.warning("run %s: %s", self.run_id, problem)
         self.redis_ok = False
-        self.redis_error = str(exc) or type(exc).__name__
+        self.redis_error = problem  # the page's banner says it as it is
         self._dirty.set()
 
     # -- the state builder -----------------------------------------------------------------

@@ -106,8 +106,10 @@
     if (s.gone) {
       banner.textContent = "This run no longer exists (deleted or expired).";
     } else if (!v.redis_ok) {
-      banner.textContent = "Redis is unreachable (" + (v.redis_error || "no answer") +
-        "): showing the last data seen; reconnecting…";
+      // the server's sentence: "Redis is unreachable: ..." or "Redis refused the web view's
+      // client: ..."
+      banner.textContent = (v.redis_error || "Redis is unreachable") +
+        ". Showing the last data seen; reconnecting…";
     } else if (source === null || source.readyState !== 1) {
       banner.textContent = "Lost the connection to the web server: reconnecting…";
     } else {
