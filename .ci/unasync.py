@@ -33,6 +33,7 @@ FILES = {
     "asyncio/fcall.py": "_sync/fcall.py",
     "asyncio/lease.py": "_sync/lease.py",
     "asyncio/index.py": "_sync/index.py",
+    "asyncio/retention.py": "_sync/retention.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -48,7 +49,7 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index)\b", r"luft_redis._sync.\1"),
+    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index|retention)\b", r"luft_redis._sync.\1"),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""
 

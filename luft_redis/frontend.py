@@ -19,7 +19,7 @@ from .cache import RunCache
 from .connect import Durability, is_cluster
 from .errors import ConfigurationError, LuftRedisError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
-from .retention import RetentionOptions
+from .retention_core import RetentionOptions
 from .retry import NO_RETRY, REDIS_ERRORS, RetryPolicy, is_access_error
 from .scripts import library, translate_error
 from .stats import BackendStats, Counters

@@ -35,6 +35,7 @@ from typing import Any, Final, NamedTuple, TypeVar
 from . import types as t
 from ._sync.backend import RedisCheckpointBackend
 from ._sync.fcall import call_function, index_add
+from ._sync.retention import log_trimmed
 from .delta import UnknownFormat, parse_delta
 from .errors import (
     BackendError,
@@ -51,7 +52,7 @@ from .keys import (
     run_keys,
     staging_keys,
 )
-from .retention import LOG_TRIMMED_NOTE, log_trimmed
+from .retention_core import LOG_TRIMMED_NOTE
 from .retry import DEFAULT_RETRY
 from .scripts import library, translate_error
 from .wire import (

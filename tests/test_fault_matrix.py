@@ -62,6 +62,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis._sync.index import read_counts
+from luft_redis.asyncio.retention import collect_garbage as async_collect_garbage
 from luft_redis.index import run_status_key
 from luft_redis.interop import checkpoint_json, import_run
 from luft_redis.keys import run_index_key, run_keys
@@ -329,7 +330,9 @@ def _saved(ctx: Ctx) -> None:
 
 
 def _gc(ctx: Ctx) -> Any:
-    report = collect_garbage(ctx.direct, PREFIX, older_than=dt.timedelta(0))
+    """``collect_garbage`` of the front end under test, on its backend's client."""
+    gc = collect_garbage if ctx.frontend == "sync" else async_collect_garbage
+    report = ctx.call(gc, ctx.backend.client, PREFIX, older_than=dt.timedelta(0))
     return (report.deleted, report.skipped)
 
 
@@ -406,7 +409,7 @@ CASES: dict[str, Case] = {
     "delete_run": Case("delete_run", Ctx.bound, lambda c: c.backend.delete_run()),
     "delete_run_missing": Case("delete_run", Ctx.bound,
                                lambda c: (c.backend.delete_run(), c.backend.delete_run(RUN))),
-    "gc_run": Case("gc_run", _finished, _gc, ("sync",)),
+    "gc_run": Case("gc_run", _finished, _gc),
     "restore_run": Case("restore_run", _finished, _imported, ("sync",)),
     "restore_run_staging": Case("save_checkpoint", _finished, _imported, ("sync",)),
     "index_status": Case("index_status", Ctx.bound, lambda c: c.backend.cancel()),

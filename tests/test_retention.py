@@ -39,6 +39,7 @@ from luft_redis import (
     RunStatus,
     TokenUsage,
 )
+from luft_redis._sync import retention as sync_retention
 from luft_redis.errors import ConfigurationError, ValidationError
 from luft_redis.keys import run_index_key, run_keys
 from luft_redis.scripts import script_source
@@ -490,7 +491,8 @@ def test_gc_skips_a_run_resumed_after_it_was_found(
     backend = RedisCheckpointBackend(redis_client, watch=False)
     assert backend.open_run(resumed) is not None
     backend.reset_status_to_running()  # between the SCAN and the delete
-    monkeypatch.setattr(retention, "iter_finished_runs", lambda *a, **k: iter(found))
+    # (collect_garbage looks it up in its own module, the generated one)
+    monkeypatch.setattr(sync_retention, "iter_finished_runs", lambda *a, **k: iter(found))
     report = retention.collect_garbage(redis_client, older_than=dt.timedelta(days=7))
     assert report.skipped == [resumed]
     assert resumed not in report.deleted and len(report.deleted) == 2
