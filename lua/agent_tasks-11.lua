@@ -2,13 +2,16 @@
   agent_tasks: every agent task of the run, as stored, with the server's clock and whether each
   agent has an ok result (read-only: FCALL_RO).
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
 
   Reply:  0 when the run does not exist; else an array: now (unix ms, server clock), the
           flat HGETALL of the tasks hash, then the agent ids (of tasks) whose result is ok
   Errors: LUFT_CORRUPT (a key of the wrong type)
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/numbers"
+--- @include "includes/time"
+--- @include "includes/keytypes"
 
 local function main()
   check_run_types()

@@ -2,12 +2,12 @@
   append_events: append a batch of events (one or more) to the run's log and apply the state
   rules of contract §5 to each, in order, as one atomic change (one version, one notice).
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
               max_events > 0: the log is trimmed to about max_events entries, and the
               first trim sets the run field log_trimmed = 1 (an R record)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
-          first (includes/retention.lua)
+          first (includes/options.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS (= ARGV[4..]):
   ARGS[1] number of events, then per event:
     the stream entry: its length n (even, >= 2), then n arguments, the entry's field-value
@@ -22,11 +22,11 @@
       run_done       "<status> <total tokens>"
       other types    none
 
-  Reply and notice: the delta (see includes/common.lua), op "append": R records of the changed
+  Reply and notice: the delta (see includes/delta.lua), op "append": R records of the changed
           run fields (agents: +1 per agent that neither started nor had a result before), S of started agents, E res/ph of the results and phases written, F/X of
           finding segments; R agents_ok, agents_failed when a result's status changes
-          (includes/common.lua).
-  A fenced batch (its fence slot, see includes/retention.lua) is applied only while
+          (includes/run.lua).
+  A fenced batch (its fence slot, see includes/fence.lua) is applied only while
   the lease is current; its agent_done of the leased agent ends the lease: an ok status makes
   the task done, any other a failed attempt (ready again until max_attempts, then dead). The
   token stays current until the next claim of the task.
@@ -36,7 +36,19 @@
           (total_tokens would pass 2^64-1), LUFT_BAD_ARG, LUFT_STALE; nothing is written on
           error, for any event of the batch.
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/numbers"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/hset_flat"
+--- @include "includes/keytypes"
+--- @include "includes/run"
+--- @include "includes/delta"
+--- @include "includes/commit"
+--- @include "includes/findings"
+--- @include "includes/fence"
+--- @include "includes/tasks"
 --- @include "includes/retention"
 
 local function main()

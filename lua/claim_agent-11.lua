@@ -5,8 +5,8 @@
   an ok result meanwhile (written with or without a lease) becomes done and is skipped; a
   lapsed task at max_attempts failures becomes dead. Times are the server's clock.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] worker (the holder's name)   ARGS[2] lease duration in ms   ARGS[3] max_attempts for
           a task submitted without one (by a version before tasks kept theirs)
@@ -21,7 +21,14 @@
           A retry of the same operation (its reply lost) gets the same lease again.
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/numbers"
+--- @include "includes/args"
+--- @include "includes/keytypes"
+--- @include "includes/run"
+--- @include "includes/commit"
+--- @include "includes/tasks"
 
 -- queue entries read at a time (the first read takes one), and at most by one claim
 local PAGE, SCAN = 4, 64

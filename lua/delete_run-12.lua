@@ -2,10 +2,10 @@
   delete_run: delete every key of a run (its state, its event log, its writers, its agent tasks) and tell the
   processes watching it; exactly once per writer operation.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
   KEYS[12]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
               ARGS[1] seconds (a retried delete whose reply was lost gets its first answer)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] tombstone TTL in seconds
 
@@ -16,7 +16,10 @@
   Errors: LUFT_BAD_ARG. Keys of the wrong type are deleted like the rest (delete is the way
           to clear a damaged run).
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/args"
+--- @include "includes/delta"
+--- @include "includes/commit"
 --- @include "includes/tombstone"
 
 local K_TOMBSTONE = KEYS[12]

@@ -3,10 +3,10 @@
   luft_redis.retention.collect_garbage). The check and the delete are one atomic step, so a
   run resumed or updated after gc found it is never deleted; exactly once per writer operation.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
   KEYS[12]    the run's tombstone hash (includes/tombstone.lua): a retried gc whose reply was
               lost gets its first answer
-  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] the statuses to delete, comma separated (of completed, failed, cancelled)
   ARGS[2] minimum age in seconds: the run's updated_at must be <= server time - ARGS[2]
@@ -19,7 +19,11 @@
   Errors: LUFT_BAD_ARG when the age or the TTL is not a decimal number, or a status is
           "running"
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/delta"
+--- @include "includes/commit"
 --- @include "includes/tombstone"
 
 local K_TOMBSTONE = KEYS[12]

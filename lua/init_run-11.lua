@@ -2,8 +2,8 @@
   init_run: create a new run (contract §4): status running, phase 0, empty collections,
   created_at = updated_at = server time, version 1, a new incarnation.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] run id (canonical)   ARGS[2] task   ARGS[3] run_dir
   ARGS[4] workflow_meta: optional msgpack blob ("n" or "s<blob>")
@@ -14,7 +14,12 @@
           incarnation to every cache.
   Errors: LUFT_EXISTS when the run already exists (nothing changed); LUFT_BAD_ARG
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/delta"
+--- @include "includes/commit"
 
 local function main()
   local dup = dedup()

@@ -2,7 +2,7 @@
   load: read a run's whole state in one atomic step (for open_run and cache resyncs); the
   event log is not read.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
   ARGV    none
 
   Reply:  0 when the run does not exist, else
@@ -11,7 +11,8 @@
   Errors: LUFT_CORRUPT <key> type ... when a key of the run (writers included) holds the
           wrong type
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/keytypes"
 
 local function main()
   check_run_types()

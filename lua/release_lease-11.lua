@@ -3,8 +3,8 @@
   attempt not counted as failed; failed = 1 (the holder's code raised): a failed attempt,
   ready again until max_attempts failures, then dead.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] token   ARGS[3] incarnation   ARGS[4] failed: "0" or "1"
 
@@ -13,7 +13,13 @@
   Errors: LUFT_LEASE_LOST "<agent_id> <token> <current token or ->" when another claim took
           the task over; LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/run"
+--- @include "includes/commit"
+--- @include "includes/tasks"
 
 local function main()
   local dup = dedup()

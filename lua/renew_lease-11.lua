@@ -3,7 +3,7 @@
   renews fine: its holder is still alone. Not a change of the checkpoint: no version, no
   notice, nothing remembered (a renew is idempotent: a retry extends the lease once more).
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel   ARGV[2] writer id   ARGV[3] operation sequence (unused)
   ARGS[1] agent_id   ARGS[2] token   ARGS[3] incarnation   ARGS[4] lease duration in ms
 
@@ -15,7 +15,13 @@
   Errors: LUFT_LEASE_LOST "<agent_id> <token> <current token or ->" when another claim took
           the task over (or the run was re-created); LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/numbers"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/keytypes"
+--- @include "includes/run"
 
 local function main()
   check_run_types()

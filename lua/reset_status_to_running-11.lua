@@ -2,10 +2,10 @@
   reset_status_to_running: failed/cancelled/running -> running (contract §5, decided: a
   completed run is not resumable).
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
-          first (includes/retention.lua)
+          first (includes/options.lua)
   ARGV[2] writer id   ARGV[3] operation sequence
 
   Agent tasks (docs/leases.md) that are dead, or leased with a lease that has lapsed, are
@@ -16,7 +16,12 @@
   Errors: LUFT_NOT_RESUMABLE <status> on a completed run (nothing changed); LUFT_NO_RUN;
           LUFT_CORRUPT; LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/time"
+--- @include "includes/run"
+--- @include "includes/commit"
+--- @include "includes/tasks"
 --- @include "includes/retention"
 
 local function main()

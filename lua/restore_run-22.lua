@@ -4,11 +4,11 @@
   written by save_checkpoint on the staging keys); they share the run's hash tag, so RENAME
   stays in the run's slot (Redis Cluster included).
 
-  KEYS[1..11]  the run's keys (see includes/common.lua)
+  KEYS[1..11]  the run's keys (see includes/call.lua)
   KEYS[12..22] the staging keys, in the same order as KEYS[1..11]: run, events, phases,
                results, sessions, started, findings, findings_order, writers, tasks, queue
                (an import brings no agent tasks: the staged tasks and queue are never filled)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] replace: '1' to replace an existing run, '0' to refuse it
   ARGS[2] updated_at to keep (unix seconds, from the imported checkpoint)
@@ -23,7 +23,12 @@
   Errors: LUFT_EXISTS when the run exists and ARGS[1] is '0' (nothing changed);
           LUFT_BAD_ARG when the staged run is missing or is not this import's; LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/keytypes"
+--- @include "includes/delta"
+--- @include "includes/commit"
 
 local function main()
   local dup = dedup()

@@ -2,10 +2,10 @@
   save_checkpoint: replace the run's whole state (not its event log) atomically
   (contract §4). updated_at becomes the server time; run_dir and the event log are kept.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
-          first (includes/retention.lua)
+          first (includes/options.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] task   ARGS[2] status   ARGS[3] current_phase   ARGS[4] total_tokens
   ARGS[5] created_at   ARGS[6] workflow_meta (opt msgpack)
@@ -25,7 +25,13 @@
   Reply and notice: the delta, op "save": a Z record with the whole new state
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE; nothing is written on error.
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/hset_flat"
+--- @include "includes/run"
+--- @include "includes/commit"
 --- @include "includes/retention"
 
 -- the optional attributes of each group, in argument order (a null one is simply not stored:

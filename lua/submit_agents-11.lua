@@ -4,10 +4,10 @@
   attempts stay); with another phase or payload the whole batch is refused. An agent that
   already has an ok result is done at once and never handed out.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
-          first (includes/retention.lua)
+          first (includes/options.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] max_attempts of the new tasks (kept with each: failed attempts after which it is
           dead)   ARGS[2] number of tasks, then per task: agent_id, phase_id, payload (opaque
@@ -20,7 +20,14 @@
           agent was submitted before with another phase or payload; nothing changed),
           LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/numbers"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/hset_flat"
+--- @include "includes/run"
+--- @include "includes/commit"
 --- @include "includes/retention"
 
 local function main()

@@ -3,10 +3,10 @@
   findings replace its earlier ones in the run's finding list. total_tokens is untouched and
   no event is added.
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
-          first (includes/retention.lua)
+          first (includes/options.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] phase_id   ARGS[3] status   ARGS[4] tokens   ARGS[5] completed_at
   ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
@@ -14,12 +14,19 @@
 
   Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments,
           R agents when the agent is new (neither started nor had a result), R agents_ok and
-          agents_failed when the agent's status counts change (includes/common.lua)
-  A fenced write (its fence slot, see includes/retention.lua) is applied only while the lease is
+          agents_failed when the agent's status counts change (includes/run.lua)
+  A fenced write (its fence slot, see includes/fence.lua) is applied only while the lease is
   current, else LUFT_LEASE_LOST and nothing is written.
   Errors: LUFT_LEASE_LOST, LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/run"
+--- @include "includes/delta"
+--- @include "includes/commit"
+--- @include "includes/findings"
+--- @include "includes/fence"
 --- @include "includes/retention"
 
 local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}

@@ -1,20 +1,27 @@
 --[[
   upsert_agent_session: insert or replace agent_sessions[agent_id] (contract §4).
 
-  KEYS[1..11] the run's keys (see includes/common.lua)
-  ARGV[1] the run's change channel (see includes/common.lua)
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
-          first (includes/retention.lua)
+          first (includes/options.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] backend_id (opt)   ARGS[3] protocol_session_id (opt)
   ARGS[4] session_id   ARGS[5] status   ARGS[6] updated_at   ARGS[7] resumable ("true"/"false")
 
   Reply and notice: the delta, op "session": E ses of the agent
-  A fenced write (its fence slot, see includes/retention.lua) is applied only while the lease is
+  A fenced write (its fence slot, see includes/fence.lua) is applied only while the lease is
   current, else LUFT_LEASE_LOST and nothing is written.
   Errors: LUFT_LEASE_LOST, LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
---- @include "includes/common"
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/run"
+--- @include "includes/delta"
+--- @include "includes/commit"
+--- @include "includes/fence"
 --- @include "includes/retention"
 
 local function main()

@@ -5,7 +5,7 @@ run's change channel. A delta starts with a header of six netstrings ``<len>:<by
 
     ``L3``, incarnation before, version before, incarnation after, version after, operation
 
-then its records (see ``lua/includes/common.lua``). In format ``L3`` (this version) the record
+then its records (see ``lua/includes/delta.lua``). In format ``L3`` (this version) the record
 parts follow as one netstring of their byte lengths (decimals separated by spaces) and then the
 parts back to back, so splitting them is one ``bytes.split`` and one slice per part; an ``E res``
 record's ``findings`` attribute is empty when the delta's ``F`` record for the same segment

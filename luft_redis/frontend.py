@@ -138,7 +138,7 @@ class FrontEnd:
 
     def _with_options(self, args: Any, fence: str) -> Any:
         """A writing script's arguments with its two option slots appended: ``fence`` and the
-        retention options (``lua/includes/retention.lua``)."""
+        retention options (``lua/includes/options.lua``)."""
         return (*args, fence, self._retention.script_arg)
 
     @property

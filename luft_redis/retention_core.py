@@ -80,7 +80,7 @@ class RetentionOptions:
 
     @property
     def script_arg(self) -> str:
-        """The retention slot of the writing scripts (``lua/includes/retention.lua``):
+        """The retention slot of the writing scripts (``lua/includes/options.lua``):
         ``"<ttl_ms> <max_events>"``, or ``""`` when both options are off."""
         if self.expire_finished_after is None and self.max_events is None:
             return ""

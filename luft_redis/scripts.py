@@ -5,11 +5,13 @@ Each state change is one file ``lua/<operation>-<numkeys>.lua``; shared pieces l
 
 At load time the files become ONE Redis Functions library (:func:`library`):
 
-* an include that has a line ``--- @each-call <statement>`` (``includes/common.lua``) is a
+* an include that has a line ``--- @each-call <statement>`` or ``--- @defines-only`` is a
   *library* include: its code is placed once at the library's top, so its helpers are defined
-  once per ``FUNCTION LOAD``, and at each ``@include`` line only ``<statement>`` remains
-  (``begin_call()``: bind the call's KEYS/ARGV). Other includes (``includes/main.lua``) are
-  copied in place;
+  once per ``FUNCTION LOAD``; at each ``@include`` line only its per-call ``<statement>``
+  remains (``begin_call()`` of ``includes/call.lua``: bind the call's KEYS/ARGV). A library
+  include names the includes it uses with ``@include`` lines of its own: they are placed
+  before it, and a script runs the per-call statement of every include it reaches once, in
+  that order (dependencies first). Other includes (``includes/main.lua``) are copied in place;
 * each operation file becomes one function whose body is the file's text, wrapped in
   ``function(keys, argv) KEYS, ARGV = keys, argv ... end`` (``KEYS``/``ARGV`` are library
   locals, so the files and the helpers read them as in an EVAL script);
@@ -158,18 +160,42 @@ def _each_call(ref: str) -> str | None:
     return "" if _DEFINES_ONLY.search(text) else None
 
 
+def _hoist(ref: str, hoisted: dict[str, str], seen: set[str], path: tuple[str, ...]) -> list[str]:
+    """Library mode: place library include ``ref`` and the includes it names in ``hoisted``
+    (each once, dependencies first) and return the per-call statements of those this script
+    (``seen``) has not reached yet, in the order they must run."""
+    if ref in path:
+        raise errors.ConfigurationError(f"Lua includes form a cycle: {' -> '.join((*path, ref))}")
+    if ref in seen:
+        return []
+    text = _include_text(ref)
+    calls: list[str] = []
+    for dep in _INCLUDE.findall(text):
+        if _each_call(dep) is None:
+            raise errors.ConfigurationError(
+                f"Lua include {ref!r} includes {dep!r}, which is not a library include "
+                "(no @each-call or @defines-only line)")  # fmt: skip
+        calls += _hoist(dep, hoisted, seen, (*path, ref))
+    seen.add(ref)
+    if ref not in hoisted:
+        hoisted[ref] = f"-- ---- {ref}.lua\n" + _INCLUDE.sub("", text)
+    call = _each_call(ref)
+    if call:
+        calls.append(call)
+    return calls
+
+
 def _expand(text: str, seen: set[str], hoisted: dict[str, str] | None) -> str:
     """``text`` with its includes expanded (each once per ``seen``). With ``hoisted`` (library
-    mode) a library include's code goes to ``hoisted`` once and its site keeps the per-call
-    statement; without, its code and then the statement are placed at the site (EVAL mode)."""
+    mode) a library include's code goes to ``hoisted`` once (:func:`_hoist`) and its site
+    keeps the per-call statements; without, its code and then its statement are placed at the
+    site (EVAL mode), the includes it names first."""
 
     def include(m: re.Match[str]) -> str:
         ref = m.group(1)
         call = _each_call(ref)
         if call is not None and hoisted is not None:
-            if ref not in hoisted:
-                hoisted[ref] = f"-- ---- {ref}.lua\n" + _expand(_include_text(ref), set(), None)
-            return call
+            return "\n".join(_hoist(ref, hoisted, seen, ()))
         if ref in seen:
             return ""
         seen.add(ref)

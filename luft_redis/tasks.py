@@ -164,7 +164,7 @@ def submit_args(tasks: Iterable[AgentTask], max_payload_size: int,
 
 
 def fence_arg(agent_id: uuid.UUID, token: int, incarnation: str) -> str:
-    """The fence slot of a fenced write (``lua/includes/retention.lua``)."""
+    """The fence slot of a fenced write (``lua/includes/options.lua``)."""
     return f"{agent_id} {token} {incarnation}"
 
 

@@ -1,7 +1,7 @@
 """The scripts as one Redis Functions library (luft_redis/scripts.py, docs/redis-layout.md).
 
 * the library's assembly: names carrying the content hash, each operation one function whose
-  body is its file, the helpers of ``includes/common.lua`` defined once, ``load`` read-only;
+  body is its file, the helpers of ``lua/includes/`` defined once, ``load`` read-only;
 * the ``-<numkeys>`` of a file name checked against the keys passed and the keys read;
 * loading: a server, a node or a cluster without the library (new, flushed, restarted) gets it
   on the first call, which then succeeds; every later call is one ``FCALL``, nothing else;
@@ -96,32 +96,50 @@ def test_library_names_carry_the_content_hash() -> None:
                      r"= keys, argv\n--\[\[\n  load:", lib.code)  # fmt: skip
 
 
-RETENTION_CALL = (
-    "do local bad = take_options(); if bad then return redis.error_reply(bad) end end"
+PER_CALL = (
+    "begin_call()",
+    "begin_delta()",
+    "do local bad = take_options(); if bad then return redis.error_reply(bad) end end",
 )
+"""The per-call statements of the library includes (call, delta, options), in the order a
+script runs them: dependencies first."""
+
+
+def _function_body(code: str, op: str) -> str:
+    start = code.index(f"function_name = '{op}_")
+    end = code.find("redis.register_function{", start)
+    return code[start:end if end >= 0 else len(code)]
 
 
 def test_helpers_are_defined_once_and_each_file_is_a_function_body() -> None:
     code = library().code
-    for helper in ("fail", "dedup", "commit", "begin_call", "u64_add", "read_run",
+    for helper in ("fail", "dedup", "commit", "begin_call", "begin_delta", "u64_add", "read_run",
                    "take_options", "retain", "trim_log", "check_type", "check_run_types",
                    "notify", "optional_fields", "tombstone_reply", "tombstone_keep"):  # fmt: skip
         assert code.count(f"local function {helper}(") == 1, helper
-    # the prelude comes before every function; each function starts with begin_call()
+    # the includes come before every function
     assert code.index("local function begin_call()") < code.index("redis.register_function")
     for op in SCRIPT_NAMES:
         path, _ = _script_file(op)
         text = path.read_text(encoding="utf-8")
-        lines = [ln for ln in text.splitlines() if not ln.startswith("--- @include")]
-        body = "\n".join(lines)
-        if '--- @include "includes/common"' in text:
-            body = text.replace('--- @include "includes/common"', "begin_call()")
-            body = body.replace('--- @include "includes/retention"', RETENTION_CALL)
-            body = body.replace('--- @include "includes/main"', "").rstrip()
-            body = body.replace('--- @include "includes/tombstone"', "")
-            assert body in code, op
-        else:
-            assert body.rstrip() in code, op
+        body = _function_body(code, op)
+        # the file's own lines, in order, with each @include line replaced
+        own = [ln for ln in text.replace('--- @include "includes/main"', "").splitlines()
+               if not ln.startswith("--- @include")]  # fmt: skip
+        at = 0
+        for line in own:
+            at = body.index(line, at) + len(line) if line else at
+        # each per-call statement the script reaches runs once, in order, before main()
+        ran = [s for s in PER_CALL if f"\n{s}\n" in body]
+        for s in ran:
+            assert body.count(f"\n{s}\n") == 1, (op, s)
+        positions = [body.index(f"\n{s}\n") for s in ran]
+        assert positions == sorted(positions), op
+        if "@include" in text and op != "index_status":
+            assert ran[0] == "begin_call()", op
+            assert positions[-1] < body.index("local function main()"), op
+        if "includes/retention" in text:
+            assert PER_CALL[2] in ran, op
 
 
 def test_the_files_still_run_as_eval_scripts() -> None:
@@ -129,7 +147,8 @@ def test_the_files_still_run_as_eval_scripts() -> None:
     source = script_source("cancel")
     assert "--- @include" not in source
     assert source.index("local function begin_call()") < source.index("\nbegin_call()\n")
-    assert source.index("\nbegin_call()\n") < source.index("local function main()")
+    assert source.index("\nbegin_call()\n") < source.index("\nbegin_delta()\n")
+    assert source.index("\nbegin_delta()\n") < source.index("local function main()")
 
 
 def test_eval_form_and_function_give_the_same_reply() -> None:

@@ -2,7 +2,7 @@
 
 - per run, the run fields ``agents_ok`` and ``agents_failed`` (running = agents - ok - failed),
   kept by every script that sets a result's status (append_events, upsert_agent_result,
-  save_checkpoint, init_run; lua/includes/common.lua ``status_count_fields``);
+  save_checkpoint, init_run; lua/includes/run.lua ``status_count_fields``);
 - per prefix, the runs by status next to the run index (``lua/index_status-3.lua``, by every
   index write: :mod:`luft_redis.index`).
 

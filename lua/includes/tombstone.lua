@@ -2,9 +2,11 @@
   The tombstone of a deleted run (delete_run, gc_run): a hash <writer id> -> "<op seq> <reply>"
   that outlives the run for a while (its TTL), so that a delete retried after its reply was
   lost gets its first answer instead of "there was nothing to delete". Not one of the run's
-  keys: each script that uses it takes it as KEYS[12]. Needs the prelude (WRITER, WRITER_SEQ).
+  keys: each script that uses it takes it as KEYS[12].
 ]]
 --- @defines-only
+--- @include "includes/call"
+--- @include "includes/fail"
 
 -- The reply this writer's operation already got (a retry), else nil. A key of another type in
 -- the tombstone's place is deleted: it is only a memo, never data.

@@ -492,7 +492,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it. With
         ``options``, ``fence`` and the retention options go in the script's two option slots
-        (``lua/includes/retention.lua``)."""
+        (``lua/includes/options.lua``)."""
         if options:
             args = self._with_options(args, fence)
         return (await self._write_reply(fn, args, binding, lease))[1]
