@@ -29,7 +29,7 @@ import re
 import threading
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import immutables
@@ -159,7 +159,7 @@ class RunState:
         if delta.whole:
             return RunState.from_whole(self.run_id, self.keys, delta)
         parts = delta.records()
-        loader = _Loader(self.run_id, self.keys)
+        loader = _Loader(self.run_id, self.keys, delta.sent)
         keys = self.keys
         run_fields: dict[str, Any] = {}
         results: list[tuple[uuid.UUID, t.AgentResultCache | None]] = []
@@ -642,12 +642,20 @@ def finding_segments(cp: t.RunCheckpoint) -> list[Segment]:
     return [(seg, tuple(group)) for seg, group in segments]
 
 
+_NOTHING: Mapping[Any, Any] = immutables.Map()
+"""No value sent (an empty mapping, and the marker of a value not found in one)."""
+
+
 class _Loader:
     """Decodes load-11.lua's reply; every problem is a CorruptDataError naming key and field."""
 
-    def __init__(self, run_id: uuid.UUID, keys: RunKeys) -> None:
+    def __init__(self, run_id: uuid.UUID, keys: RunKeys,
+                 sent: Mapping[str | bytes, Any] | None = None) -> None:  # fmt: skip
         self.run_id = run_id
         self.keys = keys
+        self._sent: Mapping[str | bytes, Any] = _NOTHING if sent is None else sent
+        """What this process' own write sent (:data:`luft_redis.wire.Sent`): the values of the
+        ids and blobs its delta echoes, taken as they are instead of decoded again."""
         self._ids: dict[str, uuid.UUID] = {}
         self._id_bytes: dict[bytes, uuid.UUID] = {}
         """The ids of the results, by their stored text (bulk decoding of the other hashes)."""
@@ -709,7 +717,7 @@ class _Loader:
         return True
 
     def _agent_id(self, key: str, text: str) -> uuid.UUID:
-        agent_id = self._ids.get(text) or codec.recent_id(text)
+        agent_id = self._ids.get(text) or self._sent.get(text)
         if agent_id is not None:
             return agent_id
         try:
@@ -723,10 +731,15 @@ class _Loader:
 
     def _findings(self, blob: bytes, key: str, field: str) -> tuple[t.Finding, ...]:
         """Decoded findings; an agent's segment repeats its result's blob: decoded once."""
-        found = self._findings_seen.get(blob)
+        found = self._findings_seen.get(blob) or self._sent.get(blob)
         if found is None:
             found = self._findings_seen[blob] = codec.decode_findings(blob, key=key, field=field)
         return found
+
+    def _json(self, blob: bytes, key: str, field: str) -> Any:
+        """A stored JSON value (the one this process' write sent, when it did)."""
+        value = self._sent.get(blob, _NOTHING)
+        return codec.decode_json(blob, key=key, field=field) if value is _NOTHING else value
 
     def _opt(self, key: str, field: str, attrs: dict[str, bytes], name: str) -> str | None:
         raw = attrs.get(name)
@@ -963,7 +976,7 @@ class _Loader:
             agent_id=agent_id,
             phase_id=self._num(key, aid_text, "phase_id", phase_raw, t.U32_MAX),
             status=status,
-            output=None if output is None else codec.decode_json(
+            output=None if output is None else self._json(
                 output, key=key, field=f"{aid_text}:output"),
             findings=() if findings is None else self._findings(
                 findings, key=key, field=f"{aid_text}:findings"),

@@ -54,11 +54,12 @@ __all__ = [
     "decode_findings",
     "decode_json",
     "encode_entry",
+    "encode_entry_parts",
     "encode_event",
     "encode_findings",
     "encode_json",
-    "id_text",
-    "recent_id",
+    "nested_position",
+    "stored_blob",
 ]
 
 MAX_BLOB_SIZE = 512 * 1024 * 1024
@@ -351,20 +352,8 @@ def _optional(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
 
 
 def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
-    shared = _TUPLE_CODECS.get((pack, unpack))
-    if shared is not None:
-        return shared
-    last: list[tuple[Any, Any]] = [((), [])]  # the last tuple packed and its packed form
-
     def tuple_pack(value: Any) -> Any:
-        # an agent_done's findings are packed twice in a row: in the event, then as the
-        # result's blob; a tuple of records is immutable, so its packed form is too
-        seen, packed = last[0]
-        if seen is value:
-            return packed
-        packed = [pack(v) for v in value]
-        last[0] = (value, packed)
-        return packed
+        return [pack(v) for v in value]
 
     if pack is _ident:  # msgpack packs a tuple as an array, as it does a list
         tuple_pack = _ident
@@ -382,12 +371,7 @@ def _tuple(pack: Packer, unpack: Unpacker) -> tuple[Packer, Unpacker]:
                     raise exc.inside(path, f"[{i}]") from None
             raise  # pragma: no cover - the same values failed once
 
-    codec = _TUPLE_CODECS[pack, unpack] = (tuple_pack, tuple_unpack)
-    return codec
-
-
-_TUPLE_CODECS: dict[tuple[Packer, Unpacker], tuple[Packer, Unpacker]] = {}
-"""One tuple codec per item codec, so every tuple of findings shares the memo of the last."""
+    return tuple_pack, tuple_unpack
 
 
 def _enum(enum_cls: type[t._StrEnum]) -> tuple[Packer, Unpacker]:
@@ -526,65 +510,6 @@ _NO_DEFAULT = object()
 # --------------------------------------------------------------------------------------------
 
 
-class _Recent:
-    """The last few blobs this process encoded, with the (immutable) values they were encoded
-    from: the change a write's reply brings back holds those very bytes, and decoding them
-    again would only rebuild equal objects (the stored form round-trips exactly; the golden
-    tests hold it to that). Bounded; only encoding adds to it, so a load of other processes'
-    data never fills it."""
-
-    __slots__ = ("_items", "size")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: dict[bytes | str, Any] = {}
-
-    def add(self, blob: bytes | str, value: Any) -> None:
-        items = self._items
-        if len(items) >= self.size:
-            # the oldest; another thread may have got there first (a try costs less than
-            # contextlib.suppress, and this runs on every write once the memo is full)
-            try:  # noqa: SIM105
-                del items[next(iter(items))]
-            except (StopIteration, KeyError, RuntimeError):
-                pass
-        items[blob] = value
-
-    def get(self, blob: bytes | str, default: Any = None) -> Any:
-        return self._items.get(blob, default)
-
-
-_RECENT_FINDINGS = _Recent(512)
-_RECENT_JSON = _Recent(512)
-_RECENT_IDS = _Recent(512)
-_MISSING = object()
-
-
-_last_id: tuple[Any, str] = (None, "")
-"""The last UUID :func:`id_text` was asked for and its text (one tuple: threads swap it
-whole)."""
-
-
-def id_text(value: uuid.UUID) -> str:
-    """``str(value)``, the text a script argument names an agent by, remembered: the change
-    the write brings back names the agent by this very text (see :func:`recent_id`). An
-    event's agent id is asked for twice in a row (its entry, then the rule arguments)."""
-    global _last_id
-    last = _last_id
-    if last[0] is value:
-        return last[1]
-    text = str(value)
-    _RECENT_IDS.add(text, value)
-    _last_id = (value, text)
-    return text
-
-
-def recent_id(text: str) -> uuid.UUID | None:
-    """The UUID whose canonical text ``text`` is, when this process recently sent it."""
-    found: uuid.UUID | None = _RECENT_IDS.get(text)
-    return found
-
-
 def encode_event(event: t.AgentEvent) -> bytes:
     """The whole event as one format-2 blob (its run id left out): the ``data`` field of the
     entries formats 1 and 2 wrote. Format 3 writes readable fields instead
@@ -628,15 +553,11 @@ def decode_event(
 def encode_json(value: Any) -> bytes:
     """The stored form of a (checked) JSON value: msgpack, in format :data:`FORMAT`."""
     blob: bytes = _HEADER + msgpack.packb(value)
-    _RECENT_JSON.add(blob, value)
     return blob
 
 
 def decode_json(blob: bytes, *, key: str, field: str) -> Any:
     """The frozen JSON value stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
-    recent = _RECENT_JSON.get(blob, _MISSING)
-    if recent is not _MISSING:  # this process encoded these very bytes from this value
-        return recent
     try:
         return _unpack_json(_open(blob)[1], "")
     except (_Bad, _Newer) as exc:
@@ -655,15 +576,11 @@ def encode_findings(findings: tuple[t.Finding, ...]) -> bytes:
     """Stored form of a non-empty list of findings (positional arrays, like events), in format
     :data:`FORMAT`. (An empty list is never stored: see :data:`EMPTY_LIST`.)"""
     blob: bytes = _HEADER + msgpack.packb(_FINDINGS[FORMAT][0](findings))
-    _RECENT_FINDINGS.add(blob, findings)
     return blob
 
 
 def decode_findings(blob: bytes, *, key: str, field: str) -> tuple[t.Finding, ...]:
     """The findings stored in ``key``/``field`` (any format in :data:`FORMATS`)."""
-    recent: tuple[t.Finding, ...] | None = _RECENT_FINDINGS.get(blob)
-    if recent is not None:  # this process encoded these very bytes from these findings
-        return recent
     try:
         fmt, body = _open(blob)
         return _FINDINGS[fmt][1](body, "")  # type: ignore[no-any-return]
@@ -776,7 +693,7 @@ def _scalar_text(kind: t._Kind) -> tuple[Callable[[Any], str], Unpacker] | None:
                 pass
             raise _Bad(path, f"expected a UUID, got {raw[:40]!r}")
 
-        return id_text, unpack_uuid
+        return str, unpack_uuid
     if isinstance(kind, t._TsKind):
         return _ts_text, _unpack_ts_text
     if isinstance(kind, t._EnumKind):
@@ -791,6 +708,11 @@ def _scalar_text(kind: t._Kind) -> tuple[Callable[[Any], str], Unpacker] | None:
 
         return (lambda v: v.value), unpack_enum
     return None
+
+
+_ARRAYS = [bytes((0x90 | n,)) for n in range(16)]
+"""The msgpack header of an array of ``n`` items (a fixarray): ``data`` is this header, then
+each nested field packed on its own (what ``msgpack.packb`` of the list gives)."""
 
 
 class _EntryPlan:
@@ -844,6 +766,8 @@ class _EntryPlan:
             names += TOKEN_NAMES.values()
         if len(set(names)) != len(names):
             raise RuntimeError(f"{self.type}: two fields share a stream field name")
+        if len(self.nested) >= len(_ARRAYS):
+            raise RuntimeError(f"{self.type}: more nested fields than a msgpack fixarray holds")
         self.nested_codec = [_kind_codec(by_name[n].kind, 3) for n in self.nested]
         self.nested_packers = [(n, c[0]) for n, c in zip(self.nested, self.nested_codec,
                                                          strict=True)]  # fmt: skip
@@ -858,11 +782,11 @@ class _EntryPlan:
             (i + 1 for i, d in enumerate(self.nested_defaults) if d is _NO_DEFAULT), default=0
         )
 
-    def compile(self) -> Callable[[t.AgentEvent], list[str | bytes]]:
+    def compile(self) -> Callable[[t.AgentEvent], tuple[list[str | bytes], list[bytes]]]:
         """:meth:`encode` unrolled for this type (attribute reads, no loop over the fields):
-        the same list, in a third of the time. The generated code names only this plan's
-        own fields and functions."""
-        env: dict[str, Any] = {"_header": _HEADER, "_packb": msgpack.packb}
+        the same entry and parts, in a third of the time. The generated code names only this
+        plan's own fields and functions."""
+        env: dict[str, Any] = {"_header": _HEADER, "_packb": msgpack.packb, "_heads": _ARRAYS}
         lines = ["def encode(event):", f"    out = ['type', {self.type!r}]",
                  "    if event.run_id is None:", "        out += ('run', 'null')"]  # fmt: skip
         for i, (name, short, text, default) in enumerate(self.scalars):
@@ -890,10 +814,12 @@ class _EntryPlan:
         env["defaults"] = self.nested_defaults
         lines += [f"    body = [{', '.join(packs)}]", "    i = len(body)",
                   f"    while i > {self.first_optional} and body[i - 1] == defaults[i - 1]:",
-                  "        i -= 1", "    if i:", "        del body[i:]",
-                  "        out += ('data', _header + _packb(body))", "    return out"]  # fmt: skip
+                  "        i -= 1", "    if not i:", "        return out, []",
+                  "    parts = [_packb(v) for v in body[:i]]",
+                  "    out += ('data', _header + _heads[i] + b''.join(parts))",
+                  "    return out, parts"]  # fmt: skip
         exec("\n".join(lines), env)  # built from this plan's own tables
-        encode: Callable[[t.AgentEvent], list[str | bytes]] = env["encode"]
+        encode: Callable[[t.AgentEvent], tuple[list[str | bytes], list[bytes]]] = env["encode"]
         return encode
 
     def encode(self, event: t.AgentEvent) -> list[str | bytes]:
@@ -972,11 +898,30 @@ _ENTRY_PLANS = {name: _EntryPlan(cls) for name, cls in t.EVENT_TYPES.items()}
 _ENTRY_ENCODERS = {name: plan.compile() for name, plan in _ENTRY_PLANS.items()}
 
 
+def stored_blob(part: bytes) -> bytes:
+    """The stored blob (format :data:`FORMAT`) of a value packed as ``part``: what
+    :func:`encode_json` or :func:`encode_findings` gives for it."""
+    return _HEADER + part
+
+
+def nested_position(event_type: str, field: str) -> int:
+    """The position of nested field ``field`` among the parts of ``event_type``'s entry
+    (:func:`encode_entry_parts`)."""
+    return _ENTRY_PLANS[event_type].nested.index(field)
+
+
 def encode_entry(event: t.AgentEvent) -> list[str | bytes]:
     """The stream entry of ``event`` in format :data:`FORMAT`, as the flat list
     ``[field, value, ...]`` that XADD takes: ``type``, the scalar fields as plain text in the
     order of :data:`FIELDS` (names from :data:`ENTRY_NAMES`, :data:`TOKEN_NAMES`; a field equal
     to its default or null left out), ``data`` last (see :data:`ENTRY_RESERVED`)."""
+    return _ENTRY_ENCODERS[event.TYPE](event)[0]
+
+
+def encode_entry_parts(event: t.AgentEvent) -> tuple[list[str | bytes], list[bytes]]:
+    """:func:`encode_entry`, and the msgpack bytes of each nested field ``data`` holds, in
+    the order of :data:`FIELDS` (trailing defaults left out): a write stores a nested value
+    once more as its own blob (:data:`_HEADER` and these bytes) without encoding it again."""
     return _ENTRY_ENCODERS[event.TYPE](event)
 
 

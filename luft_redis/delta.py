@@ -26,7 +26,9 @@ is refused as unknown rather than read with the ``L3`` rules.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "FORMAT",
@@ -91,6 +93,9 @@ class Delta:
     """Offset of the first record in ``payload``."""
     fmt: bytes = FORMAT
     """The delta's format (:data:`READABLE_FORMATS`)."""
+    sent: Mapping[str | bytes, Any] | None = None
+    """For the reply of this process' own write: what the write sent
+    (:data:`luft_redis.wire.Sent`), which the cache takes instead of decoding it again."""
 
     @property
     def changed(self) -> bool:

@@ -159,7 +159,7 @@ def submit_args(tasks: Iterable[AgentTask], max_payload_size: int,
         if len(blob) > max_payload_size:
             raise ValidationError(
                 f"{field}.payload", f"{len(blob)} bytes stored, more than {max_payload_size}")
-        args += [codec.id_text(task.agent_id), str(task.phase_id), blob]
+        args += [str(task.agent_id), str(task.phase_id), blob]
     return args
 
 

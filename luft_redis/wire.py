@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_SIZE",
     "Encoder",
     "LogEntry",
+    "Sent",
     "check_str",
     "check_type",
     "check_uuid",
@@ -46,6 +47,16 @@ class LogEntry(NamedTuple):
 
     id: str
     event: t.AgentEvent
+
+
+Sent = dict[str | bytes, Any]
+"""What one write sent, by the text or bytes the server echoes back in its delta: an agent's id
+text -> its UUID, a stored blob -> the value it was encoded from. The cache applies the
+write's own delta from it instead of decoding bytes this process just encoded (see
+:meth:`luft_redis.cache.RunState.apply`); a notice of another process has none."""
+
+_OUTPUT = codec.nested_position("agent_done", "output")
+_FINDINGS = codec.nested_position("agent_done", "findings")
 
 
 def opt(value: str | bytes | None) -> str | bytes:
@@ -104,8 +115,9 @@ class Encoder:
         blob = None if frozen is None else self.limit(codec.encode_json(frozen), "workflow_meta")
         return rid, [str(rid), task, run_dir, opt(blob), SCHEMA_VERSION, uuid.uuid4().hex]
 
-    def events(self, events: Any, run_id: uuid.UUID) -> list[Any]:
-        """Arguments of append_events-11.lua for a batch (ValidationError naming the event)."""
+    def events(self, events: Any, run_id: uuid.UUID, sent: Sent | None = None) -> list[Any]:
+        """Arguments of append_events-11.lua for a batch (ValidationError naming the event);
+        what they hold goes into ``sent`` too."""
         if type(events) is tuple or type(events) is list:
             batch = events
         elif isinstance(events, t.AgentEvent) or not isinstance(events, Iterable):
@@ -113,15 +125,16 @@ class Encoder:
         else:
             batch = list(events)
         if len(batch) == 1:
-            args = self.event(batch[0], "event", run_id)
+            args = self.event(batch[0], "event", run_id, sent)
             args.insert(0, "1")
             return args
         args = [str(len(batch))]
         for i, event in enumerate(batch):
-            args += self.event(event, f"events[{i}]", run_id)
+            args += self.event(event, f"events[{i}]", run_id, sent)
         return args
 
-    def event(self, event: Any, field: str, run_id: uuid.UUID) -> list[Any]:
+    def event(self, event: Any, field: str, run_id: uuid.UUID,
+              sent: Sent | None = None) -> list[Any]:  # fmt: skip
         event = check_type(event, t.AgentEvent, field)
         if event.run_id is not run_id and event.run_id is not None and event.run_id != run_id:
             raise RunMismatchError(
@@ -129,7 +142,7 @@ class Encoder:
             )
         if event.run_id is None and not isinstance(event, t.SignalReceived):
             raise ValidationError(f"{field}.run_id", "only signal_received may have a null run_id")
-        entry = codec.encode_entry(event)
+        entry, parts = codec.encode_entry_parts(event)
         # an upper bound first (a character is at most 4 bytes), the exact size when it is
         # not clearly within the limit
         if 4 * sum(map(len, entry)) > self.max_payload_size:
@@ -140,18 +153,30 @@ class Encoder:
         stored.insert(0, str(len(entry)))
         # the rule arguments, packed as append_events-11.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
+        # (the output and findings of an agent_done: the entry's own parts, encoded once)
         if isinstance(event, t.AgentDone):
             total = event.tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
-            stored += (
-                f"{codec.id_text(event.agent_id)} {event.status.cache_str} {total}",
-                opt(None if event.output is None else codec.encode_json(event.output)),
-                opt(codec.encode_findings(event.findings) if event.findings else None),
-            )  # fmt: skip
+            aid = str(event.agent_id)
+            output = findings = None
+            if event.output is not None:
+                output = codec.stored_blob(parts[_OUTPUT])
+            if event.findings:
+                findings = codec.stored_blob(parts[_FINDINGS])
+            if sent is not None:
+                sent[aid] = event.agent_id
+                if output is not None:
+                    sent[output] = event.output
+                if findings is not None:
+                    sent[findings] = event.findings
+            stored += (f"{aid} {event.status.cache_str} {total}", opt(output), opt(findings))
             return stored
         if isinstance(event, t.AgentStarted):
-            return [*stored, f"{codec.id_text(event.agent_id)} {event.phase_id}"]
+            aid = str(event.agent_id)
+            if sent is not None:
+                sent[aid] = event.agent_id
+            return [*stored, f"{aid} {event.phase_id}"]
         if isinstance(event, t.PhaseStarted):
             return [*stored, f"{event.phase_id} {event.planned}", event.label,
                     opt(event.description), opt(event.role)]  # fmt: skip
@@ -164,28 +189,37 @@ class Encoder:
             return [*stored, f"{event.status.value} {total}"]
         return stored
 
-    def result(self, cache: Any) -> list[Any]:
-        """Arguments of upsert_agent_result-11.lua."""
+    def result(self, cache: Any, sent: Sent | None = None) -> list[Any]:
+        """Arguments of upsert_agent_result-11.lua (what they hold goes into ``sent`` too)."""
         r = check_type(cache, t.AgentResultCache, "cache")
-        return self._result_fields(r, "cache")
+        return self._result_fields(r, "cache", sent)
 
-    def _result_fields(self, r: t.AgentResultCache, field: str) -> list[Any]:
-        return [
-            codec.id_text(r.agent_id), str(r.phase_id), r.status, str(r.tokens),
-            str(r.completed_at),
-            opt(None if r.output is None
-                else self.limit(codec.encode_json(r.output), f"{field}.output")),
-            opt(self.limit(codec.encode_findings(r.findings), f"{field}.findings")
-                if r.findings else None),
-            opt(r.cache_key_hash), opt(r.description), opt(r.role),
-        ]  # fmt: skip
+    def _result_fields(self, r: t.AgentResultCache, field: str,
+                       sent: Sent | None = None) -> list[Any]:  # fmt: skip
+        aid = str(r.agent_id)
+        output = findings = None
+        if r.output is not None:
+            output = self.limit(codec.encode_json(r.output), f"{field}.output")
+        if r.findings:
+            findings = self.limit(codec.encode_findings(r.findings), f"{field}.findings")
+        if sent is not None:
+            sent[aid] = r.agent_id
+            if output is not None:
+                sent[output] = r.output
+            if findings is not None:
+                sent[findings] = r.findings
+        return [aid, str(r.phase_id), r.status, str(r.tokens), str(r.completed_at), opt(output),
+                opt(findings), opt(r.cache_key_hash), opt(r.description), opt(r.role)]  # fmt: skip
 
     @staticmethod
-    def session(session: Any) -> list[Any]:
-        """Arguments of upsert_agent_session-11.lua."""
+    def session(session: Any, sent: Sent | None = None) -> list[Any]:
+        """Arguments of upsert_agent_session-11.lua (its agent id goes into ``sent`` too)."""
         s = check_type(session, t.AgentSessionCheckpoint, "session")
+        aid = str(s.agent_id)
+        if sent is not None:
+            sent[aid] = s.agent_id
         return [
-            codec.id_text(s.agent_id), opt(s.backend_id), opt(s.protocol_session_id),
+            aid, opt(s.backend_id), opt(s.protocol_session_id),
             s.session_id, s.status, str(s.updated_at), "true" if s.resumable else "false",
         ]  # fmt: skip
 

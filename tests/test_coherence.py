@@ -460,6 +460,26 @@ def test_an_agent_done_delta_carries_its_findings_blob_once(
     assert eventually(lambda: reader.get_checkpoint() == cp)
 
 
+def test_a_writer_applies_its_own_delta_from_what_it_sent(make_backend: Factory) -> None:
+    """The writer's cache holds the very values it sent (nothing of its own decoded again);
+    another process decodes the bytes to equal values. (The writer does not watch: a watching
+    one may get its own notice, which carries only bytes, before the reply.)"""
+    writer, reader = make_backend(watch=False), make_backend()
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    reader.open_run(run_id)
+    event = done(run_id, uuid.uuid4())
+    event = AgentDone(run_id=run_id, agent_id=event.agent_id, status=AgentStatus.OK,
+                      tokens=TokenUsage(input=3), elapsed_ms=1, output={"k": [1, 2]},
+                      findings=event.findings)  # fmt: skip
+    writer.append_event(event)
+    mine = writer.get_checkpoint().agent_results[event.agent_id]
+    assert mine.findings is event.findings and mine.output is event.output
+    assert eventually(lambda: event.agent_id in reader.get_checkpoint().agent_results)
+    theirs = reader.get_checkpoint().agent_results[event.agent_id]
+    assert theirs == mine and theirs.findings is not event.findings
+
+
 def test_a_delta_naming_a_findings_blob_it_lacks_makes_the_cache_stale_not_a_read_fail(
     make_backend: Factory,
 ) -> None:
@@ -663,11 +683,14 @@ def test_decoding_in_two_threads_leaves_the_gc_as_the_user_set_it(
         (real_enable if was else real_disable)()
 
 
-def test_blobs_this_process_encoded_decode_to_what_a_full_decode_gives() -> None:
-    """The codec remembers the values behind the last blobs it encoded (a write's reply brings
-    those bytes back); what it hands back must equal, type for type, a full decode."""
+def test_what_a_write_sent_equals_a_full_decode_of_its_bytes() -> None:
+    """A write's own delta is applied from what it sent (wire.Sent: the values behind the
+    id texts and blobs of its arguments); each must equal, type for type, a full decode of
+    those bytes, and the blobs cut from the entry's parts must be the bytes a separate
+    encoding gives (each value is encoded once)."""
     from luft_redis import codec
     from luft_redis.types import Location
+    from luft_redis.wire import Encoder, Sent
 
     findings = (
         Finding(kind="bug", severity=Severity.HIGH, title="t", detail="d",
@@ -676,21 +699,29 @@ def test_blobs_this_process_encoded_decode_to_what_a_full_decode_gives() -> None
         Finding(kind="k", severity=Severity.LOW, title="u", detail=""),
     )  # fmt: skip
     value = {"answer": 42, "list": [1.0, "two", {"n": None}], "s": "日本"}
-    blob_f = codec.encode_findings(findings)
-    frozen = AgentDone(
-        run_id=uuid.uuid4(), agent_id=uuid.uuid4(), status=AgentStatus.OK,
-        tokens=TokenUsage(), elapsed_ms=1, output=value,
-    ).output  # fmt: skip
-    blob_j = codec.encode_json(frozen)
-    remembered = (codec.decode_findings(blob_f, key="k", field="f"),
-                  codec.decode_json(blob_j, key="k", field="o"))  # fmt: skip
-    assert remembered[0] is findings and remembered[1] is frozen
-    codec._RECENT_FINDINGS._items.clear()
-    codec._RECENT_JSON._items.clear()
-    full = (codec.decode_findings(blob_f, key="k", field="f"),
-            codec.decode_json(blob_j, key="k", field="o"))  # fmt: skip
-    assert full[0] is not findings and full == remembered
-    assert canon_json(full[1]) == canon_json(remembered[1])
+    run_id = uuid.uuid4()
+    for output, found in ((value, findings), (value, ()), (None, findings), (False, ())):
+        event = AgentDone(run_id=run_id, agent_id=uuid.uuid4(), status=AgentStatus.OK,
+                          tokens=TokenUsage(), elapsed_ms=1, output=output,
+                          findings=found)  # fmt: skip
+        sent: Sent = {}
+        args = Encoder().events([event], run_id, sent)
+        blobs = {k: v for k, v in sent.items() if isinstance(k, bytes)}
+        assert sent[str(event.agent_id)] is event.agent_id
+        expected = {}
+        if output is not None:
+            expected[codec.encode_json(event.output)] = event.output
+        if found:
+            expected[codec.encode_findings(found)] = found
+        assert blobs == expected
+        for blob, sent_value in blobs.items():
+            assert b"s" + blob in args  # the very bytes the script stores
+            if isinstance(sent_value, tuple):
+                full: Any = codec.decode_findings(blob, key="k", field="f")
+                assert full == sent_value and full is not sent_value
+            else:
+                full = codec.decode_json(blob, key="k", field="o")
+                assert canon_json(full) == canon_json(sent_value)
 
 
 def canon_json(value: Any) -> str:

@@ -147,7 +147,8 @@ def netstring(part: bytes) -> bytes:
 
 def fields(delta: Delta) -> tuple[object, ...]:
     d = dataclasses.astuple(delta)
-    return d[:5] + d[6:]  # without the payload
+    assert delta.sent is None  # (set by the writer for its own reply only)
+    return d[:5] + d[6:-1]  # without the payload and what a write sent
 
 
 def header(formats: list[bytes]) -> st.SearchStrategy[tuple[bytes, ...]]:

@@ -84,6 +84,7 @@ from ..watch import Watch
 from ..wire import (
     DEFAULT_MAX_PAYLOAD_SIZE,
     LogEntry,
+    Sent,
     check_uuid,
     decode_entry,
     entry_id,
@@ -488,17 +489,18 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     async def _write(self, fn: Function, args: Sequence[Any], binding: Binding,
                      lease: AsyncAgentLease | None = None, *, fence: str = "",
-                     options: bool = True) -> Delta:  # fmt: skip
+                     options: bool = True, sent: Sent | None = None) -> Delta:  # fmt: skip
         """Run a writing script exactly once and apply its delta to ``binding``'s cache;
         NotDurableError (after it was applied) when too few replicas acknowledged it. With
         ``options``, ``fence`` and the retention options go in the script's two option slots
-        (``lua/includes/options.lua``)."""
+        (``lua/includes/options.lua``). ``sent``: what the arguments hold (the encoder's)."""
         if options:
             args = self._with_options(args, fence)
-        return (await self._write_reply(fn, args, binding, lease))[1]
+        return (await self._write_reply(fn, args, binding, lease, sent))[1]
 
     async def _write_reply(self, fn: Function, args: Sequence[Any], binding: Binding,
-                           lease: AsyncAgentLease | None = None) -> tuple[Any, Delta]:
+                           lease: AsyncAgentLease | None = None,
+                           sent: Sent | None = None) -> tuple[Any, Delta]:  # fmt: skip
         """:meth:`_write` for a script whose reply may be an array led by the delta: the
         reply as it came, and the delta applied."""
         try:
@@ -510,14 +512,14 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             if lease is not None:
                 lease.lost = True
             raise
-        delta = await self._absorb(binding, reply[0] if isinstance(reply, list) else reply)
+        delta = await self._absorb(binding, reply[0] if isinstance(reply, list) else reply, sent)
         if delta.replay:
             self._counters.replays += 1
         self._emit()
         self._check_durable(acked)
         return reply, delta
 
-    async def _absorb(self, binding: Binding, reply: Any) -> Delta:
+    async def _absorb(self, binding: Binding, reply: Any, sent: Sent | None = None) -> Delta:
         """Apply a write's delta: at once when it continues the cache; after the notices of
         the versions in between when they are on their way; else by a reload."""
         cache = binding.cache
@@ -525,6 +527,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             delta = parse_delta(bytes(reply))
         except (UnknownFormat, ValueError, TypeError) as exc:
             raise BackendError(f"unexpected reply from a luft-redis script: {exc}") from exc
+        delta.sent = sent
         outcome = cache.offer(delta)
         if outcome is Offer.BEHIND and self.cache_is_fresh:
             want = delta.v_after if not delta.changed or delta.replay else delta.v_before
@@ -765,12 +768,14 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     async def _append(self, events: Sequence[t.AgentEvent],
                       lease: AsyncAgentLease | None) -> None:  # fmt: skip
         binding = self._need_run("append_events")
-        args = self._encoder.events(events, binding.run_id)
+        sent: Sent = {}
+        args = self._encoder.events(events, binding.run_id, sent)
         if args == ["0"]:
             return
         fence = "" if lease is None else self._fence(
             lease, binding, "events", [getattr(event, "agent_id", None) for event in events])
-        await self._write(self._scripts.append_events, args, binding, lease, fence=fence)
+        await self._write(self._scripts.append_events, args, binding, lease, fence=fence,
+                          sent=sent)  # fmt: skip
         if lease is not None and any(
                 isinstance(e, t.AgentDone) and e.agent_id == lease.agent_id for e in events):
             lease.finished = True  # the script ended the lease (done, or ready again)
@@ -783,19 +788,23 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """Insert or replace ``agent_results[cache.agent_id]`` (no tokens, no event); fenced
         with ``lease=`` (see :meth:`append_event`)."""
         binding = self._need_run("upsert_agent_result")
-        args = self._encoder.result(cache)
+        sent: Sent = {}
+        args = self._encoder.result(cache, sent)
         fence = "" if lease is None else self._fence(lease, binding, "cache", [cache.agent_id])
-        await self._write(self._scripts.upsert_agent_result, args, binding, lease, fence=fence)
+        await self._write(self._scripts.upsert_agent_result, args, binding, lease, fence=fence,
+                          sent=sent)  # fmt: skip
 
     @traced("upsert_agent_session")
     async def upsert_agent_session(self, session: t.AgentSessionCheckpoint, *,
                                    lease: AsyncAgentLease | None = None) -> None:  # fmt: skip
         """Insert or replace ``agent_sessions[session.agent_id]``; fenced with ``lease=``."""
         binding = self._need_run("upsert_agent_session")
-        args = self._encoder.session(session)
+        sent: Sent = {}
+        args = self._encoder.session(session, sent)
         fence = "" if lease is None else self._fence(
             lease, binding, "session", [session.agent_id])
-        await self._write(self._scripts.upsert_agent_session, args, binding, lease, fence=fence)
+        await self._write(self._scripts.upsert_agent_session, args, binding, lease, fence=fence,
+                          sent=sent)  # fmt: skip
 
     def _fence(self, lease: AsyncAgentLease, binding: Binding, field: str,
                agents: Sequence[uuid.UUID | None]) -> str:  # fmt: skip
