@@ -473,10 +473,16 @@ def test_a_writer_applies_its_own_delta_from_what_it_sent(make_backend: Factory)
                       tokens=TokenUsage(input=3), elapsed_ms=1, output={"k": [1, 2]},
                       findings=event.findings)  # fmt: skip
     writer.append_event(event)
-    mine = writer.get_checkpoint().agent_results[event.agent_id]
+
+    def results(backend: RedisCheckpointBackend) -> Any:
+        cp = backend.get_checkpoint()
+        assert cp is not None
+        return cp.agent_results
+
+    mine = results(writer)[event.agent_id]
     assert mine.findings is event.findings and mine.output is event.output
-    assert eventually(lambda: event.agent_id in reader.get_checkpoint().agent_results)
-    theirs = reader.get_checkpoint().agent_results[event.agent_id]
+    assert eventually(lambda: event.agent_id in results(reader))
+    theirs = results(reader)[event.agent_id]
     assert theirs == mine and theirs.findings is not event.findings
 
 
