@@ -214,3 +214,47 @@ def test_bulk_json_decodes_as_the_per_blob_decoder() -> None:
             else:  # left out (not a scalar, or format 1), or the same
                 assert type(found.get(nasty, exact)) is type(exact)
                 assert found.get(nasty, exact) == exact
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("valid", [True, False])
+def test_a_big_load_pauses_the_gc_and_leaves_it_as_it_was(
+    base: Any, monkeypatch: pytest.MonkeyPatch, enabled: bool, valid: bool
+) -> None:
+    """A load past PAUSE_GC_FIELDS decodes with the cyclic GC off (when it was on), and the
+    GC is as it was afterwards: after a good load and after a corrupt one alike."""
+    import gc
+
+    run_id, keys, reply = base
+    monkeypatch.setattr(cache_mod, "PAUSE_GC_FIELDS", len(reply[2]))
+    seen: list[bool] = []
+    load = cache_mod._Loader.load
+
+    def spy(self: Any, r: Any) -> Any:
+        seen.append(gc.isenabled())
+        return load(self, r)
+
+    monkeypatch.setattr(cache_mod._Loader, "load", spy)
+    bad = list(reply)
+    if not valid:  # a result's tokens that are not a number
+        bad[2] = list(reply[2])
+        at = next(i for i, name in enumerate(bad[2][::2]) if name.endswith(b":tokens"))
+        bad[2][2 * at + 1] = b"x"
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        if valid:
+            assert len(RunState.from_load(run_id, keys, bad).results) == 9
+        else:
+            with pytest.raises(CorruptDataError):
+                RunState.from_load(run_id, keys, bad)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False]
+    # below the threshold nothing changes
+    monkeypatch.setattr(cache_mod, "PAUSE_GC_FIELDS", len(reply[2]) + 1)
+    seen.clear()
+    if valid:
+        RunState.from_load(run_id, keys, reply)
+        assert seen == [gc.isenabled()]
