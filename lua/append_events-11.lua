@@ -16,7 +16,11 @@
     number by type; "<a> <b>" is one argument of space-separated words (ids, lower-case names
     and decimals never hold a space):
       agent_started  "<agent_id> <phase_id>"
-      agent_done     "<agent_id> <status> <tokens total>", output (opt), findings (opt)
+      agent_done     "<agent_id> <status> <tokens total> <output at> <output length>
+                     <findings at> <findings length>", the blob header: the result's output
+                     and findings are cut from the entry's "data" blob (sent once, not
+                     twice): the bytes at those 1-based offsets and lengths, behind the blob
+                     header; a length of 0: none (no output, no findings)
       phase_started  "<phase_id> <planned>", label, description (opt), role (opt)
       phase_done     "<phase_id> <ok> <failed>"
       run_done       "<status> <total tokens>"
@@ -50,6 +54,18 @@
 --- @include "includes/fence"
 --- @include "includes/tasks"
 --- @include "includes/retention"
+
+-- An agent_done's output or findings blob: `head` (the blob header), then the `len` bytes of
+-- `data` (its entry's data blob) from the 1-based offset `at`; nil when `len` is 0.
+local function cut(data, head, at, len, name)
+  len = tonumber(len)
+  if len == 0 then return nil end
+  at = tonumber(at)
+  if head == nil or at < 1 or at + len - 1 > #data then
+    fail('BAD_ARG', 'agent_done ' .. name .. ' is not within its entry\'s data')
+  end
+  return head .. string.sub(data, at, at + len - 1)
+end
 
 local function main()
   -- the wrong-type check: the keys read below before the first write (run, writers,
@@ -157,6 +173,7 @@ local function main()
       fail('BAD_ARG', 'a stream entry is malformed or the argument list is short')
     end
     entries[#entries + 1] = {pos + 1, pos + n}
+    local data = ARGS[pos + n - 1] == 'data' and ARGS[pos + n] or '' -- (the last pair)
     pos = pos + n + 1
     local a1, a2, a3, a4 = ARGS[pos], ARGS[pos + 1], ARGS[pos + 2], ARGS[pos + 3]
 
@@ -181,9 +198,12 @@ local function main()
       end
 
     elseif etype == 'agent_done' then
-      local aid, rstatus, tokens = words(a1, '^(%S+) (%S+) (%d+)$', etype)
-      local output, findings = opt(a2, 'output'), opt(a3, 'findings')
-      pos = pos + 3
+      local aid, rstatus, tokens, o_at, o_len, f_at, f_len = string.match(a1 or '',
+        '^(%S+) (%S+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+      if not aid then fail('BAD_ARG', etype .. ' arguments are malformed') end
+      local output = cut(data, a2, o_at, o_len, 'output')
+      local findings = cut(data, a2, f_at, f_len, 'findings')
+      pos = pos + 2
       local p = aid .. ':'
       local entry = result_entry(aid)
       local fields = {p .. 'status', rstatus, p .. 'tokens', tokens}

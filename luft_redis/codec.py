@@ -40,6 +40,8 @@ from . import types as t
 from .errors import CorruptDataError, ValidationError
 
 __all__ = [
+    "BLOB_HEADER",
+    "DATA_BODY",
     "DELTA_KIND_CODES",
     "EMPTY_LIST",
     "ENTRY_NAMES",
@@ -896,6 +898,14 @@ class _EntryPlan:
 _TOKEN_ITEMS = tuple(TOKEN_NAMES.items())
 _ENTRY_PLANS = {name: _EntryPlan(cls) for name, cls in t.EVENT_TYPES.items()}
 _ENTRY_ENCODERS = {name: plan.compile() for name, plan in _ENTRY_PLANS.items()}
+
+
+BLOB_HEADER = _HEADER
+"""The first bytes of every blob this version stores (format :data:`FORMAT`)."""
+
+DATA_BODY = len(_HEADER) + 1
+"""Bytes of an entry's ``data`` blob before its first nested field's (the header, then the
+array's one-byte header: fewer than 16 nested fields)."""
 
 
 def stored_blob(part: bytes) -> bytes:

@@ -55,8 +55,12 @@ text -> its UUID, a stored blob -> the value it was encoded from. The cache appl
 write's own delta from it instead of decoding bytes this process just encoded (see
 :meth:`luft_redis.cache.RunState.apply`); a notice of another process has none."""
 
-_OUTPUT = codec.nested_position("agent_done", "output")
-_FINDINGS = codec.nested_position("agent_done", "findings")
+if (codec.nested_position("agent_done", "output"),
+        codec.nested_position("agent_done", "findings")) != (0, 1):  # pragma: no cover
+    raise RuntimeError("wire.Encoder.event expects an agent_done's data to start with "
+                       "its output and findings")
+_AT = codec.DATA_BODY + 1
+"""The 1-based offset of the first nested field (an agent_done's output) in ``data``."""
 
 
 def opt(value: str | bytes | None) -> str | bytes:
@@ -153,24 +157,25 @@ class Encoder:
         stored.insert(0, str(len(entry)))
         # the rule arguments, packed as append_events-11.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
-        # (the output and findings of an agent_done: the entry's own parts, encoded once)
+        # an agent_done's output and findings are sent once, in the entry's data: the script
+        # cuts them out (where they are, and the blob header to put before them)
         if isinstance(event, t.AgentDone):
             total = event.tokens.total()
             if total > t.U64_MAX:
                 raise ValidationError(f"{field}.tokens", "input + output exceeds 2^64-1")
             aid = str(event.agent_id)
-            output = findings = None
-            if event.output is not None:
-                output = codec.stored_blob(parts[_OUTPUT])
-            if event.findings:
-                findings = codec.stored_blob(parts[_FINDINGS])
+            # (parts: [output, findings], trailing defaults left out; a null output is packed)
+            o_len = len(parts[0]) if event.output is not None else 0
+            f_len = len(parts[1]) if event.findings else 0
+            f_at = _AT + len(parts[0]) if f_len else 0
             if sent is not None:
                 sent[aid] = event.agent_id
-                if output is not None:
-                    sent[output] = event.output
-                if findings is not None:
-                    sent[findings] = event.findings
-            stored += (f"{aid} {event.status.cache_str} {total}", opt(output), opt(findings))
+                if o_len:
+                    sent[codec.stored_blob(parts[0])] = event.output
+                if f_len:
+                    sent[codec.stored_blob(parts[1])] = event.findings
+            stored += (f"{aid} {event.status.cache_str} {total} {_AT if o_len else 0} {o_len} "
+                       f"{f_at} {f_len}", codec.BLOB_HEADER)  # fmt: skip
             return stored
         if isinstance(event, t.AgentStarted):
             aid = str(event.agent_id)

@@ -460,6 +460,37 @@ def test_an_agent_done_delta_carries_its_findings_blob_once(
     assert eventually(lambda: reader.get_checkpoint() == cp)
 
 
+@pytest.mark.parametrize(("cut", "header"), [
+    ("4 99999 0 0", None),  # past the end of the data blob
+    ("0 5 0 0", None),  # offset 0 (offsets count from 1)
+    ("4 5 0 0", "drop"),  # no blob header argument
+    ("4 5", None),  # too few words
+    ("4 x 0 0", None),  # not a decimal
+])  # fmt: skip
+def test_an_agent_done_whose_blobs_are_not_in_its_data_is_refused_whole(
+    make_backend: Factory, cut: str, header: str | None
+) -> None:
+    """The script cuts an agent_done's output and findings out of its entry's data blob: an
+    offset or length outside it, or a missing header, is LUFT_BAD_ARG and nothing is written
+    (the log, the results and the version stay as they were)."""
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    event = AgentDone(run_id=run_id, agent_id=uuid.uuid4(), status=AgentStatus.OK,
+                      tokens=TokenUsage(), elapsed_ms=1, output="out")  # fmt: skip
+    args = writer._encoder.events([event], run_id)
+    words = args[-2].split(" ")
+    args[-2] = " ".join([*words[:3], cut])
+    if header == "drop":
+        del args[-1]
+    keys = list(writer.keys or ())
+    before = fresh(writer)
+    with pytest.raises(luft_redis_errors.BackendError, match="BAD_ARG"):
+        writer._call(writer._scripts.append_events, ("w-bad", "1", *args, "", ""), keys, run_id)
+    assert fresh(writer) == before
+    assert writer.client.xlen(keys[1]) == 0
+
+
 def test_a_writer_applies_its_own_delta_from_what_it_sent(make_backend: Factory) -> None:
     """The writer's cache holds the very values it sent (nothing of its own decoded again);
     another process decodes the bytes to equal values. (The writer does not watch: a watching
@@ -720,8 +751,10 @@ def test_what_a_write_sent_equals_a_full_decode_of_its_bytes() -> None:
         if found:
             expected[codec.encode_findings(found)] = found
         assert blobs == expected
+        data = args[args.index("data") + 1]
         for blob, sent_value in blobs.items():
-            assert b"s" + blob in args  # the very bytes the script stores
+            # sent once, in the entry's data, where the script cuts it out
+            assert b"s" + blob not in args and blob[len(codec.BLOB_HEADER):] in data
             if isinstance(sent_value, tuple):
                 full: Any = codec.decode_findings(blob, key="k", field="f")
                 assert full == sent_value and full is not sent_value
