@@ -51,6 +51,7 @@
 --- @include "includes/delta"
 --- @include "includes/commit"
 --- @include "includes/findings"
+--- @include "includes/entities"
 --- @include "includes/fence"
 --- @include "includes/tasks"
 --- @include "includes/retention"

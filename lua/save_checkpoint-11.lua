@@ -32,13 +32,11 @@
 --- @include "includes/hset_flat"
 --- @include "includes/run"
 --- @include "includes/commit"
+--- @include "includes/entities"
 --- @include "includes/retention"
 
--- the optional attributes of each group, in argument order (a null one is simply not stored:
--- the hashes are emptied before they are written, so optional_fields' drop list is unused)
-local PHASE_OPTIONAL = {'description', 'role'}
-local RESULT_OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
-local SESSION_OPTIONAL = {'backend_id', 'protocol_session_id'}
+-- (the optional attributes: includes/entities; a null one is simply not stored: the hashes
+-- are emptied before they are written, so optional_fields' drop list is unused)
 
 local function main()
   local dup = dedup()

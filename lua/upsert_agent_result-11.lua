@@ -26,10 +26,9 @@
 --- @include "includes/delta"
 --- @include "includes/commit"
 --- @include "includes/findings"
+--- @include "includes/entities"
 --- @include "includes/fence"
 --- @include "includes/retention"
-
-local OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
 
 local function main()
   local dup = dedup()
@@ -45,7 +44,7 @@ local function main()
     p .. 'completed_at', arg_uint(ARGS[5], 'completed_at'),
   }
   local drop = {}
-  optional_fields(fields, drop, p, OPTIONAL, 6)
+  optional_fields(fields, drop, p, RESULT_OPTIONAL, 6)
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
   local now = now_seconds()
   local run_fields = {}

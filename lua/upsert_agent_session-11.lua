@@ -21,6 +21,7 @@
 --- @include "includes/run"
 --- @include "includes/delta"
 --- @include "includes/commit"
+--- @include "includes/entities"
 --- @include "includes/fence"
 --- @include "includes/retention"
 

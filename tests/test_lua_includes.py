@@ -104,3 +104,40 @@ def test_the_eval_form_defines_every_name_it_uses(op: str) -> None:
 def test_the_includes_folder_is_the_one_the_loader_reads() -> None:
     assert (lua_dir() / "includes" / "call.lua").is_file()
     assert Path(lua_dir()).name == "lua"
+
+
+def _lua_list(name: str) -> list[str]:
+    text = (lua_dir() / "includes" / "entities.lua").read_text(encoding="utf-8")
+    m = re.search(rf"^local {name} = \{{([^}}]*)\}}", text, re.MULTILINE)
+    assert m, name
+    return re.findall(r"'([a-z_]+)'", m.group(1))
+
+
+def test_the_entity_attributes_are_those_of_the_records_they_store() -> None:
+    """includes/entities.lua (what the scripts store and read back), the records of
+    luft_redis/types.py, the cache's reader and docs/redis-layout.md name the same attributes:
+    a field added to a record and not stored (or stored and not read) fails here."""
+    from luft_redis import cache
+    from luft_redis import types as t
+
+    def fields(cls: type[t.Record], key: str) -> tuple[set[str], set[str]]:
+        specs = [s for s in cls._field_specs() if s.name != key]
+        optional = {s.name for s in specs if s.kind.nullable}
+        return {s.name for s in specs}, optional
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "redis-layout.md").read_text()
+    for tag, cls, key, extra, also_optional, letter in (
+        ("PHASE", t.PhaseSummary, "phase_id", {"seq"}, set(), "P"),
+        ("RESULT", t.AgentResultCache, "agent_id", set(), {"findings"}, "A"),
+        ("SESSION", t.AgentSessionCheckpoint, "agent_id", set(), set(), "A"),
+    ):
+        attrs, optional = _lua_list(f"{tag}_ATTRS"), _lua_list(f"{tag}_OPTIONAL")
+        declared, nullable = fields(cls, key)
+        assert len(set(attrs)) == len(attrs) and set(attrs) == declared | extra, tag
+        assert set(optional) == nullable | also_optional, tag
+        assert [a for a in attrs if a in optional] == optional, f"{tag}: argument order"
+        section = doc[doc.index(f"## `luft:{{R}}:{tag.lower()}s` (hash)"):]
+        section = section[: section.index("\n## ", 1)]
+        for attr in attrs:
+            assert f"`{letter}:{attr}`" in section, (tag, attr)
+    assert list(cache._RESULT_COLUMNS) == _lua_list("RESULT_ATTRS")

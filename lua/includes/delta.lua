@@ -74,12 +74,6 @@ local function rec_attrs(tag, id, out)
   DN = n + count
 end
 
-local PHASE_ATTRS = {'seq', 'label', 'planned', 'ok', 'failed', 'description', 'role'}
-local RESULT_ATTRS = {'status', 'phase_id', 'tokens', 'completed_at', 'output', 'findings',
-  'cache_key_hash', 'description', 'role'}
-local SESSION_ATTRS = {'backend_id', 'protocol_session_id', 'session_id', 'status',
-  'updated_at', 'resumable'}
-
 -- Record entity `id` of `key` (section tag `tag`) as it is now stored: an E record.
 local function rec_entity(tag, key, id, attrs)
   local names = {}
