@@ -311,11 +311,12 @@ phases, are not checkpoint fields)."""
 
 
 _RESULT_COLUMNS = (
-    "status", "phase_id", "tokens", "completed_at", "output", "findings", "cache_key_hash",
-    "description", "role",
+    "status", "phase_id", "tokens", "completed_at", "output", "findings", *t.RESULT_TEXT_FIELDS,
 )  # fmt: skip
 """Every attribute a result has in the results hash (docs/redis-layout.md)."""
 
+_RESULT_TEXTS = [(name, name.encode()) for name in t.RESULT_TEXT_FIELDS]
+"""A result's optional text attributes, with their names as bytes (the reply's)."""
 _RESULT_CODE = {b":" + attr.encode(): i for i, attr in enumerate(_RESULT_COLUMNS)}
 _ID_PART, _ATTR_PART = slice(0, 36), slice(36, None)
 
@@ -946,7 +947,7 @@ class _Loader:
             "agent_id": ids, "phase_id": phase, "status": status, "output": output,
             "findings": [() if f is None else f for f in findings], "tokens": tokens,
             "completed_at": completed,
-            **{name: _texts(cols[name]) for name in ("cache_key_hash", "description", "role")},
+            **{name: _texts(cols[name]) for name in t.RESULT_TEXT_FIELDS},
         }  # fmt: skip
         records = list(map(object.__new__, itertools.repeat(t.AgentResultCache, n)))
         for setter, name in _RESULT_SETTERS:
@@ -988,8 +989,8 @@ class _Loader:
                     key, f"{aid_text}:status", f"{text!r} is not an agent status")
             status = text
         output, findings = get(b"output"), get(b"findings")
-        cache_key_hash, description = get(b"cache_key_hash"), get(b"description")
-        role = get(b"role")
+        texts = {name: None if (raw := get(code)) is None else self._str(key, aid_text, name, raw)
+                 for name, code in _RESULT_TEXTS}  # fmt: skip
         return t.AgentResultCache._trusted(
             agent_id=agent_id,
             phase_id=self._num(key, aid_text, "phase_id", phase_raw, t.U32_MAX),
@@ -1000,11 +1001,7 @@ class _Loader:
                 findings, key=key, field=f"{aid_text}:findings"),
             tokens=self._num(key, aid_text, "tokens", tokens_raw),
             completed_at=self._num(key, aid_text, "completed_at", completed_raw),
-            cache_key_hash=None if cache_key_hash is None else self._str(
-                key, aid_text, "cache_key_hash", cache_key_hash),
-            description=None if description is None else self._str(
-                key, aid_text, "description", description),
-            role=None if role is None else self._str(key, aid_text, "role", role),
+            **texts,
         )  # fmt: skip
 
     def _num(self, key: str, owner: str, name: str, raw: Any, hi: int = t.U64_MAX) -> int:

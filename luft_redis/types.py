@@ -1500,3 +1500,20 @@ _ALL_RECORDS: tuple[type[Record], ...] = (
 for _cls in _ALL_RECORDS:
     _cls._field_specs()
 del _cls, _kind, _delta, _tag, _event
+
+
+def _text_fields(cls: type[Record], after: str) -> tuple[str, ...]:
+    """The optional text fields (``str | None``) of ``cls`` declared after field ``after``."""
+    names = [s.name for s in cls._field_specs()]
+    return tuple(
+        s.name for s in cls._field_specs()[names.index(after) + 1:]
+        if isinstance(s.kind, _OptionalKind) and isinstance(s.kind.inner, _StrKind)
+    )  # fmt: skip
+
+
+RESULT_TEXT_FIELDS = _text_fields(AgentResultCache, "completed_at")
+"""A result's optional text fields (``cache_key_hash``, ``description``, ``role``): each stored
+as the plain-text attribute of its name when not null, in this order after ``output`` and
+``findings`` in a script's arguments (``lua/includes/entities.lua``). A field declared on
+:class:`AgentResultCache` after ``completed_at`` as ``str | None`` is one of them: stored,
+read and shown with no other change in Python."""

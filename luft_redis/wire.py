@@ -214,7 +214,7 @@ class Encoder:
             if findings is not None:
                 sent[findings] = r.findings
         return [aid, str(r.phase_id), r.status, str(r.tokens), str(r.completed_at), opt(output),
-                opt(findings), opt(r.cache_key_hash), opt(r.description), opt(r.role)]  # fmt: skip
+                opt(findings), *(opt(getattr(r, name)) for name in t.RESULT_TEXT_FIELDS)]
 
     @staticmethod
     def session(session: Any, sent: Sent | None = None) -> list[Any]:

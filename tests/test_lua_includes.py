@@ -141,3 +141,5 @@ def test_the_entity_attributes_are_those_of_the_records_they_store() -> None:
         for attr in attrs:
             assert f"`{letter}:{attr}`" in section, (tag, attr)
     assert list(cache._RESULT_COLUMNS) == _lua_list("RESULT_ATTRS")
+    # the arguments wire.Encoder sends for a result's optional attributes, in this order
+    assert _lua_list("RESULT_OPTIONAL") == ["output", "findings", *t.RESULT_TEXT_FIELDS]
