@@ -10,11 +10,12 @@
   ARGS[1] task   ARGS[2] status   ARGS[3] current_phase   ARGS[4] total_tokens
   ARGS[5] created_at   ARGS[6] workflow_meta (opt msgpack)
   then five counted groups, each "<count>" followed by count * width arguments:
-    phases    width 7: phase_id, label, planned, ok, failed, description (opt), role (opt)
-    results   width 10: agent_id, phase_id, status, tokens, completed_at, output (opt),
-              findings (opt), cache_key_hash (opt), description (opt), role (opt)
-    sessions  width 7: agent_id, backend_id (opt), protocol_session_id (opt), session_id,
+    phases    phase_id, label, planned, ok, failed, then PHASE_OPTIONAL (description, role)
+    results   agent_id, phase_id, status, tokens, completed_at, then RESULT_OPTIONAL (output,
+              findings, cache_key_hash, description, role)
+    sessions  agent_id, SESSION_OPTIONAL (backend_id, protocol_session_id), session_id,
               status, updated_at, resumable
+              (the optional ones: includes/entities.lua; each "(opt)")
     started   width 1: agent_id (in order)
     findings  width 2: segment id, msgpack list of findings (in order)
 
@@ -60,9 +61,10 @@ local function main()
   end
 
   local phases = {}
-  local first, count = group(7)
+  local width = 5 + #PHASE_OPTIONAL -- the arguments of one phase
+  local first, count = group(width)
   for i = 0, count - 1 do
-    local a = first + i * 7
+    local a = first + i * width
     local p = arg_uint(ARGS[a], 'phase_id') .. ':'
     local f = {p .. 'seq', tostring(i + 1), p .. 'label', ARGS[a + 1],
       p .. 'planned', arg_uint(ARGS[a + 2], 'planned'), p .. 'ok', arg_uint(ARGS[a + 3], 'ok'),
@@ -76,9 +78,10 @@ local function main()
   local results = {}
   local agents, agent_count = {}, 0 -- distinct agents with a result or started
   local ok_count, failed_count = 0, 0 -- run fields agents_ok, agents_failed
-  first, count = group(10)
+  width = 5 + #RESULT_OPTIONAL
+  first, count = group(width)
   for i = 0, count - 1 do
-    local a = first + i * 10
+    local a = first + i * width
     if not agents[ARGS[a]] then
       agents[ARGS[a]] = true
       agent_count = agent_count + 1
@@ -93,12 +96,14 @@ local function main()
   end
 
   local sessions = {}
-  first, count = group(7)
+  width = 5 + #SESSION_OPTIONAL
+  first, count = group(width)
   for i = 0, count - 1 do
-    local a = first + i * 7
+    local a = first + i * width
     local p = ARGS[a] .. ':'
-    local f = {p .. 'session_id', ARGS[a + 3], p .. 'status', ARGS[a + 4],
-      p .. 'updated_at', arg_uint(ARGS[a + 5], 'updated_at'), p .. 'resumable', ARGS[a + 6]}
+    local o = a + #SESSION_OPTIONAL -- (the optional ones come first, after the agent id)
+    local f = {p .. 'session_id', ARGS[o + 1], p .. 'status', ARGS[o + 2],
+      p .. 'updated_at', arg_uint(ARGS[o + 3], 'updated_at'), p .. 'resumable', ARGS[o + 4]}
     optional_fields(f, {}, p, SESSION_OPTIONAL, a + 1)
     for j = 1, #f do sessions[#sessions + 1] = f[j] end
   end

@@ -10,7 +10,8 @@
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] phase_id   ARGS[3] status   ARGS[4] tokens   ARGS[5] completed_at
   ARGS[6] output (opt msgpack)   ARGS[7] findings (opt msgpack, absent when empty)
-  ARGS[8] cache_key_hash (opt)   ARGS[9] description (opt)   ARGS[10] role (opt)
+  ARGS[8..] cache_key_hash (opt), description (opt), role (opt): RESULT_OPTIONAL of
+          includes/entities.lua from output on
 
   Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments,
           R agents when the agent is new (neither started nor had a result), R agents_ok and
