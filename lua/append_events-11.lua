@@ -17,10 +17,13 @@
     and decimals never hold a space):
       agent_started  "<agent_id> <phase_id>"
       agent_done     "<agent_id> <status> <tokens total> <output at> <output length>
-                     <findings at> <findings length>", the blob header: the result's output
-                     and findings are cut from the entry's "data" blob (sent once, not
-                     twice): the bytes at those 1-based offsets and lengths, behind the blob
-                     header; a length of 0: none (no output, no findings)
+                     <findings at> <findings length> <k>", the blob header, then k pairs
+                     name, value (opt): the result's output and findings are cut from the
+                     entry's "data" blob (sent once, not twice): the bytes at those 1-based
+                     offsets and lengths, behind the blob header; a length of 0: none (no
+                     output, no findings). The pairs: the event's fields that are also
+                     optional text attributes of a result (RESULT_FILLABLE), which fill the
+                     result where it lacks them, as its output does (contract §5)
       phase_started  "<phase_id> <planned>", label, description (opt), role (opt)
       phase_done     "<phase_id> <ok> <failed>"
       run_done       "<status> <total tokens>"
@@ -66,6 +69,20 @@ local function cut(data, head, at, len, name)
     fail('BAD_ARG', 'agent_done ' .. name .. ' is not within its entry\'s data')
   end
   return head .. string.sub(data, at, at + len - 1)
+end
+
+-- The k pairs name, value (opt) of an agent_done from ARGS[at]: {{name, value or nil}, ...};
+-- LUFT_BAD_ARG for a name that is no optional text attribute of a result.
+local function fill_pairs(at, k)
+  local out = {}
+  for j = 0, k - 1 do
+    local name = ARGS[at + 2 * j]
+    if not RESULT_FILLABLE[name] then
+      fail('BAD_ARG', 'agent_done names ' .. tostring(name) .. ', no text attribute of a result')
+    end
+    out[j + 1] = {name, opt(ARGS[at + 2 * j + 1], name)}
+  end
+  return out
 end
 
 local function main()
@@ -199,12 +216,13 @@ local function main()
       end
 
     elseif etype == 'agent_done' then
-      local aid, rstatus, tokens, o_at, o_len, f_at, f_len = string.match(a1 or '',
-        '^(%S+) (%S+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+      local aid, rstatus, tokens, o_at, o_len, f_at, f_len, k = string.match(a1 or '',
+        '^(%S+) (%S+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
       if not aid then fail('BAD_ARG', etype .. ' arguments are malformed') end
       local output = cut(data, a2, o_at, o_len, 'output')
       local findings = cut(data, a2, f_at, f_len, 'findings')
-      pos = pos + 2
+      local fills = fill_pairs(pos + 2, tonumber(k))
+      pos = pos + 2 + 2 * #fills
       local p = aid .. ':'
       local entry = result_entry(aid)
       local fields = {p .. 'status', rstatus, p .. 'tokens', tokens}
@@ -236,6 +254,23 @@ local function main()
         entry.findings = true
         probe_once(7, 'hash')
         probe_once(8, 'list')
+      end
+      if #fills > 0 then
+        -- a stored result keeps what it has; one of this batch has what `attrs` holds
+        local stored = {}
+        if not entry.new then
+          local names = {}
+          for j = 1, #fills do names[j] = p .. fills[j][1] end
+          stored = read_key(4, 'hash', 'HMGET', unpack(names))
+        end
+        for j = 1, #fills do
+          local name, value = fills[j][1], fills[j][2]
+          if value and not stored[j] and attrs[name] == nil then
+            fields[#fields + 1] = p .. name
+            fields[#fields + 1] = value
+            attrs[name] = value
+          end
+        end
       end
       if aid == fenced then
         -- the lease's agent_done ends it, once: a second one (in this batch, or after the ok

@@ -59,6 +59,10 @@ if (codec.nested_position("agent_done", "output"),
         codec.nested_position("agent_done", "findings")) != (0, 1):  # pragma: no cover
     raise RuntimeError("wire.Encoder.event expects an agent_done's data to start with "
                        "its output and findings")
+_FILLS = tuple(name for name in t.RESULT_TEXT_FIELDS
+               if name in {s.name for s in t.AgentDone._field_specs()})  # fmt: skip
+"""An agent_done's fields that are also optional text fields of a result (none yet): the
+script fills the result's from them where it lacks them, as it does its output."""
 _AT = codec.DATA_BODY + 1
 """The 1-based offset of the first nested field (an agent_done's output) in ``data``."""
 
@@ -175,7 +179,9 @@ class Encoder:
                 if f_len:
                     sent[codec.stored_blob(parts[1])] = event.findings
             stored += (f"{aid} {event.status.cache_str} {total} {_AT if o_len else 0} {o_len} "
-                       f"{f_at} {f_len}", codec.BLOB_HEADER)  # fmt: skip
+                       f"{f_at} {f_len} {len(_FILLS)}", codec.BLOB_HEADER)  # fmt: skip
+            for name in _FILLS:
+                stored += (name, opt(getattr(event, name)))
             return stored
         if isinstance(event, t.AgentStarted):
             aid = str(event.agent_id)

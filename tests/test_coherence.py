@@ -461,11 +461,12 @@ def test_an_agent_done_delta_carries_its_findings_blob_once(
 
 
 @pytest.mark.parametrize(("cut", "header"), [
-    ("4 99999 0 0", None),  # past the end of the data blob
-    ("0 5 0 0", None),  # offset 0 (offsets count from 1)
-    ("4 5 0 0", "drop"),  # no blob header argument
+    ("4 99999 0 0 0", None),  # past the end of the data blob
+    ("0 5 0 0 0", None),  # offset 0 (offsets count from 1)
+    ("4 5 0 0 0", "drop"),  # no blob header argument
     ("4 5", None),  # too few words
-    ("4 x 0 0", None),  # not a decimal
+    ("4 5 0 0 1", None),  # a fill pair announced and not there (no name)
+    ("4 x 0 0 0", None),  # not a decimal
 ])  # fmt: skip
 def test_an_agent_done_whose_blobs_are_not_in_its_data_is_refused_whole(
     make_backend: Factory, cut: str, header: str | None
@@ -489,6 +490,47 @@ def test_an_agent_done_whose_blobs_are_not_in_its_data_is_refused_whole(
         writer._call(writer._scripts.append_events, ("w-bad", "1", *args, "", ""), keys, run_id)
     assert fresh(writer) == before
     assert writer.client.xlen(keys[1]) == 0
+
+
+def test_an_agent_done_fills_the_text_attributes_its_result_lacks(make_backend: Factory) -> None:
+    """The pairs after an agent_done's blob header (an event field that is also an optional
+    text field of a result: none in this contract yet, so the arguments are made here) fill
+    the result where it lacks them, as its output does (contract §5): a new result gets them,
+    a stored one keeps its own, a null one sets nothing; a name that is not such a field is
+    LUFT_BAD_ARG with nothing written."""
+    writer = make_backend(watch=False)
+    run_id = uuid.uuid4()
+    writer.init_run(run_id, "t", "/d")
+    keys = list(writer.keys or ())
+    seq = iter(range(1, 100))
+
+    def append(agent: uuid.UUID, pairs: list[str]) -> None:
+        event = AgentDone(run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+                          tokens=TokenUsage(input=1), elapsed_ms=1)  # fmt: skip
+        args = writer._encoder.events([event], run_id)
+        words = args[-2].split(" ")
+        args[-2] = " ".join([*words[:-1], str(len(pairs) // 2)])
+        args += pairs
+        writer._call(writer._scripts.append_events,
+                     ("w-fill", str(next(seq)), *args, "", ""), keys, run_id)  # fmt: skip
+
+    def result(agent: uuid.UUID) -> Any:
+        return fresh(writer).agent_results[agent]
+
+    new, stored = uuid.uuid4(), uuid.uuid4()
+    append(new, ["role", "sreviewer", "description", "n"])
+    assert (result(new).role, result(new).description) == ("reviewer", None)
+    append(new, ["role", "sother", "description", "sd"])  # keeps its role, gains description
+    assert (result(new).role, result(new).description) == ("reviewer", "d")
+    writer.upsert_agent_result(AgentResultCache(
+        agent_id=stored, phase_id=0, status="ok", output=None, findings=(), tokens=1,
+        completed_at=1, role="writer"))  # fmt: skip
+    append(stored, ["role", "sreviewer", "cache_key_hash", "sk"])
+    assert (result(stored).role, result(stored).cache_key_hash) == ("writer", "k")
+    before = fresh(writer)
+    with pytest.raises(luft_redis_errors.BackendError, match="no text attribute"):
+        append(uuid.uuid4(), ["status", "sok"])
+    assert fresh(writer) == before
 
 
 def test_a_writer_applies_its_own_delta_from_what_it_sent(make_backend: Factory) -> None:

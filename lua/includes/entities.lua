@@ -13,6 +13,10 @@ local PHASE_OPTIONAL = {'description', 'role'}
 local RESULT_ATTRS = {'status', 'phase_id', 'tokens', 'completed_at', 'output', 'findings',
   'cache_key_hash', 'description', 'role'}
 local RESULT_OPTIONAL = {'output', 'findings', 'cache_key_hash', 'description', 'role'}
+-- the optional text attributes of a result (after output and findings): an agent_done's
+-- fields of these names fill them (append_events)
+local RESULT_FILLABLE = {}
+for i = 3, #RESULT_OPTIONAL do RESULT_FILLABLE[RESULT_OPTIONAL[i]] = true end
 local SESSION_ATTRS = {'backend_id', 'protocol_session_id', 'session_id', 'status',
   'updated_at', 'resumable'}
 local SESSION_OPTIONAL = {'backend_id', 'protocol_session_id'}
