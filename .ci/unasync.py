@@ -34,6 +34,7 @@ FILES = {
     "asyncio/lease.py": "_sync/lease.py",
     "asyncio/index.py": "_sync/index.py",
     "asyncio/retention.py": "_sync/retention.py",
+    "asyncio/interop.py": "_sync/interop.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -49,11 +50,19 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index|retention)\b", r"luft_redis._sync.\1"),
+    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index|retention|interop)\b",
+     r"luft_redis._sync.\1"),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""
 
 PHRASES: dict[str, list[tuple[str, str]]] = {
+    "_sync/interop.py": [
+        ("The run directory and SQLite files are read and written with blocking calls inside "
+         "these\ncoroutines (the standard library has no asynchronous file or SQLite I/O); only "
+         "the Redis\ncalls wait on the loop.",
+         "Every call blocks: the Redis ones, and those that read and write the run directory "
+         "and\nthe SQLite files."),
+    ],
     "_sync/backend.py": [
         ("(asyncio front end)", "(sync front end)"),
         ("``redis.asyncio.Redis``, ``redis.asyncio.cluster.RedisCluster`` or\n"

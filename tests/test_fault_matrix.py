@@ -62,6 +62,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis._sync.index import read_counts
+from luft_redis.asyncio.interop import import_run as async_import_run
 from luft_redis.asyncio.retention import collect_garbage as async_collect_garbage
 from luft_redis.index import run_status_key
 from luft_redis.interop import checkpoint_json, import_run
@@ -341,7 +342,11 @@ def _imported(ctx: Ctx) -> Any:
     cp = source.get_checkpoint()
     events = source.get_event_log()
     source.delete_run()
-    got = import_run(ctx.direct, cp, events, prefix=PREFIX, run_dir="/runs/fm")
+    if ctx.frontend == "sync":
+        got = import_run(ctx.direct, cp, events, prefix=PREFIX, run_dir="/runs/fm")
+    else:  # the asyncio import, on the backend's own (asyncio) client
+        got = ctx.call(async_import_run, source.client, cp, events, prefix=PREFIX,
+                       run_dir="/runs/fm")  # fmt: skip
     return (got.run_id, got.events, got.replaced)
 
 
@@ -410,8 +415,8 @@ CASES: dict[str, Case] = {
     "delete_run_missing": Case("delete_run", Ctx.bound,
                                lambda c: (c.backend.delete_run(), c.backend.delete_run(RUN))),
     "gc_run": Case("gc_run", _finished, _gc),
-    "restore_run": Case("restore_run", _finished, _imported, ("sync",)),
-    "restore_run_staging": Case("save_checkpoint", _finished, _imported, ("sync",)),
+    "restore_run": Case("restore_run", _finished, _imported),
+    "restore_run_staging": Case("save_checkpoint", _finished, _imported),
     "index_status": Case("index_status", Ctx.bound, lambda c: c.backend.cancel()),
     "index_status_delete": Case("index_status", Ctx.bound, lambda c: c.backend.delete_run()),
 }  # fmt: skip

@@ -761,7 +761,9 @@ def test_a_log_trimmed_while_it_is_exported_is_refused_and_nothing_is_left(
     """Another writer trims the log while the export reads it: the export is refused, no file
     (nor .tmp) is left, and no SQLite row is written."""
     _build_run(redis_client)
-    original = interop._iter_redis_events
+    from luft_redis._sync import interop as sync_interop
+
+    original = sync_interop._iter_redis_events
 
     def trimmed_meanwhile(*args: Any) -> Iterator[t.AgentEvent]:
         for i, event in enumerate(original(*args)):
@@ -769,7 +771,7 @@ def test_a_log_trimmed_while_it_is_exported_is_refused_and_nothing_is_left(
                 redis_client.hset(run_keys("luft", RUN).run, "log_trimmed", "1")
             yield event
 
-    monkeypatch.setattr(interop, "_iter_redis_events", trimmed_meanwhile)
+    monkeypatch.setattr(sync_interop, "_iter_redis_events", trimmed_meanwhile)
     with pytest.raises(interop.LogTrimmedError, match=str(RUN)):
         interop.export_run_dir(redis_client, RUN, tmp_path / "d")
     assert list((tmp_path / "d").iterdir()) == []
@@ -778,3 +780,44 @@ def test_a_log_trimmed_while_it_is_exported_is_refused_and_nothing_is_left(
     with pytest.raises(interop.LogTrimmedError):
         interop.export_sqlite(redis_client, path, RUN)
     assert all(rows == [] for rows in _rows(path).values())
+
+
+def test_export_and_import_on_either_front_end(
+    frontend: str, frontend_client: Any, redis_client: Client, tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The export and import functions of both front ends (luft_redis.interop, generated, and
+    luft_redis.asyncio.interop, its source) move a run directory and a SQLite database the
+    same way: the files one writes, the other reads back to the same layout."""
+    from luft_redis.asyncio import interop as async_interop
+
+    module: Any = interop if frontend == "sync" else async_interop
+
+    def run(name: str, *args: Any, **kwargs: Any) -> Any:
+        function = getattr(module, name)
+        if frontend == "sync":
+            return function(*args, **kwargs)
+        return request.getfixturevalue("async_loop").call(function, *args, **kwargs)
+
+    _build_run(redis_client)
+    before = _layout(redis_client)
+    exported = run("export_run_dir", frontend_client, RUN, tmp_path / "dir")
+    assert exported == interop.ExportResult(RUN, len(LUFT_EVENTS), str(tmp_path / "dir"))
+    interop.export_run_dir(redis_client, RUN, tmp_path / "sync")  # the same bytes
+    for name in ("checkpoint.json", "events.jsonl"):
+        assert (tmp_path / "dir" / name).read_bytes() == (tmp_path / "sync" / name).read_bytes()
+    with pytest.raises(RunExistsError):
+        run("import_run_dir", frontend_client, tmp_path / "dir")
+    _flush(redis_client)
+    got = run("import_run_dir", frontend_client, tmp_path / "dir")
+    assert got == interop.ImportResult(RUN, len(LUFT_EVENTS), replaced=False)
+    assert _layout(redis_client) == before
+    target = _luft_db(tmp_path / "t.db", with_run=False)
+    assert run("export_sqlite", frontend_client, target, RUN).events == len(LUFT_EVENTS)
+    _flush(redis_client)
+    assert run("import_sqlite", frontend_client, target) == [
+        interop.ImportResult(RUN, len(LUFT_EVENTS), replaced=False)]  # fmt: skip
+    backend = RedisCheckpointBackend(redis_client, watch=False)
+    cp = backend.open_run(RUN)
+    assert cp is not None and cp.task == "review the repo ✓"
+    assert [dumps_compact(e.to_json()) for e in backend.get_event_log()] == LUFT_EVENTS
