@@ -736,7 +736,7 @@ def test_export_of_a_trimmed_log_is_refused_unless_allowed(
     assert isinstance(info.value, interop.InteropError)
     assert not (tmp_path / "d").exists()  # nothing written
 
-    with caplog.at_level("WARNING", logger="luft_redis.interop"):
+    with caplog.at_level("WARNING", logger="luft_redis._sync.interop"):
         result = interop.export_run_dir(redis_client, RUN, tmp_path / "d", allow_trimmed=True)
     assert result.log_trimmed and result.events == left
     assert "trimmed" in caplog.text and str(RUN) in caplog.text
@@ -821,3 +821,40 @@ def test_export_and_import_on_either_front_end(
     cp = backend.open_run(RUN)
     assert cp is not None and cp.task == "review the repo ✓"
     assert [dumps_compact(e.to_json()) for e in backend.get_event_log()] == LUFT_EVENTS
+
+
+@pytest.mark.parametrize("frontend", ["async"])
+def test_async_export_refuses_a_trimmed_log_and_import_replaces(
+    frontend_client: Any, redis_client: Client, async_loop: Any, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """What the round trip above leaves out, on the asyncio functions: a trimmed log refused
+    unless allowed (a warning from their own logger), and an import with ``replace`` (and
+    its progress)."""
+    from luft_redis.asyncio import interop as async_interop
+
+    left = _trimmed_run(redis_client)
+    with pytest.raises(interop.LogTrimmedError, match=str(RUN)):
+        async_loop.call(async_interop.export_run_dir, frontend_client, RUN, tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+    with caplog.at_level("WARNING", logger="luft_redis.asyncio.interop"):
+        result = async_loop.call(async_interop.export_run_dir, frontend_client, RUN,
+                                 tmp_path / "t", allow_trimmed=True)  # fmt: skip
+    assert result.log_trimmed and result.events == left
+    assert any(r.name == "luft_redis.asyncio.interop" and "trimmed" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    path = _luft_db(tmp_path / "t.db", with_run=False)
+    with pytest.raises(interop.LogTrimmedError):
+        async_loop.call(async_interop.export_sqlite, frontend_client, path, RUN)
+    assert all(rows == [] for rows in _rows(path).values())
+
+    _flush(redis_client)
+    _build_run(redis_client)
+    before = _layout(redis_client)
+    async_loop.call(async_interop.export_run_dir, frontend_client, RUN, tmp_path / "w")
+    seen: list[tuple[int, int | None]] = []
+    got = async_loop.call(async_interop.import_run_dir, frontend_client, tmp_path / "w",
+                          replace=True, progress=lambda done, total: seen.append((done, total)))
+    assert got == interop.ImportResult(RUN, len(LUFT_EVENTS), replaced=True)
+    assert seen[-1] == (len(LUFT_EVENTS), len(LUFT_EVENTS))
+    assert _layout(redis_client) == before
