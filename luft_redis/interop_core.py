@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import sqlite3
@@ -46,8 +45,6 @@ __all__ = [
     "read_event_file",
     "sqlite_run_ids",
 ]
-
-logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "checkpoint.json"
 EVENTS_FILE: Final = "events.jsonl"

@@ -257,13 +257,13 @@ def _import(
             })  # fmt: skip
             client.expire(s.run, STAGING_TTL)
         count, started_phase = _stage_events(client, rid, s.events, encoder, events, progress,
-                                             total, where)  # fmt: skip
+                                                   total, where)  # fmt: skip
         started = [(a, p) for a in dict.fromkeys(cp.started_agent_ids)
                    if (p := started_phase.get(a)) is not None]  # fmt: skip
         with _translated(rid):
             for i in range(0, len(started), BATCH):
                 client.hset(s.started, mapping={str(a): f"0 {p}" for a, p in
-                                                started[i : i + BATCH]})  # fmt: skip
+                                                      started[i : i + BATCH]})  # fmt: skip
             save = library().ops.save_checkpoint
             save_call = [writer, "1", *save_args, "", ""]  # (no fence, no retention)
             DEFAULT_RETRY.call(lambda: call_function(client, save, list(s), save_call))
@@ -349,8 +349,8 @@ def import_run(
     (:class:`RunExistsError`). Timestamps are kept as given."""
     cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
     return _import(client, cp, ((str(i), e) for i, e in enumerate(events)), prefix=prefix,
-                   run_dir=run_dir, replace=replace, max_payload_size=max_payload_size,
-                   progress=progress, total=total)  # fmt: skip
+                         run_dir=run_dir, replace=replace, max_payload_size=max_payload_size,
+                         progress=progress, total=total)  # fmt: skip
 
 
 def import_run_dir(
@@ -387,9 +387,9 @@ def import_run_dir(
 
     events = ((str(n), e) for n, e in read_event_file(events_path))
     return _import(client, cp, events, prefix=prefix,
-                   run_dir=str(base.resolve()) if run_dir is None else run_dir,
-                   replace=replace, max_payload_size=max_payload_size, progress=progress,
-                   total=_count_lines(events_path), where=where)  # fmt: skip
+                         run_dir=str(base.resolve()) if run_dir is None else run_dir,
+                         replace=replace, max_payload_size=max_payload_size, progress=progress,
+                         total=_count_lines(events_path), where=where)  # fmt: skip
 
 
 def import_sqlite(
@@ -419,9 +419,9 @@ def import_sqlite(
                 return SqliteDataError(where_path, "events", f"seq {position}", str(exc))
 
             out.append(_import(client, cp, _iter_sqlite_events(conn, rid, where_path),
-                             prefix=prefix, run_dir=run_dir, replace=replace,
-                             max_payload_size=max_payload_size, progress=progress,
-                               total=int(total), where=where))  # fmt: skip
+                                     prefix=prefix, run_dir=run_dir, replace=replace,
+                                     max_payload_size=max_payload_size, progress=progress,
+                                     total=int(total), where=where))  # fmt: skip
     finally:
         conn.close()
     return out
@@ -461,7 +461,7 @@ def export_sqlite(
         conn.execute("BEGIN IMMEDIATE")
         try:
             count = _write_sqlite(conn, client, cp, last, keys, run_dir, replace, where_path,
-                                  progress)  # fmt: skip
+                                        progress)  # fmt: skip
             # trimmed while it was read? the rows may lack the oldest events
             trimmed = trimmed or _check_trimmed(client, prefix, rid, allow_trimmed)
         except BaseException:
