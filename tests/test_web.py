@@ -1058,3 +1058,35 @@ def test_the_run_page_tells_what_a_user_asks(
     page.click("form.filter button")
     expect(page.locator("#runs tbody tr")).to_have_count(1)
     expect(page.locator("#runs tbody tr").first).to_have_attribute("data-run", str(twins[1]))
+
+
+def test_stopping_is_bounded_when_closing_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis that stops answering (or starts refusing the client) while the web view runs
+    must not keep it from exiting on SIGTERM: its lifespan gives the run views
+    app.SHUTDOWN_TIMEOUT to close, then stops without them (and says so)."""
+    import asyncio
+
+    import fakeredis
+
+    from luft_redis.tools.web import app as web_app
+    from luft_redis.tools.web import hub as web_hub
+
+    async def never(self: Any) -> None:
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(web_hub.Hubs, "close", never)
+    monkeypatch.setattr(web_app, "SHUTDOWN_TIMEOUT", 0.2)
+
+    async def run() -> float:
+        client = fakeredis.FakeAsyncRedis()
+        guard: Any = web_app.create_app(web_app.WebConfig(prefix="luft", host="127.0.0.1",
+                                                          port=0, token=None), client)  # fmt: skip
+        app: Any = guard.app  # the Starlette app behind the host and token guard
+        started = time.monotonic()
+        async with app.router.lifespan_context(app):
+            started = time.monotonic()
+        elapsed = time.monotonic() - started
+        await client.aclose()
+        return elapsed
+
+    assert asyncio.run(run()) < 2.0

@@ -75,6 +75,9 @@ COUNTS_MAX_AGE: Final = 15.0
 counts by status counted over the index are reused before they are counted again (in the
 background: a page load never waits for a count)."""
 LOG_PAGE: Final = 200
+SHUTDOWN_TIMEOUT: Final = 5.0
+"""Seconds the web view gives its run views (their backends, the counts being read) to close
+when it stops; then it stops without them."""
 _READ_ONLY: Final = "read-only: start luft-redis web with --allow-cancel to cancel runs"
 
 _Scope = MutableMapping[str, Any]
@@ -603,13 +606,20 @@ when it first finished">(each agent once)</span></h2><div id="chart-agents"></di
         return JSONResponse({"run_id": str(hub.run_id), "status": status},
                             200 if status == "cancelled" else 409)
 
+    async def close() -> None:
+        await hubs.close()
+        await runs.wait_counts()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
             yield
-        finally:
-            await hubs.close()
-            await runs.wait_counts()
+        finally:  # a Redis that does not answer (or refuses us) never holds up the exit
+            try:
+                await asyncio.wait_for(close(), SHUTDOWN_TIMEOUT)
+            except TimeoutError:
+                logger.warning("closing the run views took over %.0f s (is Redis answering?); "
+                               "stopped without waiting", SHUTDOWN_TIMEOUT)  # fmt: skip
 
     app = Starlette(
         routes=[

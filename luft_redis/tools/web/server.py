@@ -16,7 +16,7 @@ import uvicorn
 
 from ...connect import make_async_client
 from ..cli_common import EXIT_OK, EXIT_UNREACHABLE, CommandFailed, connect
-from .app import WebConfig, create_app
+from .app import SHUTDOWN_TIMEOUT, WebConfig, create_app
 
 __all__ = ["is_loopback", "serve"]
 
@@ -103,5 +103,9 @@ async def _main(args: argparse.Namespace, config: WebConfig) -> int:
                   f"{_url(config.host, port, config.token)}", flush=True)  # fmt: skip
         await task
     finally:
-        await async_client.aclose()
+        try:  # bounded as the app's own close is (app.SHUTDOWN_TIMEOUT)
+            await asyncio.wait_for(async_client.aclose(), SHUTDOWN_TIMEOUT)
+        except TimeoutError:
+            logger.warning("the Redis client did not close in %.0f s; stopped without it",
+                           SHUTDOWN_TIMEOUT)  # fmt: skip
     return EXIT_OK if server.started else EXIT_UNREACHABLE
