@@ -71,9 +71,12 @@ local function cut(data, head, at, len, name)
   return head .. string.sub(data, at, at + len - 1)
 end
 
+local NO_FILLS = {} -- (read only: the pairs of an agent_done without any, no table per event)
+
 -- The k pairs name, value (opt) of an agent_done from ARGS[at]: {{name, value or nil}, ...};
 -- LUFT_BAD_ARG for a name that is no optional text attribute of a result.
 local function fill_pairs(at, k)
+  if k == 0 then return NO_FILLS end
   local out = {}
   for j = 0, k - 1 do
     local name = ARGS[at + 2 * j]
