@@ -66,6 +66,7 @@ from luft_redis import (
 )
 from luft_redis import errors as luft_errors
 from luft_redis import types as t
+from luft_redis._sync import backend as sync_backend
 from luft_redis._sync.listener import ChangeListener
 from luft_redis.keys import run_keys
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
@@ -867,10 +868,14 @@ def test_a_fenced_write_applied_before_a_takeover_is_not_applied_again(
 @pytest.mark.parametrize("operation", ["append_event", "upsert_agent_result", "renew",
                                        "release"])  # fmt: skip
 def test_a_fenced_write_that_arrives_after_a_takeover_is_refused(
-    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis, operation: str
+    proxy: FaultProxy, proxied: redis.Redis, direct: redis.Redis, operation: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A fenced write (and a renew, a release) whose requests are lost until another worker
     took the task over reaches Redis too late: LeaseLostError, and nothing is written."""
+    if operation == "release":  # a release gives up after RELEASE_FLOOR (1 s); a loaded
+        # machine may take longer to stage the takeover, so this one waits long enough
+        monkeypatch.setattr(sync_backend, "RELEASE_FLOOR", 10.0)
     run_id, (agent,) = _submitted(direct, 1)
     zombie = RedisCheckpointBackend(proxied, watch=False, retry=PATIENT)
     assert zombie.open_run(run_id) is not None
