@@ -10,14 +10,16 @@
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] worker (the holder's name)   ARGS[2] lease duration in ms   ARGS[3] max_attempts for
           a task submitted without one (by a version before tasks kept theirs)
+  ARGS[4] for a claim from a pool, the pool's name ("" or absent: a bound claim): a run that
+          is not in that pool (any more) replies "" and "!pool"
 
   Reply:  an array: the delta (op "claim"; no records), then for a lease
           agent_id, token, attempt, expires (unix ms), phase_id, payload, incarnation;
           with nothing claimable: "" and the ms until the next lease lapses ("" when none is
           leased; "0" when the claim stopped after SCAN tasks that became done or dead:
-          claim again at once), the delta a new version without records when tasks became
+          claim again at once; with max_leases live leases, the ms until the earliest ends), the delta a new version without records when tasks became
           done or dead, else one that changes nothing; on a run that is not running "" and
-          "!<status>".
+          "!<status>"; on a run whose total_tokens reached its max_tokens "" and "!budget".
           A retry of the same operation (its reply lost) gets the same lease again.
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
@@ -60,11 +62,26 @@ local function main()
   local lease_ms = tonumber(arg_uint(ARGS[2], 'lease duration'))
   local max = tonumber(arg_uint(ARGS[3], 'max_attempts'))
   if lease_ms < 1 or max < 1 then fail('BAD_ARG', 'lease duration and max_attempts must be >= 1') end
-  local run = read_run('lease_token')
+  local run = read_run('lease_token', 'max_leases', 'max_tokens', 'total_tokens', 'pool')
   if run[1] ~= 'running' then return {unchanged(run, 'claim'), '', '!' .. run[1]} end
+  if ARGS[4] and ARGS[4] ~= '' and run[8] ~= ARGS[4] then -- a pool's stale index entry
+    return {unchanged(run, 'claim'), '', '!pool'}
+  end
   local token = tonumber(run[4] and stored_uint(K_RUN, 'lease_token', run[4]) or '0')
+  if run[6] and uint_ge(stored_uint(K_RUN, 'total_tokens', run[7] or '0'),
+      stored_uint(K_RUN, 'max_tokens', run[6])) then -- over its token budget (docs/pools.md)
+    return {unchanged(run, 'claim'), '', '!budget'}
+  end
   local clock = redis.call('TIME') -- one read of the clock: ms for leases, s for updated_at
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  if run[5] then -- at most max_leases live leases: else wait for the earliest to end
+    local live = read_key(11, 'zset', 'ZCOUNT', '(' .. now, '+inf')
+    if live >= tonumber(stored_uint(K_RUN, 'max_leases', run[5])) then
+      local first = redis.call('ZRANGEBYSCORE', K_QUEUE, '(' .. now, '+inf', 'WITHSCORES',
+        'LIMIT', 0, 1)
+      return {unchanged(run, 'claim'), '', first[2] and whole(tonumber(first[2]) - now) or '0'}
+    end
+  end
 
   -- 1. reads and decisions: skip tasks that are done or dead by now; pick the first claimable.
   -- The queue's head is read one entry first (it almost always decides), then PAGE at a time,

@@ -19,6 +19,7 @@ from .cache import RunCache
 from .connect import Durability, is_cluster
 from .errors import ConfigurationError, LuftRedisError, NotDurableError, RunNotBoundError
 from .keys import RunKeys, check_prefix
+from .pools import Membership
 from .retention_core import RetentionOptions
 from .retry import NO_RETRY, REDIS_ERRORS, RetryPolicy, is_access_error
 from .scripts import library, translate_error
@@ -57,8 +58,8 @@ class Binding:
     """The run a backend is bound to: its keys, cache, watch and listener (replaced whole on
     rebind, so a concurrent operation keeps the run it started with)."""
 
-    __slots__ = ("cache", "channel", "followers", "key_list", "keys", "listener", "run_id",
-                 "watch")  # fmt: skip
+    __slots__ = ("cache", "channel", "followers", "key_list", "keys", "listener", "pool",
+                 "run_id", "watch")  # fmt: skip
 
     def __init__(self, run_id: uuid.UUID, keys: RunKeys, cache: RunCache) -> None:
         self.run_id = run_id
@@ -72,6 +73,9 @@ class Binding:
         but while a claim waits: see ``followers``)."""
         self.followers = 0
         """Claims waiting on a ``watch=False`` backend: they watch the run meanwhile."""
+        self.pool: Membership | None = None
+        """The run's pool membership as last read or written here (luft_redis.pools): a
+        write that may give the run claimable work wakes it in that pool."""
 
 
 class _Unbound:

@@ -24,6 +24,11 @@ key                                    type    holds
 ``<prefix>:{<run>}:deleted``           hash    ``<writer id>`` -> ``<op seq> <reply>`` of a
                                                delete_run, expiring (``TOMBSTONE_TTL``)
 ``<prefix>:{<prefix>}:runs``           zset    run index: run id -> updated_at (unix seconds)
+``<prefix>:{pool:<name>}:pool``        hash    a pool's index: vt, ``<run>:w|p|t``
+``<prefix>:{pool:<name>}:ready``       zset    run -> tier and pass (fair shares)
+``<prefix>:{pool:<name>}:sleep``       zset    run -> unix ms when its first lease lapses
+``<prefix>:{pool:<name>}:members``     set     the runs of the pool
+``<prefix>:{pool:<name>}:wake``        -       sharded pub/sub channel: a run has work
 =====================================  ======  ================================================
 
 The run index is the one key outside a run's slot: the backend keeps it up to date itself, after
@@ -32,17 +37,23 @@ the scripts that create, finish, resume or delete a run (see :mod:`luft_redis.in
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import NamedTuple
 
 from .errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_POOL",
     "DEFAULT_PREFIX",
     "TOMBSTONE_TTL",
+    "PoolKeys",
     "RunKeys",
     "changes_channel",
+    "check_pool_name",
     "check_prefix",
+    "pool_keys",
+    "pool_pattern",
     "run_index_key",
     "run_keys",
     "run_pattern",
@@ -161,3 +172,54 @@ def run_id_from_key(prefix: str, key: str) -> uuid.UUID | None:
     except ValueError:
         return None
     return run_id if str(run_id) == text else None
+
+
+DEFAULT_POOL = "default"
+"""The pool a run joins when none is named (:meth:`join_pool`)."""
+
+_POOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+
+class PoolKeys(NamedTuple):
+    """The keys of one pool's index, in the order ``pool_add-4.lua`` and ``pool_pick-4.lua``
+    receive them, all tagged ``{pool:<name>}`` (one slot), and (:attr:`wake`) its channel."""
+
+    pool: str
+    ready: str
+    sleep: str
+    members: str
+
+    @property
+    def wake(self) -> str:
+        """The pool's wake channel (SSUBSCRIBE): a run of the pool may have claimable work."""
+        return self.pool[: -len("pool")] + "wake"
+
+
+def check_pool_name(name: object) -> str:
+    """``name`` if usable as a pool name (1-100 of ``A-Z a-z 0-9 _ . : -``), else
+    :class:`~luft_redis.errors.ValidationError` naming it."""
+    from .errors import ValidationError
+
+    if not isinstance(name, str) or not _POOL_NAME.fullmatch(name):
+        raise ValidationError("pool", "must be 1 to 100 of the characters A-Z a-z 0-9 _ . : -")
+    return name
+
+
+def pool_keys(prefix: str, name: str) -> PoolKeys:
+    """The keys of pool ``name`` under ``prefix``: ``<prefix>:{pool:<name>}:<key>``."""
+    base = f"{prefix}:{{pool:{check_pool_name(name)}}}:"
+    return PoolKeys(*(base + key for key in PoolKeys._fields))
+
+
+def pool_pattern(prefix: str) -> str:
+    """SCAN pattern matching the index hash of every pool under ``prefix``."""
+    return f"{prefix}:{{pool:*}}:pool"
+
+
+def pool_name_from_key(prefix: str, key: str) -> str | None:
+    """The pool name of a key matched by :func:`pool_pattern`, or None."""
+    head, tail = f"{prefix}:{{pool:", "}:pool"
+    if key.startswith(head) and key.endswith(tail):
+        name = key[len(head) : -len(tail)]
+        return name if _POOL_NAME.fullmatch(name) else None
+    return None

@@ -96,12 +96,16 @@ SCRIPT_NAMES = (
     "release_lease",
     "agent_tasks",
     "index_status",
+    "join_pool",
+    "pool_add",
+    "pool_pick",
 )
 """Every script the backend uses, by operation name."""
 
-PREFIX_OPS = frozenset({"index_status"})
-"""The operations on a prefix's keys (the run index), not a run's: called without a change
-channel (they publish nothing)."""
+PREFIX_OPS = frozenset({"index_status", "pool_add", "pool_pick"})
+"""The operations on keys that are not a run's (the run index, a pool's index): called with
+their arguments as given, no change channel derived from the keys (a pool's wake channel is
+their first argument)."""
 
 READ_ONLY = frozenset({"load", "agent_tasks"})
 """The operations registered with ``flags={'no-writes'}`` and called with ``FCALL_RO``."""
@@ -270,6 +274,9 @@ class Ops:
     release_lease: Function
     agent_tasks: Function
     index_status: Function
+    join_pool: Function
+    pool_add: Function
+    pool_pick: Function
 
     def __init__(self, functions: dict[str, Function]) -> None:
         for op in SCRIPT_NAMES:

@@ -33,6 +33,12 @@ local function stored_uint(key, field, value)
   return value
 end
 
+-- a >= b for two u64 decimal strings (checked ones: no leading zeros), exactly.
+local function uint_ge(a, b)
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+
 -- Exact addition of two u64 decimal strings; fails with LUFT_OVERFLOW past 2^64-1.
 local function u64_add(a, b, what)
   if #a < 15 and #b < 15 then

@@ -46,14 +46,30 @@ from ..frontend import (
 )
 from ..index import finishes, score_of
 from ..keys import (
+    DEFAULT_POOL,
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,
+    PoolKeys,
+    pool_keys,
     run_id_from_key,
     run_keys,
     run_pattern,
     tombstone_key,
 )
 from ..links import DEFAULT_MAX_STALENESS
+from ..pools import (
+    LEAVE_ARGS,
+    NO_CORRECTION,
+    SWEEP_INTERVAL,
+    SWEEP_SIZE,
+    Membership,
+    PoolWatch,
+    add_args,
+    correction,
+    leave_args,
+    membership_of_run,
+    parse_pick,
+)
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..runtime import (
     AsyncLock,
@@ -414,6 +430,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         reply = await self._call(self._scripts.load, (), binding.key_list, binding.run_id)
         state = None if reply == 0 or reply is None else RunState.from_load(
             binding.run_id, binding.keys, reply)  # fmt: skip
+        if state is not None:
+            binding.pool = membership_of_run(reply[0], binding.keys.run)
         cache.install(state, generation)
         self._changed.notify()
         if state is None:
@@ -645,17 +663,24 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     # -- run lifecycle ---------------------------------------------------------------------
 
     @traced("init_run", run_arg=True)
-    async def init_run(self, run_id: uuid.UUID, task: str, run_dir: str) -> None:
+    async def init_run(self, run_id: uuid.UUID, task: str, run_dir: str, *,
+                       pool: str | None = None) -> None:  # fmt: skip
         """Create a new run and bind to it. :class:`RunExistsError` if it exists (then nothing
-        changed, and this backend stays bound as it was)."""
+        changed, and this backend stays bound as it was). ``pool=``: the run joins that pool
+        (:meth:`join_pool` with its defaults) right after."""
         await self._init(run_id, task, run_dir, None, with_meta=False)
+        if pool is not None:
+            await self.join_pool(pool)
 
     @traced("init_run_with_meta", run_arg=True)
     async def init_run_with_meta(
-        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any
-    ) -> None:
+        self, run_id: uuid.UUID, task: str, run_dir: str, workflow_meta: Any, *,
+        pool: str | None = None,
+    ) -> None:  # fmt: skip
         """``init_run`` with ``workflow_meta`` (any JSON) stored, in one atomic step."""
         await self._init(run_id, task, run_dir, workflow_meta, with_meta=True)
+        if pool is not None:
+            await self.join_pool(pool)
 
     async def _init(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *,
                     with_meta: bool) -> None:  # fmt: skip
@@ -774,11 +799,12 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             return
         fence = "" if lease is None else self._fence(
             lease, binding, "events", [getattr(event, "agent_id", None) for event in events])
-        await self._write(self._scripts.append_events, args, binding, lease, fence=fence,
-                          sent=sent)  # fmt: skip
+        delta = await self._write(self._scripts.append_events, args, binding, lease,
+                                  fence=fence, sent=sent)  # fmt: skip
         if lease is not None and any(
                 isinstance(e, t.AgentDone) and e.agent_id == lease.agent_id for e in events):
             lease.finished = True  # the script ended the lease (done, or ready again)
+            await self._pool_wake(binding, delta)  # a task ready again, or a lease slot free
         if finishes(events):
             await self._index(binding)
 
@@ -826,24 +852,31 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     # -- agent tasks and leases (docs/leases.md) -------------------------------------------
 
     @traced("submit_agents")
-    async def submit_agents(self, tasks: Iterable[AgentTask], *,
-                            max_attempts: int | None = None) -> None:  # fmt: skip
+    async def submit_agents(self, tasks: Iterable[AgentTask], *, max_attempts: int | None = None,
+                            pool: str | None = None) -> None:  # fmt: skip
         """Add agent tasks for workers to claim, atomically for the batch. Submitting an agent
         again with the same phase and payload changes nothing; with another phase or payload
         it is a :class:`~luft_redis.errors.ValidationError` (nothing changed). On a run that
         is not running: :class:`~luft_redis.errors.RunNotRunningError`. Each new task keeps
         ``max_attempts`` (default: this backend's): whoever claims it, it is dead after that
-        many failed attempts."""
+        many failed attempts.
+
+        ``pool=``: the run joins that pool first (when it is not in it: :meth:`join_pool`
+        with its defaults). A run in a pool is woken there after the submit, so a claim from
+        the pool finds the new tasks."""
         binding = self._need_run("submit_agents")
         attempts = self._max_attempts if max_attempts is None else max_attempts
         args = submit_args(tasks, self._encoder.max_payload_size, attempts)
+        if pool is not None and (binding.pool is None or binding.pool.pool != pool):
+            await self.join_pool(pool)
         if args[1] == "0":
             return
-        await self._write(self._scripts.submit_agents, args, binding)
+        delta = await self._write(self._scripts.submit_agents, args, binding)
+        await self._pool_wake(binding, delta)
 
     @traced("claim_agent")
-    async def claim_agent(self, worker: str, *, lease_for: float = 30.0,
-                          timeout: float = 0.0) -> AsyncAgentLease | None:  # fmt: skip
+    async def claim_agent(self, worker: str, *, lease_for: float = 30.0, timeout: float = 0.0,
+                          pool: str | None = None) -> AsyncAgentLease | None:  # fmt: skip
         """Claim one agent task with a lease of ``lease_for`` seconds (server clock): the
         oldest ready task, else the one whose lease lapsed longest ago (a lapse is a failed
         attempt). None when nothing is claimable within ``timeout`` seconds, or when the run
@@ -852,19 +885,29 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
         A claim retried after a lost reply returns the same lease. ``worker`` names the holder
         (``host:pid`` is a good name); it is shown by :meth:`agent_tasks`.
+
+        ``pool=``: claim from any running run of that pool instead (docs/pools.md): its runs
+        share the workers by weight, higher priority first; this backend binds to the run of
+        the lease (without loading it: :meth:`sync` or :meth:`open_run` does). A blocked claim
+        wakes when a run of the pool gets claimable work. Hold one lease at a time per backend
+        when claiming from a pool.
         """
-        binding = self._need_run("claim_agent")
         if not isinstance(worker, str) or not worker or any(c.isspace() for c in worker):
             raise ValidationError("worker", "must be a non-empty name without white space")
         duration = lease_ms(lease_for)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
             raise ValidationError("timeout", "must be a number of seconds >= 0")
         deadline = time.monotonic() + timeout
+        if pool is not None:
+            self._check_fork()
+            return await self._claim_from_pool(pool_keys(self._prefix, pool), worker, duration,
+                                               deadline)  # fmt: skip
+        binding = self._need_run("claim_agent")
         following = False
         try:
             while True:
                 sent = time.monotonic()
-                args = (worker, str(duration), str(self._max_attempts))
+                args = (worker, str(duration), str(self._max_attempts), "")
                 reply, delta = await self._write_reply(self._scripts.claim_agent, args, binding)
                 _, claim = parse_claim(reply, binding.keys.tasks)
                 if claim.agent_id is not None:
@@ -904,6 +947,176 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             self._stop_watch(binding)
             binding.watch = binding.listener = None
 
+    # -- pools (docs/pools.md) -------------------------------------------------------------
+
+    @traced("join_pool")
+    async def join_pool(self, pool: str = DEFAULT_POOL, *, weight: int = 1, priority: int = 0,
+                        max_leases: int | None = None,
+                        max_tokens: int | None = None) -> None:  # fmt: skip
+        """The bound run joins ``pool`` (or changes its place in it): a claim from the pool
+        may hand out its agents. ``weight`` (1-1000) is its share of the pool's workers
+        against the other runs'; ``priority`` (0-9): the agents of runs of a higher priority
+        go first. ``max_leases``: at most that many of its agents leased at once;
+        ``max_tokens``: once the run's ``total_tokens`` reaches it, no agent of it is handed
+        out (bound claims included) until it is raised. A run is in one pool at a time;
+        joining another leaves the first. Kept in the run hash (plain-text fields)."""
+        binding = self._need_run("join_pool")
+        member = Membership(pool, weight, priority, max_leases, max_tokens)
+        reply, delta = await self._write_reply(self._scripts.join_pool, member.join_args(),
+                                               binding)  # fmt: skip
+        binding.pool = member
+        await self._leave_previous(binding, reply, member.pool)
+        await self._pool_wake(binding, delta)
+
+    def pool_membership(self) -> Membership | None:
+        """The bound run's pool, weight, priority and limits as last loaded or written here
+        (None: in no pool, or no run bound). With ``total_tokens`` from the checkpoint,
+        :meth:`~luft_redis.pools.Membership.over_budget` says whether it is held back."""
+        binding = self._binding
+        return None if binding is None else binding.pool
+
+    @traced("leave_pool")
+    async def leave_pool(self) -> None:
+        """The bound run leaves its pool (nothing happens when it is in none)."""
+        binding = self._need_run("leave_pool")
+        reply, _ = await self._write_reply(self._scripts.join_pool, LEAVE_ARGS, binding)
+        binding.pool = None
+        await self._leave_previous(binding, reply, None)
+
+    async def _leave_previous(self, binding: Binding, reply: Any, now: str | None) -> None:
+        """Take the run out of the index of the pool it was in before (join_pool's reply)."""
+        before = reply[1].decode() if isinstance(reply, list) and reply[1] else None
+        if before is not None and before != now:
+            keys = pool_keys(self._prefix, before)
+            await self._pool_call(self._scripts.pool_add, keys,
+                                  leave_args(keys.wake, binding.run_id))  # fmt: skip
+
+    async def _pool_call(self, fn: Function, keys: PoolKeys, args: Sequence[str]) -> Any:
+        """One pool script, retried by this backend's policy."""
+        key_list = list(keys)
+        return await self._retried(
+            lambda: call_function(self._client, fn, key_list, args, cluster=self._cluster), None)
+
+    async def _pool_wake(self, binding: Binding, delta: Delta) -> None:
+        """After a write that may give ``binding``'s run claimable work: wake it in its pool.
+        A failure is logged, not raised (the write is applied; a claim's sweep finds it)."""
+        member = binding.pool
+        if member is None:
+            return
+        keys = pool_keys(self._prefix, member.pool)
+        tag = f"{delta.inc_after or '-'} {delta.v_after}"
+        try:
+            await self._pool_call(self._scripts.pool_add, keys,
+                                  add_args(keys.wake, binding.run_id, member, tag))  # fmt: skip
+        except LuftRedisError as exc:
+            logger.warning("run %s: waking it in pool %s failed (%s); a claim's sweep will "
+                           "find it", binding.run_id, member.pool, exc)  # fmt: skip
+
+    async def _claim_from_pool(self, keys: PoolKeys, worker: str, duration: int,
+                               deadline: float) -> AsyncAgentLease | None:  # fmt: skip
+        """Pick a run of the pool, claim in it; correct the pick when it had nothing."""
+        fix: tuple[str, ...] = NO_CORRECTION
+        watch: PoolWatch | None = None
+        swept = time.monotonic()
+        try:
+            while True:
+                wakes = watch.wakes if watch is not None else 0
+                reply = await self._pool_call(self._scripts.pool_pick, keys, (keys.wake, *fix))
+                pick = parse_pick(reply, keys.ready)
+                if pick.run_id is not None:
+                    lease, fix = await self._claim_in(pick.run_id, keys, pick, worker, duration)
+                    if lease is not None:
+                        return lease
+                    continue
+                fix = NO_CORRECTION
+                now = time.monotonic()
+                if now >= deadline:
+                    return None
+                if watch is None:  # subscribed before it looks again: no wake-up lost
+                    watch = await self._watch_pool(keys)
+                    continue
+                if now - swept >= SWEEP_INTERVAL:
+                    swept = now
+                    if await self._sweep_pool(keys):
+                        continue
+                wait = min(deadline - now, swept + SWEEP_INTERVAL - now + 0.001)
+                if pick.wait_ms is not None:
+                    wait = min(wait, pick.wait_ms / 1000 + 0.002)
+                await self._changed.wait_for(_woken(watch, wakes), wait)
+        finally:
+            if watch is not None:
+                AsyncChangeListener.for_client(self._client).unwatch(watch)
+
+    async def _claim_in(
+        self, run_id: uuid.UUID, keys: PoolKeys, pick: Any, worker: str, duration: int
+    ) -> tuple[AsyncAgentLease | None, tuple[str, ...]]:
+        """Claim in run ``run_id`` for a claim from the pool of ``keys``: the lease, or the
+        correction of the pool's index."""
+        pool = keys.pool.split("{pool:", 1)[1].rsplit("}", 1)[0]
+        binding = self._binding
+        if binding is None or binding.run_id != run_id:
+            async with self._bind_lock:
+                binding = await self._prepare(run_id)
+                self._adopt(binding)
+        if binding.pool is None or binding.pool.pool != pool:
+            binding.pool = Membership(pool, pick.weight, pick.priority)
+        sent = time.monotonic()
+        args = (worker, str(duration), str(self._max_attempts), pool)
+        try:
+            reply, delta = await self._write_reply(self._scripts.claim_agent, args, binding)
+        except RunNotFoundError:
+            return None, correction(run_id, None, "")
+        _, claim = parse_claim(reply, binding.keys.tasks)
+        if claim.agent_id is not None:
+            return AsyncAgentLease(self, claim, worker, duration, sent), NO_CORRECTION
+        return None, correction(run_id, claim, f"{delta.inc_after or '-'} {delta.v_after}")
+
+    async def _watch_pool(self, keys: PoolKeys) -> PoolWatch:
+        """Subscribe to the pool's wake channel (through the client's change listener)."""
+        if self._cluster:
+            try:  # the slot map, so that the listener subscribes on the right node
+                await async_cluster_ready(self._client)
+            except REDIS_ERRORS as exc:
+                raise translate_error(exc, prefix=self._prefix) from exc
+        watch = PoolWatch(keys.wake.encode(), self._changed.notify)
+        listener = AsyncChangeListener.for_client(self._client)
+        listener.watch(watch, self._max_staleness)
+        await listener.wait_subscribed(watch.channel, SUBSCRIBE_TIMEOUT)
+        return watch
+
+    async def _sweep_pool(self, keys: PoolKeys) -> bool:
+        """Look at up to SWEEP_SIZE members of the pool: wake those with queued tasks (their
+        writer died before its wake), take out those gone. True when one was woken."""
+        try:
+            members = await self._client.srandmember(keys.members, SWEEP_SIZE)
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc, prefix=self._prefix) from exc
+        pool = keys.pool.split("{pool:", 1)[1].rsplit("}", 1)[0]
+        woke = False
+        for raw in members or ():
+            try:
+                run_id = uuid.UUID(bytes(raw).decode())
+            except ValueError:
+                continue
+            rk = run_keys(self._prefix, run_id)
+            try:
+                status, in_pool, weight, priority = await self._client.hmget(
+                    rk.run, "status", "pool", "pool_weight", "pool_priority")
+                head = await self._client.zrange(rk.queue, 0, 0)
+            except REDIS_ERRORS as exc:
+                raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
+            if status != b"running" or in_pool != pool.encode():
+                await self._pool_call(self._scripts.pool_add, keys, leave_args(keys.wake, run_id))
+            elif head:
+                try:
+                    member = Membership(pool, int(weight or 1), int(priority or 0))
+                except (ValueError, ValidationError):
+                    member = Membership(pool)
+                await self._pool_call(self._scripts.pool_add, keys,
+                                      add_args(keys.wake, run_id, member, ""))  # fmt: skip
+                woke = True
+        return woke
+
     @traced("agent_tasks")
     async def agent_tasks(self) -> list[TaskInfo]:
         """Every agent task of the bound run, in submit order: state, holder, attempt,
@@ -915,7 +1128,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     async def _renew_lease(self, lease: AsyncAgentLease) -> tuple[str, int]:
         """RENEW: ("ok" | "ended" | "released" | "cancelled", new expiry in unix ms); retried
         within the lease's remaining time, not the backend's retry budget."""
-        binding = self._need_run("renew")
+        binding = self._lease_binding(lease, "renew")
         left = max(RENEW_FLOOR, lease.time_left())  # (the monotonic clock, never the wall)
         policy = RetryPolicy(max_attempts=self._retry.max_attempts, deadline=left,
                              initial_delay=self._retry.initial_delay,
@@ -930,12 +1143,22 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         return outcome, int(reply[1])
 
     async def _release_lease(self, lease: AsyncAgentLease, failed: bool) -> None:
-        binding = self._need_run("release")
+        binding = self._lease_binding(lease, "release")
         args = (str(lease.agent_id), str(lease.token), lease.incarnation, "1" if failed else "0")
         bound = max(lease.time_left(), RELEASE_FLOOR)  # a partitioned holder never hangs here
-        await async_within(lambda: self._write(self._scripts.release_lease, args, binding,
-                                               lease, options=False),
-                           bound, "releasing the lease")  # fmt: skip
+        delta = await async_within(lambda: self._write(self._scripts.release_lease, args,
+                                                       binding, lease, options=False),
+                                   bound, "releasing the lease")  # fmt: skip
+        await self._pool_wake(binding, delta)
+
+    def _lease_binding(self, lease: AsyncAgentLease, op: str) -> Binding:
+        """The binding of ``lease``'s run: the bound one, or (after a claim from a pool moved
+        this backend to another run) one of its own, whose cache nobody reads."""
+        binding = self._need_run(op)
+        if binding.run_id == lease.run_id:
+            return binding
+        keys = run_keys(self._prefix, lease.run_id)
+        return Binding(lease.run_id, keys, RunCache(lease.run_id, keys))
 
     @traced("cancel")
     async def cancel(self) -> None:
@@ -948,8 +1171,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
     async def reset_status_to_running(self) -> None:
         """failed/cancelled/running -> running; :class:`NotResumableError` on a completed run."""
         binding = self._need_run("reset_status_to_running")
-        await self._write(self._scripts.reset_status_to_running, (), binding)
+        delta = await self._write(self._scripts.reset_status_to_running, (), binding)
         await self._index(binding)
+        await self._pool_wake(binding, delta)  # its tasks are ready again
 
     @traced("save_checkpoint")
     async def save_checkpoint(self, checkpoint: t.RunCheckpoint) -> None:
@@ -1042,3 +1266,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 idle_since = time.monotonic()
             elif not follow:
                 return
+
+
+def _woken(watch: PoolWatch, wakes: int) -> Callable[[], bool]:
+    """True once ``watch`` counted a wake after ``wakes``."""
+    return lambda: watch.wakes != wakes

@@ -1,0 +1,61 @@
+--[[
+  join_pool: set the run's pool membership and its limits (docs/pools.md): the run hash
+  fields pool, pool_weight, pool_priority, max_leases and max_tokens (plain text; the last
+  two absent when unlimited). The pool's own index (pool_add-3.lua, in the pool's slot) is
+  written by the client after this script, so a claim from the pool finds the run.
+
+  KEYS[1..11] the run's keys (see includes/call.lua)
+  ARGV[1] the run's change channel (see includes/call.lua)
+  ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
+  ARGS[1] pool name ("" leaves the pool)   ARGS[2] weight (1..1000)   ARGS[3] priority (0..9)
+  ARGS[4] max_leases ("n" or "s<count>")   ARGS[5] max_tokens ("n" or "s<count>")
+
+  Reply:  {the delta (op "pool"; R records of the fields, which are not checkpoint fields, or
+          one that changes nothing when every field already holds its value), the pool the
+          run was in before ("" none; "" also for a retry whose first reply was lost)}
+  Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
+]]
+--- @include "includes/call"
+--- @include "includes/fail"
+--- @include "includes/args"
+--- @include "includes/time"
+--- @include "includes/run"
+--- @include "includes/commit"
+
+local NAMES = {'pool', 'pool_weight', 'pool_priority', 'max_leases', 'max_tokens'}
+
+local function main()
+  local dup = dedup()
+  if dup then return {dup, ''} end
+  local pool = ARGS[1]
+  if pool == nil or not string.find(pool, '^[%w_.:-]*$') or #pool > 100 then
+    fail('BAD_ARG', 'pool name is malformed')
+  end
+  local weight = tonumber(arg_uint(ARGS[2], 'weight'))
+  local priority = tonumber(arg_uint(ARGS[3], 'priority'))
+  if weight < 1 or weight > 1000 or priority > 9 then
+    fail('BAD_ARG', 'weight must be 1..1000 and priority 0..9')
+  end
+  local max_leases, max_tokens = opt(ARGS[4], 'max_leases'), opt(ARGS[5], 'max_tokens')
+  if max_leases and tonumber(arg_uint(max_leases, 'max_leases')) < 1 then
+    fail('BAD_ARG', 'max_leases must be >= 1')
+  end
+  if max_tokens then arg_uint(max_tokens, 'max_tokens') end
+  local run = read_run(unpack(NAMES))
+  local want = {pool, ARGS[2], ARGS[3], max_leases, max_tokens}
+  if pool == '' then want = {} end
+  local set, drop, same = {}, {}, true
+  for i, name in ipairs(NAMES) do
+    if want[i] ~= run[3 + i] then same = false end
+    if want[i] then
+      set[#set + 1], set[#set + 2] = name, want[i]
+    elseif run[3 + i] then
+      drop[#drop + 1] = name
+    end
+  end
+  if same then return {unchanged(run, 'pool'), run[4] or ''} end
+  if #drop > 0 then redis.call('HDEL', K_RUN, unpack(drop)) end
+  return {commit(run, now_seconds(), 'pool', set), run[4] or ''}
+end
+
+--- @include "includes/main"

@@ -1,0 +1,305 @@
+"""Pools (docs/pools.md, issue 28): a fleet claims from many runs. Every case runs on
+fakeredis, a private redis-server and a private Redis Cluster (``redis_client``), through the
+sync and the asyncio front end (``make_frontend_backend``), unless it says otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from luft_redis import AgentDone, AgentStatus, AgentTask, TokenUsage, ValidationError
+from luft_redis._sync.fcall import call_function
+from luft_redis.keys import pool_keys, run_keys
+from luft_redis.scripts import library
+
+Make = Callable[..., Any]
+
+
+def _run(make: Make, pool: str | None, agents: int, **join: Any) -> tuple[Any, uuid.UUID]:
+    """A new run with ``agents`` tasks, in ``pool`` (joined with ``join``)."""
+    boss = make()
+    run_id = uuid.uuid4()
+    boss.init_run(run_id, "pooled", "/d")
+    if pool is not None:
+        boss.join_pool(pool, **join)
+    if agents:
+        boss.submit_agents([AgentTask(uuid.uuid4(), 0, {"i": i}) for i in range(agents)])
+    return boss, run_id
+
+
+def _done(lease: Any, tokens: int = 1, status: AgentStatus = AgentStatus.OK) -> AgentDone:
+    return AgentDone(run_id=lease.run_id, agent_id=lease.agent_id, status=status,
+                     tokens=TokenUsage(input=tokens), elapsed_ms=1)  # fmt: skip
+
+
+def _finish(worker: Any, lease: Any, tokens: int = 1) -> None:
+    worker.append_event(_done(lease, tokens), lease=lease)
+
+
+def _members(client: Any, pool: str) -> set[str]:
+    return {m.decode() for m in client.smembers(pool_keys("luft", pool).members)}
+
+
+def test_a_claim_from_a_pool_serves_every_run_in_turn_and_each_agent_once(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    runs = [_run(make_frontend_backend, "p", 4)[1] for _ in range(3)]
+    worker = make_frontend_backend(watch=False)
+    order, agents = [], []
+    while (lease := worker.claim_agent("w1", pool="p", lease_for=30)) is not None:
+        order.append(runs.index(lease.run_id))
+        agents.append((lease.run_id, lease.agent_id))
+        assert worker.run_id == lease.run_id  # the backend follows the lease's run
+        _finish(worker, lease)
+    assert len(agents) == 12 and len(set(agents)) == 12
+    assert [order[i : i + 3] for i in range(0, 12, 3)] == [order[:3]] * 4  # round-robin
+    assert sorted(order[:3]) == [0, 1, 2]
+    for run_id in runs:  # every agent done, through the pool
+        reader = make_frontend_backend(watch=False)
+        reader.open_run(run_id)
+        assert {task.state.value for task in reader.agent_tasks()} == {"done"}
+    assert redis_client.zcard(pool_keys("luft", "p").ready) == 0  # corrected as found empty
+
+
+def test_runs_share_by_weight_and_a_higher_priority_goes_first(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    heavy = _run(make_frontend_backend, "w", 40, weight=2)[1]
+    light = _run(make_frontend_backend, "w", 40, weight=1)[1]
+    worker = make_frontend_backend(watch=False)
+    first = []
+    for _ in range(30):
+        lease = worker.claim_agent("w", pool="w")
+        assert lease is not None
+        first.append(lease.run_id)
+    shares = Counter(first)
+    assert shares[heavy] == 20 and shares[light] == 10
+    urgent = _run(make_frontend_backend, "w", 3, priority=5)[1]
+    got = [worker.claim_agent("w", pool="w") for _ in range(4)]
+    assert [lease.run_id for lease in got[:3]] == [urgent] * 3
+    assert got[3] is not None and got[3].run_id in (heavy, light)
+
+
+def test_a_run_that_joins_later_gets_a_worker_within_one_round(
+    make_frontend_backend: Make,
+) -> None:
+    early = [_run(make_frontend_backend, "late", 50)[1] for _ in range(4)]
+    worker = make_frontend_backend(watch=False)
+    for _ in range(20):  # the early runs are well under way
+        assert worker.claim_agent("w", pool="late") is not None
+    newcomer = _run(make_frontend_backend, "late", 5)[1]
+    picked = [worker.claim_agent("w", pool="late").run_id for _ in range(len(early) + 1)]
+    assert newcomer in picked
+
+
+def test_finished_cancelled_deleted_and_moved_runs_leave_the_pool_by_themselves(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    cancelled, a = _run(make_frontend_backend, "gone", 2)
+    deleted, b = _run(make_frontend_backend, "gone", 2)
+    moved, c = _run(make_frontend_backend, "gone", 2)
+    _, d = _run(make_frontend_backend, "gone", 2)
+    assert _members(redis_client, "gone") == {str(a), str(b), str(c), str(d)}
+    cancelled.cancel()
+    deleted.delete_run()
+    moved.join_pool("elsewhere")  # leaves "gone" (the index of the first pool too)
+    worker = make_frontend_backend(watch=False)
+    seen = set()
+    while (lease := worker.claim_agent("w", pool="gone")) is not None:
+        seen.add(lease.run_id)
+    assert seen == {d}
+    assert _members(redis_client, "gone") == {str(d)}
+    assert _members(redis_client, "elsewhere") == {str(c)}
+    lease = worker.claim_agent("w", pool="elsewhere")
+    assert lease is not None and lease.run_id == c
+
+
+def test_a_stale_index_entry_of_a_run_in_another_pool_hands_out_nothing(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    """A run whose pool changed without its old index entry being removed (the client died
+    between the two calls): the claim in the run's slot sees the pool is not its own."""
+    boss, run_id = _run(make_frontend_backend, "old", 2)
+    keys = pool_keys("luft", "old")
+    boss.join_pool("new")
+    # the old index entry, put back as a crashed client would have left it
+    call_function(redis_client, library().ops.pool_add, list(keys),
+                  [keys.wake, "add", str(run_id), "1", "0", ""])  # fmt: skip
+    worker = make_frontend_backend(watch=False)
+    assert worker.claim_agent("w", pool="old") is None
+    assert _members(redis_client, "old") == set()
+    assert worker.claim_agent("w", pool="new") is not None
+
+
+def test_a_blocked_claim_wakes_when_any_run_of_the_pool_gets_work(
+    make_frontend_backend: Make,
+) -> None:
+    boss, run_id = _run(make_frontend_backend, "wake", 0)
+    worker = make_frontend_backend(watch=False)
+    agent = uuid.uuid4()
+
+    def later() -> None:
+        time.sleep(0.3)
+        boss.submit_agents([AgentTask(agent, 0, None)])
+
+    thread = threading.Thread(target=later)
+    started = time.monotonic()
+    thread.start()
+    lease = worker.claim_agent("w", pool="wake", timeout=20)
+    thread.join()
+    assert lease is not None and lease.agent_id == agent and lease.run_id == run_id
+    assert time.monotonic() - started < 10  # woken by the pool's channel, not the timeout
+
+
+def test_a_lapsed_lease_of_a_pooled_run_is_taken_over(make_frontend_backend: Make) -> None:
+    _, run_id = _run(make_frontend_backend, "lapse", 1)
+    dying = make_frontend_backend(watch=False)
+    first = dying.claim_agent("dying", pool="lapse", lease_for=0.3)
+    assert first is not None
+    heir = make_frontend_backend(watch=False)
+    started = time.monotonic()
+    second = heir.claim_agent("heir", pool="lapse", timeout=20)
+    assert second is not None and second.agent_id == first.agent_id and second.run_id == run_id
+    assert second.token > first.token and second.attempt == 2
+    assert time.monotonic() - started < 10  # the sleep set's time, not the timeout
+
+
+def test_max_leases_bounds_a_runs_leases_and_a_finish_frees_a_slot(
+    make_frontend_backend: Make,
+) -> None:
+    _, capped = _run(make_frontend_backend, "cap", 5, max_leases=2)
+    worker = make_frontend_backend(watch=False)
+    leases = [worker.claim_agent("w", pool="cap", lease_for=60) for _ in range(3)]
+    assert [lease is not None for lease in leases] == [True, True, False]
+    bound = make_frontend_backend(watch=False)  # a bound claim keeps the limit too
+    bound.open_run(capped)
+    assert bound.claim_agent("b") is None
+    _finish(worker, leases[1])
+    again = make_frontend_backend(watch=False).claim_agent("w2", pool="cap", timeout=10)
+    assert again is not None and again.run_id == capped
+
+
+def test_a_run_over_its_token_budget_hands_out_no_agent_until_it_is_raised(
+    make_frontend_backend: Make,
+) -> None:
+    boss, run_id = _run(make_frontend_backend, "budget", 3, max_tokens=100)
+    worker = make_frontend_backend(watch=False)
+    lease = worker.claim_agent("w", pool="budget")
+    assert lease is not None
+    _finish(worker, lease, tokens=100)  # total_tokens reaches max_tokens
+    assert worker.claim_agent("w", pool="budget") is None
+    bound = make_frontend_backend(watch=False)
+    bound.open_run(run_id)
+    assert bound.claim_agent("b") is None
+    assert bound.pool_membership().over_budget(100)
+    boss.join_pool("budget", max_tokens=1000)  # raised: woken in the pool
+    assert worker.claim_agent("w", pool="budget") is not None
+
+
+def test_a_wake_lost_with_its_writer_is_found_by_a_claims_sweep(
+    make_frontend_backend: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer dies between its submit (the run's slot) and the wake (the pool's slot):
+    a claim waiting on the pool finds the run by its sweep of the members."""
+    from luft_redis._sync import backend as sync_backend
+    from luft_redis.asyncio import backend as async_backend
+
+    for module in (sync_backend, async_backend):
+        monkeypatch.setattr(module, "SWEEP_INTERVAL", 0.3)
+    boss, run_id = _run(make_frontend_backend, "sweep", 0)
+    worker = make_frontend_backend(watch=False)
+    assert worker.claim_agent("w", pool="sweep") is None  # found empty: out of the ready set
+    agent = uuid.uuid4()
+    backend_class = type(getattr(boss, "wrapped", boss))
+    asynchronous = backend_class is async_backend.AsyncRedisCheckpointBackend
+    monkeypatch.setattr(backend_class, "_pool_wake", _async_no_wake if asynchronous else _no_wake)
+    boss.submit_agents([AgentTask(agent, 0, None)])  # as a writer that died before its wake
+    monkeypatch.undo()
+    for module in (sync_backend, async_backend):
+        monkeypatch.setattr(module, "SWEEP_INTERVAL", 0.3)
+    started = time.monotonic()
+    lease = worker.claim_agent("w", pool="sweep", timeout=20)
+    assert lease is not None and lease.agent_id == agent and lease.run_id == run_id
+    assert time.monotonic() - started < 10
+
+
+async def _async_no_wake(*args: Any) -> None:
+    return None
+
+
+def _no_wake(*args: Any) -> None:
+    return None
+
+
+def test_a_pick_racing_a_submit_loses_no_wake_up(redis_client: Any) -> None:
+    """The index's correction keeps a run whose wake came after what the failed try saw."""
+    keys = pool_keys("luft", "race")
+    ops = library().ops
+    rid = str(uuid.uuid4())
+
+    def add(tag: str) -> Any:
+        return call_function(redis_client, ops.pool_add, list(keys),
+                             [keys.wake, "add", rid, "1", "0", tag])  # fmt: skip
+
+    def pick(*fix: str) -> list[Any]:
+        return list(call_function(redis_client, ops.pool_pick, list(keys), [keys.wake, *fix]))
+
+    add("inc-1 5")
+    assert pick("", "", "", "")[0] == rid.encode()
+    # a try that saw version 4 found nothing; the wake of version 5 came after it: kept
+    assert pick(rid, "empty", "", "inc-1 4")[0] == rid.encode()
+    # a try that saw version 5 (or later) found nothing: out of the ready set
+    assert pick(rid, "empty", "", "inc-1 5") == [b"", b""]
+    add("inc-1 9")
+    # another incarnation seen: tried once more, then dropped
+    assert pick("", "", "", "")[0] == rid.encode()
+    assert pick(rid, "wait", "60000", "inc-2 1")[0] == rid.encode()
+    reply = pick(rid, "wait", "60000", "inc-2 1")
+    assert reply[0] == b"" and 59_000 <= int(reply[1]) <= 60_000  # sleeping until the lapse
+    assert redis_client.sismember(keys.members, rid)
+    pick(rid, "gone", "", "")
+    assert not redis_client.sismember(keys.members, rid)
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"pool": "a b"}, "pool"), ({"pool": ""}, "pool"), ({"pool": "x" * 101}, "pool"),
+    ({"weight": 0}, "weight"), ({"weight": 1001}, "weight"), ({"weight": True}, "weight"),
+    ({"priority": 10}, "priority"), ({"priority": -1}, "priority"),
+    ({"max_leases": 0}, "max_leases"), ({"max_tokens": -1}, "max_tokens"),
+])  # fmt: skip
+def test_join_pool_checks_its_input_and_writes_nothing(
+    redis_client: Any, make_frontend_backend: Make, kwargs: dict[str, Any], named: str
+) -> None:
+    boss, run_id = _run(make_frontend_backend, None, 0)
+    before = redis_client.hgetall(run_keys("luft", run_id).run)
+    with pytest.raises(ValidationError) as caught:
+        boss.join_pool(**{"pool": "ok", **kwargs})
+    assert caught.value.field == named
+    assert redis_client.hgetall(run_keys("luft", run_id).run) == before
+    with pytest.raises(ValidationError):
+        make_frontend_backend(watch=False).claim_agent("w", pool="a b")
+
+
+def test_pool_fields_are_plain_text_in_the_run_hash(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    boss, run_id = _run(make_frontend_backend, "text", 0, weight=3, priority=2, max_leases=4,
+                        max_tokens=5000)  # fmt: skip
+    fields = redis_client.hmget(run_keys("luft", run_id).run, "pool", "pool_weight",
+                                "pool_priority", "max_leases", "max_tokens")  # fmt: skip
+    assert fields == [b"text", b"3", b"2", b"4", b"5000"]
+    reader = make_frontend_backend(watch=False)
+    reader.open_run(run_id)
+    member = reader.pool_membership()
+    assert (member.pool, member.weight, member.priority, member.max_leases,
+            member.max_tokens) == ("text", 3, 2, 4, 5000)  # fmt: skip
+    boss.leave_pool()
+    assert redis_client.hmget(run_keys("luft", run_id).run, "pool", "max_tokens") == [None, None]
+    assert _members(redis_client, "text") == set()
