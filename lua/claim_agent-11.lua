@@ -77,8 +77,8 @@ local function main()
   if run[5] then -- at most max_leases live leases: else wait for the earliest to end
     local live = read_key(11, 'zset', 'ZCOUNT', '(' .. now, '+inf')
     if live >= tonumber(stored_uint(K_RUN, 'max_leases', run[5])) then
-      local first = redis.call('ZRANGEBYSCORE', K_QUEUE, '(' .. now, '+inf', 'WITHSCORES',
-        'LIMIT', 0, 1)
+      local first = redis.call('ZRANGE', K_QUEUE, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+        'WITHSCORES')
       return {unchanged(run, 'claim'), '', first[2] and whole(tonumber(first[2]) - now) or '0'}
     end
   end

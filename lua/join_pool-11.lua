@@ -12,12 +12,14 @@
 
   Reply:  {the delta (op "pool"; R records of the fields, which are not checkpoint fields, or
           one that changes nothing when every field already holds its value), the pool the
-          run was in before ("" none; "" also for a retry whose first reply was lost)}
+          run was in before ("" none), also for a retry whose first reply was lost (kept in
+          the writers hash under "<writer> pool")}
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/call"
 --- @include "includes/fail"
 --- @include "includes/args"
+--- @include "includes/keytypes"
 --- @include "includes/time"
 --- @include "includes/run"
 --- @include "includes/commit"
@@ -25,8 +27,12 @@
 local NAMES = {'pool', 'pool_weight', 'pool_priority', 'max_leases', 'max_tokens'}
 
 local function main()
+  local memo_field = WRITER .. ' pool'
   local dup = dedup()
-  if dup then return {dup, ''} end
+  if dup then -- a retry: the pool it was in before, as the first attempt found it
+    local seq, before = string.match(read_key(9, 'hash', 'HGET', memo_field) or '', '^(%d+) ?(.*)$')
+    return {dup, seq == WRITER_SEQ and before or ''}
+  end
   local pool = ARGS[1]
   if pool == nil or not string.find(pool, '^[%w_.:-]*$') or #pool > 100 then
     fail('BAD_ARG', 'pool name is malformed')
@@ -55,7 +61,9 @@ local function main()
   end
   if same then return {unchanged(run, 'pool'), run[4] or ''} end
   if #drop > 0 then redis.call('HDEL', K_RUN, unpack(drop)) end
-  return {commit(run, now_seconds(), 'pool', set), run[4] or ''}
+  local before = run[4] or ''
+  return {commit(run, now_seconds(), 'pool', set, nil, {memo_field, WRITER_SEQ .. ' ' .. before}),
+    before}
 end
 
 --- @include "includes/main"

@@ -28,6 +28,7 @@ key                                    type    holds
 ``<prefix>:{pool:<name>}:ready``       zset    run -> tier and pass (fair shares)
 ``<prefix>:{pool:<name>}:sleep``       zset    run -> unix ms when its first lease lapses
 ``<prefix>:{pool:<name>}:members``     set     the runs of the pool
+``<prefix>:{pool:<name>}:pick:<w>``    string  backend w's last pick (a retry gets it again)
 ``<prefix>:{pool:<name>}:wake``        -       sharded pub/sub channel: a run has work
 =====================================  ======  ================================================
 
@@ -181,7 +182,7 @@ _POOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 class PoolKeys(NamedTuple):
-    """The keys of one pool's index, in the order ``pool_add-4.lua`` and ``pool_pick-4.lua``
+    """The keys of one pool's index, in the order ``pool_add-4.lua`` and ``pool_pick-5.lua``
     receive them, all tagged ``{pool:<name>}`` (one slot), and (:attr:`wake`) its channel."""
 
     pool: str
@@ -193,6 +194,10 @@ class PoolKeys(NamedTuple):
     def wake(self) -> str:
         """The pool's wake channel (SSUBSCRIBE): a run of the pool may have claimable work."""
         return self.pool[: -len("pool")] + "wake"
+
+    def pick_memo(self, writer: str) -> str:
+        """The key remembering the last pick of backend ``writer`` (``pool_pick-5.lua``)."""
+        return self.pool[: -len("pool")] + "pick:" + writer
 
 
 def check_pool_name(name: object) -> str:

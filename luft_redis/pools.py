@@ -3,7 +3,7 @@ membership and its limits, the arguments and replies of the pool scripts, and th
 wakes a blocked claim from a pool.
 
 A run joins a pool (``join_pool``; ``init_run(..., pool=)``, ``submit_agents(..., pool=)``);
-a worker claims from the pool (``claim_agent(worker, pool=...)``): ``lua/pool_pick-4.lua``
+a worker claims from the pool (``claim_agent(worker, pool=...)``): ``lua/pool_pick-5.lua``
 picks a run in the pool's slot (weighted fair shares, priority first), then
 ``lua/claim_agent-11.lua`` claims in the run's slot as a bound claim does. A run found with
 nothing to claim is corrected in the pool's index by the next pick; a write that may give a
@@ -142,7 +142,7 @@ def membership_of_run(flat: Sequence[Any], key: str) -> Membership | None:
 
 @dataclasses.dataclass(frozen=True)
 class Pick:
-    """What ``pool_pick-4.lua`` replied: a run to try (``run_id``, with its weight and
+    """What ``pool_pick-5.lua`` replied: a run to try (``run_id``, with its weight and
     priority), or none ready and ``wait_ms`` until a sleeping run is due (None: none)."""
 
     run_id: uuid.UUID | None
@@ -152,7 +152,7 @@ class Pick:
 
 
 def parse_pick(reply: Any, key: str) -> Pick:
-    """The :class:`Pick` of a ``pool_pick-4.lua`` reply (CorruptDataError when unreadable)."""
+    """The :class:`Pick` of a ``pool_pick-5.lua`` reply (CorruptDataError when unreadable)."""
     try:
         run, a, b = (bytes(part) for part in [*list(reply), b""][:3])
         if not run:
@@ -166,7 +166,7 @@ NO_CORRECTION = ("", "", "", "")
 
 
 def correction(run_id: uuid.UUID, claim: Claim | None, tag: str) -> tuple[str, str, str, str]:
-    """ARGV[2..5] of the next ``pool_pick-4.lua`` after a try of ``run_id`` that claimed
+    """ARGV[2..5] of the next ``pool_pick-5.lua`` after a try of ``run_id`` that claimed
     nothing: ``claim`` None when the run does not exist."""
     if claim is None or (claim.not_running is not None and claim.not_running != "budget"):
         return (str(run_id), "gone", "", tag)

@@ -66,7 +66,7 @@ from luft_redis.asyncio.interop import import_run as async_import_run
 from luft_redis.asyncio.retention import collect_garbage as async_collect_garbage
 from luft_redis.index import run_status_key
 from luft_redis.interop import checkpoint_json, import_run
-from luft_redis.keys import run_index_key, run_keys
+from luft_redis.keys import pool_keys, run_index_key, run_keys
 from luft_redis.retention import collect_garbage
 from luft_redis.scripts import READ_ONLY, SCRIPT_NAMES, library
 
@@ -362,6 +362,16 @@ class Case:
     """Front ends with this operation (the sync-only tools: issue 27 writes them once)."""
 
 
+def _pooled(ctx: Ctx) -> None:
+    backend = ctx.bound()
+    backend.join_pool("fm")
+    backend.submit_agents([AgentTask(AGENTS[i], 0, {"i": i}) for i in range(2)])
+
+
+def _joined(ctx: Ctx) -> None:
+    ctx.bound().join_pool("fm")
+
+
 def _make(ctx: Ctx) -> None:
     ctx.backend = ctx.make()
 
@@ -419,6 +429,17 @@ CASES: dict[str, Case] = {
     "restore_run_staging": Case("save_checkpoint", _finished, _imported),
     "index_status": Case("index_status", Ctx.bound, lambda c: c.backend.cancel()),
     "index_status_delete": Case("index_status", Ctx.bound, lambda c: c.backend.delete_run()),
+    "join_pool": Case("join_pool", Ctx.bound,
+                      lambda c: c.backend.join_pool("fm", weight=2, max_leases=3)),
+    "join_pool_move": Case("join_pool", _pooled, lambda c: c.backend.join_pool("other")),
+    "leave_pool": Case("join_pool", _pooled, lambda c: c.backend.leave_pool()),
+    "pool_add_submit": Case("pool_add", _joined, lambda c: c.backend.submit_agents(
+        [AgentTask(AGENTS[i], 1, {"i": i}) for i in range(3)])),
+    "pool_add_leave": Case("pool_add", _pooled, lambda c: c.backend.join_pool("other")),
+    "pool_pick": Case("pool_pick", _pooled, lambda c: _lease_view(
+        c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
+    "pool_pick_empty": Case("pool_pick", _joined, lambda c: _lease_view(
+        c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
 }  # fmt: skip
 
 
@@ -450,6 +471,22 @@ def _index(direct: Any) -> Any:
     return listed, status, dataclasses.asdict(counts)
 
 
+def _pools(direct: Any) -> dict[str, Any]:
+    """The pools' indexes (the cases use "fm" and "other"): what the ready set holds, with
+    its scores (the fair shares), who sleeps, the members, the versions of the wake tags and
+    the last picks (incarnations and sleep times differ from run to run: masked)."""
+    out: dict[str, Any] = {}
+    for name in ("fm", "other"):
+        keys = pool_keys(PREFIX, name)
+        index = {k: (v.split()[-1] if k.endswith(b":t") else v)
+                 for k, v in direct.hgetall(keys.pool).items()}  # fmt: skip
+        picks = sorted(direct.get(k) for k in direct.scan_iter(match=keys.pick_memo("*")))
+        out[name] = (index, direct.zrange(keys.ready, 0, -1, withscores=True),
+                     direct.zrange(keys.sleep, 0, -1), sorted(direct.smembers(keys.members)),
+                     picks)  # fmt: skip
+    return out
+
+
 def _stored(direct: Any) -> dict[str, Any]:
     """What a fresh reader finds: the run, its log, its tasks, its version and lease counter,
     and its index entry."""
@@ -466,6 +503,7 @@ def _stored(direct: Any) -> dict[str, Any]:
         run = run_keys(PREFIX, RUN).run
         found["version"] = direct.hmget(run, "version", "lease_token", "status")
         found["index"] = _index(direct)
+        found["pools"] = _pools(direct)
         return found
     finally:
         reader.close()

@@ -248,8 +248,11 @@ def test_a_pick_racing_a_submit_loses_no_wake_up(redis_client: Any) -> None:
         return call_function(redis_client, ops.pool_add, list(keys),
                              [keys.wake, "add", rid, "1", "0", tag])  # fmt: skip
 
+    seq = iter(range(1, 100))
+
     def pick(*fix: str) -> list[Any]:
-        return list(call_function(redis_client, ops.pool_pick, list(keys), [keys.wake, *fix]))
+        return list(call_function(redis_client, ops.pool_pick, [*keys, keys.pick_memo("t")],
+                                  [keys.wake, *fix, str(next(seq))]))  # fmt: skip
 
     add("inc-1 5")
     assert pick("", "", "", "")[0] == rid.encode()
@@ -303,3 +306,46 @@ def test_pool_fields_are_plain_text_in_the_run_hash(
     boss.leave_pool()
     assert redis_client.hmget(run_keys("luft", run_id).run, "pool", "max_tokens") == [None, None]
     assert _members(redis_client, "text") == set()
+
+
+def _jain(shares: list[int]) -> float:
+    return sum(shares) ** 2 / (len(shares) * sum(x * x for x in shares))
+
+
+@pytest.mark.parametrize("weights", [(1,) * 10, (2,) * 5 + (1,) * 5], ids=["equal", "2:1"])
+def test_four_workers_share_a_pool_of_ten_runs_fairly(
+    redis_client: Any, make_backend: Make, weights: tuple[int, ...]
+) -> None:
+    """Issue 28: 10 runs of 100 agents, 4 workers: each run's share of the first 500 claims
+    is within 10% of its weight's due (Jain's index >= 0.95 for equal weights)."""
+    runs = [_run(make_backend, "fair", 100, weight=w)[1] for w in weights]
+    claims: list[uuid.UUID] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(name: str) -> None:
+        backend = make_backend(watch=False)
+        try:
+            while True:
+                lease = backend.claim_agent(name, pool="fair", lease_for=60)
+                assert lease is not None
+                with lock:
+                    if len(claims) >= 500:
+                        return
+                    claims.append(lease.run_id)
+                _finish(backend, lease)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors and len(claims) == 500
+    counts = Counter(claims)
+    shares = [counts[run_id] for run_id in runs]
+    due = [500 * w / sum(weights) for w in weights]
+    assert all(abs(got - want) <= 0.1 * want for got, want in zip(shares, due, strict=True)), shares
+    if len(set(weights)) == 1:
+        assert _jain(shares) >= 0.95

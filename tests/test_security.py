@@ -29,6 +29,7 @@ from luft_redis import (
     AgentSessionCheckpoint,
     AgentStarted,
     AgentStatus,
+    AgentTask,
     AsyncRedisCheckpointBackend,
     CheckpointStatus,
     Durability,
@@ -43,7 +44,7 @@ from luft_redis import (
     retention,
 )
 from luft_redis.errors import AuthenticationError, PermissionDeniedError, TLSError
-from luft_redis.keys import TOMBSTONE_TTL, run_index_key, run_keys, tombstone_key
+from luft_redis.keys import TOMBSTONE_TTL, pool_keys, run_index_key, run_keys, tombstone_key
 from luft_redis.scripts import SCRIPT_NAMES, library, script_source
 from luft_redis.tools import cli
 from luft_redis.tools.doctor import check_server
@@ -56,7 +57,8 @@ ACL_COMMANDS = (
     "+fcall +fcall_ro +function|load +xrange +xrevrange +xlen +scan +time +hgetall +hmget +hget "
     "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +llen +lrange +lrem +rpush +xadd "
     "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping "
-    "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore +hincrby"
+    "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore +hincrby +zcount +zscore +sadd +srem "
+    "+sismember +srandmember +get +set"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 #: What docs/security.md adds to the user for each option that needs more.
@@ -65,7 +67,8 @@ ACL_CLUSTER = "ACL SETUSER luft +cluster|slots +cluster|shards +cluster|nodes +r
 PASSWORD = "s3cret-for-tests"
 
 _DOC = Path(__file__).resolve().parent.parent / "docs" / "security.md"
-_CALL = re.compile(r"""redis\.p?call\(\s*['"]([A-Za-z]+)['"]""")
+_CALL = re.compile(
+    r"""(?:redis\.p?call\(\s*|read_key\(\d+,\s*'[a-z]+',\s*)['"]([A-Za-z]+)['"]""")
 
 
 def _in_ci() -> bool:
@@ -120,9 +123,20 @@ def _lifecycle(backend: RedisCheckpointBackend, reader: RedisCheckpointBackend) 
     saved = reader.get_checkpoint()
     assert saved is not None
     reader.save_checkpoint(saved)
+    # pools: join, submit (a wake), a claim from the pool under limits, its finish, a sweep
+    pooled = uuid.uuid4()
+    reader.join_pool("secure", max_leases=2, max_tokens=10**6)
+    reader.submit_agents([AgentTask(pooled, 0, {"p": 1})])
+    lease = backend.claim_agent("w", pool="secure")
+    assert lease is not None and lease.agent_id == pooled
+    done = AgentDone(run_id=run_id, agent_id=pooled, status=AgentStatus.OK,
+                     tokens=TokenUsage(input=1), elapsed_ms=1)  # fmt: skip
+    backend.append_event(done, lease=lease)
+    assert backend.claim_agent("w", pool="secure") is None
+    assert backend._sweep_pool(pool_keys("luft", "secure")) is False  # (srandmember, reads)
     reader.append_event(
         RunDone(
-            run_id=run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage(input=30, output=12)
+            run_id=run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage(input=31, output=12)
         )
     )
     assert run_id in reader.list_runs()

@@ -239,6 +239,7 @@ class RedisCheckpointBackend(FrontEnd):
         """A writer identity and locks of this process (also after a fork)."""
         self._writer_id = uuid.uuid4().hex
         self._op_seq = 0
+        self._pick_seq = 0
         self._io_lock = Lock()  # one write at a time: operation numbers in order
         self._bind_lock = Lock()  # one init_run/open_run at a time
         self._state_lock = StateLock()  # callbacks and waiters
@@ -992,9 +993,10 @@ class RedisCheckpointBackend(FrontEnd):
             self._pool_call(self._scripts.pool_add, keys,
                                   leave_args(keys.wake, binding.run_id))  # fmt: skip
 
-    def _pool_call(self, fn: Function, keys: PoolKeys, args: Sequence[str]) -> Any:
-        """One pool script, retried by this backend's policy."""
-        key_list = list(keys)
+    def _pool_call(self, fn: Function, keys: PoolKeys, args: Sequence[str],
+                         *more: str) -> Any:  # fmt: skip
+        """One pool script (on the pool's keys and ``more``), retried by the backend's policy."""
+        key_list = [*keys, *more]
         return self._retried(
             lambda: call_function(self._client, fn, key_list, args, cluster=self._cluster), None)
 
@@ -1022,7 +1024,10 @@ class RedisCheckpointBackend(FrontEnd):
         try:
             while True:
                 wakes = watch.wakes if watch is not None else 0
-                reply = self._pool_call(self._scripts.pool_pick, keys, (keys.wake, *fix))
+                self._pick_seq += 1  # one number for every retry of this pick
+                reply = self._pool_call(self._scripts.pool_pick, keys,
+                                              (keys.wake, *fix, str(self._pick_seq)),
+                                              keys.pick_memo(self._writer_id))  # fmt: skip
                 pick = parse_pick(reply, keys.ready)
                 if pick.run_id is not None:
                     lease, fix = self._claim_in(pick.run_id, keys, pick, worker, duration)

@@ -238,6 +238,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """A writer identity and locks of this process (also after a fork)."""
         self._writer_id = uuid.uuid4().hex
         self._op_seq = 0
+        self._pick_seq = 0
         self._io_lock = AsyncLock()  # one write at a time: operation numbers in order
         self._bind_lock = AsyncLock()  # one init_run/open_run at a time
         self._state_lock = AsyncStateLock()  # callbacks and waiters
@@ -991,9 +992,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             await self._pool_call(self._scripts.pool_add, keys,
                                   leave_args(keys.wake, binding.run_id))  # fmt: skip
 
-    async def _pool_call(self, fn: Function, keys: PoolKeys, args: Sequence[str]) -> Any:
-        """One pool script, retried by this backend's policy."""
-        key_list = list(keys)
+    async def _pool_call(self, fn: Function, keys: PoolKeys, args: Sequence[str],
+                         *more: str) -> Any:  # fmt: skip
+        """One pool script (on the pool's keys and ``more``), retried by the backend's policy."""
+        key_list = [*keys, *more]
         return await self._retried(
             lambda: call_function(self._client, fn, key_list, args, cluster=self._cluster), None)
 
@@ -1021,7 +1023,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         try:
             while True:
                 wakes = watch.wakes if watch is not None else 0
-                reply = await self._pool_call(self._scripts.pool_pick, keys, (keys.wake, *fix))
+                self._pick_seq += 1  # one number for every retry of this pick
+                reply = await self._pool_call(self._scripts.pool_pick, keys,
+                                              (keys.wake, *fix, str(self._pick_seq)),
+                                              keys.pick_memo(self._writer_id))  # fmt: skip
                 pick = parse_pick(reply, keys.ready)
                 if pick.run_id is not None:
                     lease, fix = await self._claim_in(pick.run_id, keys, pick, worker, duration)

@@ -2,12 +2,17 @@
   pool_pick: pick the run a claim from the pool tries next (docs/pools.md), after applying
   what the previous try found.
 
-  KEYS[1..4] the pool's keys (see includes/pool.lua)   ARGV[1] the pool's wake channel
+  KEYS[1..4] the pool's keys (see includes/pool.lua)
+  KEYS[5] the claiming backend's pick memo  string  "<pick seq> <run> <weight> <priority>" of
+          its last pick, expiring after PICK_MEMO_MS: a retry of the same pick (its reply
+          lost) gets that pick again, and no pass advances twice
+  ARGV[1] the pool's wake channel
   ARGV[2] the run the previous try of this claim found nothing to claim in ("" none)
   ARGV[3] what it found: "gone" (no such run, or not running: it leaves the pool), "empty"
           (nothing ready or leased, or over its token budget), "wait" (only leases: the
           earliest lapses in ARGV[4] ms)
   ARGV[4] ms (for "wait")   ARGV[5] the run's tag "<incarnation> <version>" as that try saw it
+  ARGV[6] the pick's sequence number (the same for every retry of one pick)
 
   A run found empty or waiting leaves the ready set only when no wake came after what the
   try saw (its stored tag is not newer), so a submit racing with the try is never lost; a
@@ -23,6 +28,7 @@
 --- @include "includes/pool"
 
 local DUE = 64 -- sleeping runs moved back to the ready set by one pick, at most
+local PICK_MEMO_MS = 600000
 
 -- May run `rid` leave the ready set, given the tag its try saw?
 local function may_drop(rid, seen)
@@ -38,7 +44,13 @@ local function may_drop(rid, seen)
 end
 
 local function main()
-  local rid, kind = ARGV[2], ARGV[3]
+  local rid, kind, seq = ARGV[2], ARGV[3], ARGV[6]
+  if seq == nil or not string.find(seq, '^%d+$') then fail('BAD_ARG', 'pool: pick sequence') end
+  local memo = redis.call('GET', KEYS[5])
+  if memo then
+    local mseq, mrun, mw, mp = string.match(memo, '^(%d+) (%S+) (%d+) (%d)$')
+    if mseq == seq then return {mrun, mw, mp} end
+  end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if rid == nil or kind == nil then fail('BAD_ARG', 'pool: expected a run and what was found') end
@@ -59,7 +71,7 @@ local function main()
     end
   end
   local vt = pool_vt()
-  local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, DUE)
+  local due = redis.call('ZRANGE', KEYS[3], '-inf', now, 'BYSCORE', 'LIMIT', 0, DUE)
   for i = 1, #due do
     local _, p = pool_member(due[i])
     pool_ready(due[i], p, vt)
@@ -75,6 +87,7 @@ local function main()
   local pass = tonumber(first[2]) - (9 - p) * TIER
   redis.call('ZADD', KEYS[2], (9 - p) * TIER + pass + 1000 / w, pick)
   redis.call('HSET', KEYS[1], 'vt', tostring(pass))
+  redis.call('SET', KEYS[5], seq .. ' ' .. pick .. ' ' .. w .. ' ' .. p, 'PX', PICK_MEMO_MS)
   return {pick, tostring(w), tostring(p)}
 end
 
