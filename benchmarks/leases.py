@@ -5,6 +5,7 @@ Run from the repository root::
     .venv/bin/python -m benchmarks.leases            # full run (a minute or two)
     .venv/bin/python -m benchmarks.leases --smoke    # tiny sizes: does it run? (CI)
     .venv/bin/python -m benchmarks.leases --json out.json --redis-server /usr/bin/redis-server
+    .venv/bin/python -m benchmarks.leases --only pool    # one section
 
 One private redis-server (no persistence) pinned to one cpu, the clients to another
 (``benchmarks.pinning``), as ``benchmarks.run`` does. Every subject is compared with a
@@ -19,7 +20,9 @@ baseline measured in the same run, interleaved (A/B/A/B), because the machine is
   another thread with its own backend) returning the lease: p50 and p99, the submit's own
   round trip included (no target: a figure to watch);
 - 1, 2 and 4 worker processes running 2,000 empty agents (claim, fenced ``agent_started``,
-  fenced ``agent_done``) on one run: agents/s and client CPU per agent.
+  fenced ``agent_done``) on one run: agents/s and client CPU per agent;
+- a claim from a pool of 1,000 running runs, each with one ready agent, against a claim from
+  one bound run (docs/pools.md; target <= 1.3x).
 """
 
 from __future__ import annotations
@@ -65,10 +68,12 @@ class Sizes:
     wakes: int  # submit-to-wake samples
     agents: int  # agents of the worker-process rows
     workers: tuple[int, ...]  # worker-process counts
+    pool_runs: int  # runs of the pool (one agent each): claims from the pool timed
 
 
-FULL = Sizes(rounds=5, claims=400, cycles=200, wakes=300, agents=2000, workers=(1, 2, 4))
-SMOKE = Sizes(rounds=1, claims=20, cycles=10, wakes=10, agents=40, workers=(1, 2))
+FULL = Sizes(rounds=5, claims=400, cycles=200, wakes=300, agents=2000, workers=(1, 2, 4),
+             pool_runs=1000)  # fmt: skip
+SMOKE = Sizes(rounds=1, claims=20, cycles=10, wakes=10, agents=40, workers=(1, 2), pool_runs=40)
 
 
 def _started(run_id: uuid.UUID, agent: uuid.UUID) -> AgentStarted:
@@ -152,6 +157,53 @@ def section_claim(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
             ratio, "<= 1.10x", _verdict(ratio <= 1.10),
             f"p99 {pct(claims, 0.99):.0f} us vs {pct(appends, 0.99):.0f} us; "
             f"{len(claims)} claims"),
+    ]  # fmt: skip
+
+
+def section_pool(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
+    """A claim from a pool of ``pool_runs`` running runs, each with one ready agent, against
+    a claim from one bound run (issue 28: <= 1.3x), interleaved in chunks of 20. The pool's
+    worker is bound to no run first and follows each lease's run without loading it."""
+    n = sizes.pool_runs
+    boss = RedisCheckpointBackend(redis.Redis.from_url(url), prefix=PREFIX, watch=False)
+    for _ in range(n + 20):
+        boss.init_run(uuid.uuid4(), "pool benchmark", "/tmp/bench", pool="bench")
+        _submit(boss, 1)
+    bound, _ = _new_run(url, n + 20)
+    worker = RedisCheckpointBackend(redis.Redis.from_url(url), prefix=PREFIX, watch=False)
+
+    def pooled() -> None:
+        if worker.claim_agent("bench", pool="bench", lease_for=600.0) is None:
+            raise RuntimeError("nothing to claim from the pool")
+
+    for _ in range(20):
+        pooled()  # warm-up
+        _claim(bound)
+    pool_us: list[float] = []
+    bound_us: list[float] = []
+    clock = time.perf_counter_ns
+    done = 0
+    while done < n:
+        k = min(20, n - done)
+        for _ in range(k):
+            t0 = clock()
+            pooled()
+            pool_us.append((clock() - t0) / 1000)
+        for _ in range(k):
+            t0 = clock()
+            _claim(bound)
+            bound_us.append((clock() - t0) / 1000)
+        done += k
+    for backend in (boss, bound, worker):
+        _close(backend)
+    raw["pool"] = {"pool_us": pool_us, "bound_us": bound_us}
+    p50, b50 = median(pool_us), median(bound_us)
+    ratio = p50 / b50
+    return [
+        Row("pool_claim_p50", f"claim from a pool of {n} runs p50", p50, "us", b50, "us",
+            "claim_agent (bound) p50", ratio, "<= 1.30x", _verdict(ratio <= 1.30),
+            f"p99 {pct(pool_us, 0.99):.0f} us vs {pct(bound_us, 0.99):.0f} us; "
+            f"two round trips (pick in the pool's slot, claim in the run's) against one"),
     ]  # fmt: skip
 
 
@@ -323,7 +375,7 @@ def section_workers(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
     return rows
 
 
-SECTIONS = ("claim", "cycle", "wake", "workers")
+SECTIONS = ("claim", "cycle", "wake", "workers", "pool")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -332,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI): a few seconds")
     parser.add_argument("--json", metavar="PATH", help="also write the raw numbers as JSON")
     parser.add_argument("--redis-server", metavar="PATH", help="redis-server binary to start")
+    parser.add_argument("--only", choices=SECTIONS, action="append",
+                        help="run only this section (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
     binary = args.redis_server or find_redis_server()
@@ -356,8 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cycle": lambda: section_cycle(server.url, sizes, raw),
             "wake": lambda: section_wake(server.url, sizes, raw),
             "workers": lambda: section_workers(server.url, sizes, raw),
+            "pool": lambda: section_pool(server.url, sizes, raw),
         }
-        for name in SECTIONS:
+        for name in args.only or SECTIONS:
             t0 = time.perf_counter()
             rows += steps[name]()
             print(f"  [{name}: {time.perf_counter() - t0:.1f} s]", file=sys.stderr, flush=True)

@@ -1,27 +1,30 @@
 --[[
-  pool_pick: pick the run a claim from the pool tries next (docs/pools.md), after applying
-  what the previous try found.
+  pool_pick: pick the runs a claim from the pool tries next (docs/pools.md), after applying
+  what earlier tries found.
 
   KEYS[1..4] the pool's keys (see includes/pool.lua)
-  KEYS[5] the claiming backend's pick memo  string  "<pick seq> <run> <weight> <priority>" of
-          its last pick, expiring after PICK_MEMO_MS: a retry of the same pick (its reply
-          lost) gets that pick again, and no pass advances twice
+  KEYS[5] the claiming backend's pick memo  string  "<pick seq> <run> <weight> <priority> ..."
+          of its last pick, expiring after PICK_MEMO_MS: a retry of the same pick (its reply
+          lost) gets those runs again, and no pass advances twice
   ARGV[1] the pool's wake channel
-  ARGV[2] the run the previous try of this claim found nothing to claim in ("" none)
-  ARGV[3] what it found: "gone" (no such run, or not running: it leaves the pool), "empty"
-          (nothing ready or leased, or over its token budget), "wait" (only leases: the
-          earliest lapses in ARGV[4] ms)
-  ARGV[4] ms (for "wait")   ARGV[5] the run's tag "<incarnation> <version>" as that try saw it
-  ARGV[6] the pick's sequence number (the same for every retry of one pick)
+  ARGV[2] the pick's sequence number (the same for every retry of one pick)
+  ARGV[3] how many picks (1..64): the runs of that many consecutive picks, in order (a run of
+          a large weight may come more than once)
+  ARGV[4] n, the number of corrections, then n times (run, found, ms, tag): a try of `run`
+          claimed nothing, and found "gone" (no such run, not running, or not in this pool:
+          it leaves the pool), "empty" (nothing ready or leased, or over its token budget)
+          or "wait" (only leases: the earliest lapses in `ms`); `tag` is the run's
+          "<incarnation> <version>" as that try saw it. Or "unused": a pick of `run` that the
+          backend dropped untried (too old): its pass goes back by 1000 / weight
 
   A run found empty or waiting leaves the ready set only when no wake came after what the
   try saw (its stored tag is not newer), so a submit racing with the try is never lost; a
   tag of another incarnation is replaced by the one seen and the run is tried once more.
-  Runs in the sleep set whose time has come go back to the ready set. Then the ready set's
-  first run is picked, and its pass advances by 1000 / weight.
+  Runs in the sleep set whose time has come go back to the ready set. Then each pick takes
+  the ready set's first run and advances its pass by 1000 / weight.
 
-  Reply:  {run id, weight, priority} of the picked run; with none ready {"", ms until the
-          earliest sleeping run is due, or "" when none sleeps}
+  Reply:  {run id, weight, priority, run id, weight, priority, ...} of the picks; with none
+          ready {"", ms until the earliest sleeping run is due, or "" when none sleeps}
   Errors: LUFT_BAD_ARG, LUFT_CORRUPT
 ]]
 --- @include "includes/fail"
@@ -32,7 +35,7 @@ local PICK_MEMO_MS = 600000
 
 -- May run `rid` leave the ready set, given the tag its try saw?
 local function may_drop(rid, seen)
-  local sinc, sv = string.match(seen, '^(%S+) (%d+)$')
+  local sinc, sv = string.match(seen or '', '^(%S+) (%d+)$')
   if not sinc then fail('BAD_ARG', 'pool: the tag seen is not "<incarnation> <version>"') end
   local tag = redis.call('HGET', KEYS[1], rid .. ':t')
   if not tag then return true end
@@ -44,30 +47,48 @@ local function may_drop(rid, seen)
 end
 
 local function main()
-  local rid, kind, seq = ARGV[2], ARGV[3], ARGV[6]
+  local seq, want, n = ARGV[2], tonumber(ARGV[3] or ''), tonumber(ARGV[4] or '')
   if seq == nil or not string.find(seq, '^%d+$') then fail('BAD_ARG', 'pool: pick sequence') end
+  if not want or want < 1 or want > 64 or want % 1 ~= 0 then
+    fail('BAD_ARG', 'pool: how many picks must be 1..64')
+  end
+  if not n or n < 0 or n % 1 ~= 0 or #ARGV ~= 4 + 4 * n then
+    fail('BAD_ARG', 'pool: corrections are (run, found, ms, tag) each')
+  end
   local memo = redis.call('GET', KEYS[5])
-  if memo then
-    local mseq, mrun, mw, mp = string.match(memo, '^(%d+) (%S+) (%d+) (%d)$')
-    if mseq == seq then return {mrun, mw, mp} end
+  if memo and string.match(memo, '^(%d+)') == seq then
+    local out = {}
+    for part in string.gmatch(string.sub(memo, #seq + 2), '%S+') do out[#out + 1] = part end
+    return out
+  end
+  -- checks first: nothing is written before every correction is known to be well formed
+  for i = 0, n - 1 do
+    local kind, ms = ARGV[6 + 4 * i], ARGV[7 + 4 * i]
+    if kind ~= 'gone' and kind ~= 'empty' and kind ~= 'wait' and kind ~= 'unused' then
+      fail('BAD_ARG', 'pool: what was found must be "gone", "empty", "wait" or "unused"')
+    end
+    if kind == 'wait' and not string.find(ms, '^%d+$') then fail('BAD_ARG', 'pool: wait ms') end
+    if (kind == 'empty' or kind == 'wait') and not string.find(ARGV[8 + 4 * i], '^%S+ %d+$') then
+      fail('BAD_ARG', 'pool: the tag seen is not "<incarnation> <version>"')
+    end
   end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if rid == nil or kind == nil then fail('BAD_ARG', 'pool: expected a run and what was found') end
-  if rid ~= '' then
+  for i = 0, n - 1 do
+    local rid, kind, ms, seen = ARGV[5 + 4 * i], ARGV[6 + 4 * i], ARGV[7 + 4 * i], ARGV[8 + 4 * i]
     if kind == 'gone' then
       pool_forget(rid)
-    elseif kind == 'empty' or kind == 'wait' then
-      local ms = tonumber(ARGV[4] or '')
-      if kind == 'wait' and (ms == nil or ms < 0) then fail('BAD_ARG', 'pool: wait ms') end
-      if may_drop(rid, ARGV[5] or '') then
-        redis.call('ZREM', KEYS[2], rid)
-        if kind == 'wait' and redis.call('SISMEMBER', KEYS[4], rid) == 1 then
-          redis.call('ZADD', KEYS[3], now + ms, rid)
-        end
+    elseif kind == 'unused' then
+      local score = redis.call('ZSCORE', KEYS[2], rid)
+      if score then
+        local w = pool_member(rid)
+        redis.call('ZADD', KEYS[2], tonumber(score) - 1000 / w, rid)
       end
-    else
-      fail('BAD_ARG', 'pool: what was found must be "gone", "empty" or "wait"')
+    elseif may_drop(rid, seen) then
+      redis.call('ZREM', KEYS[2], rid)
+      if kind == 'wait' and redis.call('SISMEMBER', KEYS[4], rid) == 1 then
+        redis.call('ZADD', KEYS[3], now + tonumber(ms), rid)
+      end
     end
   end
   local vt = pool_vt()
@@ -76,19 +97,30 @@ local function main()
     local _, p = pool_member(due[i])
     pool_ready(due[i], p, vt)
   end
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if #first == 0 then
+  local out, members = {}, {}
+  for _ = 1, want do
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    if #first == 0 then break end
+    local pick = first[1]
+    local m = members[pick]
+    if not m then
+      m = {pool_member(pick)}
+      members[pick] = m
+    end
+    local w, p = m[1], m[2]
+    local pass = tonumber(first[2]) - (9 - p) * TIER
+    redis.call('ZADD', KEYS[2], (9 - p) * TIER + pass + 1000 / w, pick)
+    vt = pass
+    out[#out + 1], out[#out + 2], out[#out + 3] = pick, tostring(w), tostring(p)
+  end
+  if #out == 0 then
     local next = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
     if #next == 0 then return {'', ''} end
     return {'', tostring(math.max(0, math.floor(tonumber(next[2]) - now)))}
   end
-  local pick = first[1]
-  local w, p = pool_member(pick)
-  local pass = tonumber(first[2]) - (9 - p) * TIER
-  redis.call('ZADD', KEYS[2], (9 - p) * TIER + pass + 1000 / w, pick)
-  redis.call('HSET', KEYS[1], 'vt', tostring(pass))
-  redis.call('SET', KEYS[5], seq .. ' ' .. pick .. ' ' .. w .. ' ' .. p, 'PX', PICK_MEMO_MS)
-  return {pick, tostring(w), tostring(p)}
+  redis.call('HSET', KEYS[1], 'vt', tostring(vt))
+  redis.call('SET', KEYS[5], seq .. ' ' .. table.concat(out, ' '), 'PX', PICK_MEMO_MS)
+  return out
 end
 
 --- @include "includes/main"

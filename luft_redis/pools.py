@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import CorruptDataError, ValidationError
-from .keys import DEFAULT_POOL, check_pool_name
+from .keys import DEFAULT_POOL, PoolKeys, check_pool_name
 from .tasks import Claim
 from .watch import Watch
 
@@ -28,17 +28,20 @@ __all__ = [
     "LEAVE_ARGS",
     "MAX_PRIORITY",
     "MAX_WEIGHT",
-    "NO_CORRECTION",
+    "PICK_BATCH",
+    "PICK_KEEP",
     "SWEEP_INTERVAL",
     "SWEEP_SIZE",
     "Membership",
     "Pick",
+    "Picked",
     "PoolWatch",
     "add_args",
     "correction",
     "leave_args",
     "membership_of_run",
     "parse_pick",
+    "pick_args",
 ]
 
 MAX_WEIGHT = 1000
@@ -140,34 +143,98 @@ def membership_of_run(flat: Sequence[Any], key: str) -> Membership | None:
         raise CorruptDataError(key, "pool", f"is not a valid pool membership ({exc})") from None
 
 
+PICK_BATCH = 16
+"""Runs one call of ``pool_pick-5.lua`` picks for a backend at most (the picks of that many
+claims in a row): the next claims of that backend try them without a pick of their own. A
+backend starts at one and doubles while it uses up its picks within PICK_KEEP, halving when
+picks grow older than that unused."""
+
+PICK_KEEP = 0.1
+"""Seconds a backend keeps picks it has not tried yet: older ones are dropped (their passes
+are given back: the next pick moves their passes back), so a run that joins or wakes with a
+higher priority waits no longer than this for a busy worker. A worker
+whose agents take longer than this picks one run per claim."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Pick:
-    """What ``pool_pick-5.lua`` replied: a run to try (``run_id``, with its weight and
+    """What ``pool_pick-5.lua`` replied: runs to try, in order (``runs``: run id, weight,
     priority), or none ready and ``wait_ms`` until a sleeping run is due (None: none)."""
 
-    run_id: uuid.UUID | None
-    weight: int = 1
-    priority: int = 0
+    runs: tuple[tuple[uuid.UUID, int, int], ...]
     wait_ms: int | None = None
 
 
 def parse_pick(reply: Any, key: str) -> Pick:
     """The :class:`Pick` of a ``pool_pick-5.lua`` reply (CorruptDataError when unreadable)."""
     try:
-        run, a, b = (bytes(part) for part in [*list(reply), b""][:3])
-        if not run:
-            return Pick(None, wait_ms=int(a) if a else None)
-        return Pick(uuid.UUID(run.decode()), int(a), int(b))
+        parts = [bytes(part) for part in reply]
+        if not parts or not parts[0]:
+            wait = parts[1] if len(parts) > 1 else b""
+            return Pick((), wait_ms=int(wait) if wait else None)
+        runs = tuple((uuid.UUID(parts[i].decode()), int(parts[i + 1]), int(parts[i + 2]))
+                     for i in range(0, len(parts) - 2, 3))  # fmt: skip
+        return Pick(runs)
     except (ValueError, TypeError) as exc:
         raise CorruptDataError(key, "ready", f"holds a member that is not a run ({exc})") from None
 
 
-NO_CORRECTION = ("", "", "", "")
+def pick_args(wake: str, seq: int, fixes: Sequence[tuple[str, str, str, str]],
+              size: int = 1) -> list[str]:  # fmt: skip
+    """ARGV of ``pool_pick-5.lua``: ``size`` picks after the corrections ``fixes``."""
+    return [wake, str(seq), str(size), str(len(fixes)), *(x for fix in fixes for x in fix)]
+
+
+class Picked:
+    """A backend's picks of one pool (``keys``, named ``pool``) not tried yet, how many its
+    next pick asks for, and the corrections that pick carries (what its tries found)."""
+
+    __slots__ = ("_members", "at", "fixes", "keys", "pool", "runs", "size")
+
+    def __init__(self, keys: PoolKeys, pool: str) -> None:
+        self.keys = keys
+        self.pool = pool
+        self._members: dict[tuple[int, int], Membership] = {}
+        self.runs: list[tuple[uuid.UUID, int, int]] = []
+        self.at = 0.0
+        self.size = 1
+        self.fixes: list[tuple[str, str, str, str]] = []
+
+    def next(self, now: float) -> tuple[uuid.UUID, int, int] | None:
+        """The next run to try, or None (none left, or the picks are older than PICK_KEEP)."""
+        fresh = now - self.at <= PICK_KEEP
+        if self.runs and fresh:
+            return self.runs.pop(0)
+        if self.runs:  # unused and too old: given back (their passes), ask for fewer
+            self.size = max(1, self.size // 2)
+            self.fixes.extend((str(run[0]), "unused", "", "") for run in self.runs)
+            self.runs.clear()
+        elif fresh and self.at:  # used up in time: ask for more
+            self.size = min(PICK_BATCH, self.size * 2)
+        self.at = 0.0
+        return None
+
+    def member(self, weight: int, priority: int) -> Membership:
+        """The membership of a run picked with ``weight`` and ``priority`` (made once)."""
+        found = self._members.get((weight, priority))
+        if found is None:
+            found = self._members[weight, priority] = Membership(self.pool, weight, priority)
+        return found
+
+    def got(self, runs: Sequence[tuple[uuid.UUID, int, int]], now: float) -> None:
+        """The runs of a pick, to try in order from ``now``."""
+        self.runs, self.at = list(runs), now
+
+    def found(self, fix: tuple[str, str, str, str]) -> None:
+        """A try claimed nothing: the next pick corrects the index; later picks of the same
+        run are dropped (they would find the same)."""
+        self.fixes.append(fix)
+        self.runs = [run for run in self.runs if str(run[0]) != fix[0]]
 
 
 def correction(run_id: uuid.UUID, claim: Claim | None, tag: str) -> tuple[str, str, str, str]:
-    """ARGV[2..5] of the next ``pool_pick-5.lua`` after a try of ``run_id`` that claimed
-    nothing: ``claim`` None when the run does not exist."""
+    """The correction the next ``pool_pick-5.lua`` carries after a try of ``run_id`` that
+    claimed nothing: ``claim`` None when the run does not exist."""
     if claim is None or (claim.not_running is not None and claim.not_running != "budget"):
         return (str(run_id), "gone", "", tag)
     if claim.wait_ms is not None and claim.not_running is None:

@@ -17,6 +17,7 @@ import pytest
 from luft_redis import AgentDone, AgentStatus, AgentTask, TokenUsage, ValidationError
 from luft_redis._sync.fcall import call_function
 from luft_redis.keys import pool_keys, run_keys
+from luft_redis.pools import PICK_BATCH, PICK_KEEP, pick_args
 from luft_redis.scripts import library
 
 Make = Callable[..., Any]
@@ -82,6 +83,7 @@ def test_runs_share_by_weight_and_a_higher_priority_goes_first(
     shares = Counter(first)
     assert shares[heavy] == 20 and shares[light] == 10
     urgent = _run(make_frontend_backend, "w", 3, priority=5)[1]
+    time.sleep(PICK_KEEP + 0.05)  # the worker's picks made before it joined are dropped
     got = [worker.claim_agent("w", pool="w") for _ in range(4)]
     assert [lease.run_id for lease in got[:3]] == [urgent] * 3
     assert got[3] is not None and got[3].run_id in (heavy, light)
@@ -90,12 +92,15 @@ def test_runs_share_by_weight_and_a_higher_priority_goes_first(
 def test_a_run_that_joins_later_gets_a_worker_within_one_round(
     make_frontend_backend: Make,
 ) -> None:
-    early = [_run(make_frontend_backend, "late", 50)[1] for _ in range(4)]
+    for _ in range(4):
+        _run(make_frontend_backend, "late", 50)
     worker = make_frontend_backend(watch=False)
     for _ in range(20):  # the early runs are well under way
         assert worker.claim_agent("w", pool="late") is not None
     newcomer = _run(make_frontend_backend, "late", 5)[1]
-    picked = [worker.claim_agent("w", pool="late").run_id for _ in range(len(early) + 1)]
+    # the picks the worker holds (made before it joined: at most PICK_BATCH), then one pick,
+    # whose first run is the newcomer (it entered the ready set at the virtual time)
+    picked = [worker.claim_agent("w", pool="late").run_id for _ in range(PICK_BATCH + 1)]
     assert newcomer in picked
 
 
@@ -250,19 +255,25 @@ def test_a_pick_racing_a_submit_loses_no_wake_up(redis_client: Any) -> None:
 
     seq = iter(range(1, 100))
 
-    def pick(*fix: str) -> list[Any]:
+    def pick(*fix: str, same: bool = False) -> list[Any]:
+        fixes = [fix] if fix else []
+        number = last[0] if same else next(seq)
+        last[0] = number
         return list(call_function(redis_client, ops.pool_pick, [*keys, keys.pick_memo("t")],
-                                  [keys.wake, *fix, str(next(seq))]))  # fmt: skip
+                                  pick_args(keys.wake, number, fixes)))  # fmt: skip
+
+    last = [0]
 
     add("inc-1 5")
-    assert pick("", "", "", "")[0] == rid.encode()
+    assert pick()[:3] == [rid.encode(), b"1", b"0"]
+    assert pick(same=True)[:3] == [rid.encode(), b"1", b"0"]  # a retry: the same picks
     # a try that saw version 4 found nothing; the wake of version 5 came after it: kept
     assert pick(rid, "empty", "", "inc-1 4")[0] == rid.encode()
     # a try that saw version 5 (or later) found nothing: out of the ready set
     assert pick(rid, "empty", "", "inc-1 5") == [b"", b""]
     add("inc-1 9")
     # another incarnation seen: tried once more, then dropped
-    assert pick("", "", "", "")[0] == rid.encode()
+    assert pick()[0] == rid.encode()
     assert pick(rid, "wait", "60000", "inc-2 1")[0] == rid.encode()
     reply = pick(rid, "wait", "60000", "inc-2 1")
     assert reply[0] == b"" and 59_000 <= int(reply[1]) <= 60_000  # sleeping until the lapse

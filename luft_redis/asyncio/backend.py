@@ -51,6 +51,7 @@ from ..keys import (
     TOMBSTONE_TTL,
     PoolKeys,
     pool_keys,
+    pool_name_from_key,
     run_id_from_key,
     run_keys,
     run_pattern,
@@ -59,16 +60,17 @@ from ..keys import (
 from ..links import DEFAULT_MAX_STALENESS
 from ..pools import (
     LEAVE_ARGS,
-    NO_CORRECTION,
     SWEEP_INTERVAL,
     SWEEP_SIZE,
     Membership,
+    Picked,
     PoolWatch,
     add_args,
     correction,
     leave_args,
     membership_of_run,
     parse_pick,
+    pick_args,
 )
 from ..retry import DEFAULT_RETRY, RetryPolicy
 from ..runtime import (
@@ -239,6 +241,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         self._writer_id = uuid.uuid4().hex
         self._op_seq = 0
         self._pick_seq = 0
+        self._picked: dict[str, Picked] = {}  # per pool name: picks not tried yet (not a fork's)
         self._io_lock = AsyncLock()  # one write at a time: operation numbers in order
         self._bind_lock = AsyncLock()  # one init_run/open_run at a time
         self._state_lock = AsyncStateLock()  # callbacks and waiters
@@ -901,8 +904,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         deadline = time.monotonic() + timeout
         if pool is not None:
             self._check_fork()
-            return await self._claim_from_pool(pool_keys(self._prefix, pool), worker, duration,
-                                               deadline)  # fmt: skip
+            picked = self._picked.get(pool)
+            if picked is None:  # (the pool's name is checked once, by pool_keys)
+                picked = self._picked[pool] = Picked(pool_keys(self._prefix, pool), pool)
+            return await self._claim_from_pool(picked, worker, duration, deadline)
         binding = self._need_run("claim_agent")
         following = False
         try:
@@ -1014,26 +1019,35 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             logger.warning("run %s: waking it in pool %s failed (%s); a claim's sweep will "
                            "find it", binding.run_id, member.pool, exc)  # fmt: skip
 
-    async def _claim_from_pool(self, keys: PoolKeys, worker: str, duration: int,
+    async def _claim_from_pool(self, picked: Picked, worker: str, duration: int,
                                deadline: float) -> AsyncAgentLease | None:  # fmt: skip
-        """Pick a run of the pool, claim in it; correct the pick when it had nothing."""
-        fix: tuple[str, ...] = NO_CORRECTION
+        """Try the runs picked for this backend, pick more when none is left; correct the
+        pool's index with what the tries found (in the next pick)."""
+        keys = picked.keys
         watch: PoolWatch | None = None
         swept = time.monotonic()
         try:
             while True:
-                wakes = watch.wakes if watch is not None else 0
-                self._pick_seq += 1  # one number for every retry of this pick
-                reply = await self._pool_call(self._scripts.pool_pick, keys,
-                                              (keys.wake, *fix, str(self._pick_seq)),
-                                              keys.pick_memo(self._writer_id))  # fmt: skip
-                pick = parse_pick(reply, keys.ready)
-                if pick.run_id is not None:
-                    lease, fix = await self._claim_in(pick.run_id, keys, pick, worker, duration)
+                candidate = picked.next(time.monotonic())
+                if candidate is not None:
+                    run_id, weight, priority = candidate
+                    lease, fix = await self._claim_in(run_id, picked, weight, priority,
+                                                      worker, duration)  # fmt: skip
                     if lease is not None:
                         return lease
+                    picked.found(fix)
                     continue
-                fix = NO_CORRECTION
+                wakes = watch.wakes if watch is not None else 0
+                self._pick_seq += 1  # one number for every retry of this pick
+                reply = await self._pool_call(
+                    self._scripts.pool_pick, keys, pick_args(keys.wake, self._pick_seq,
+                                                             picked.fixes, picked.size),
+                    keys.pick_memo(self._writer_id))  # fmt: skip
+                picked.fixes = []
+                pick = parse_pick(reply, keys.ready)
+                if pick.runs:
+                    picked.got(pick.runs, time.monotonic())
+                    continue
                 now = time.monotonic()
                 if now >= deadline:
                     return None
@@ -1053,18 +1067,19 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 AsyncChangeListener.for_client(self._client).unwatch(watch)
 
     async def _claim_in(
-        self, run_id: uuid.UUID, keys: PoolKeys, pick: Any, worker: str, duration: int
-    ) -> tuple[AsyncAgentLease | None, tuple[str, ...]]:
-        """Claim in run ``run_id`` for a claim from the pool of ``keys``: the lease, or the
+        self, run_id: uuid.UUID, picked: Picked, weight: int, priority: int, worker: str,
+        duration: int,
+    ) -> tuple[AsyncAgentLease | None, tuple[str, str, str, str]]:  # fmt: skip
+        """Claim in run ``run_id`` for a claim from the pool of ``picked``: the lease, or the
         correction of the pool's index."""
-        pool = keys.pool.split("{pool:", 1)[1].rsplit("}", 1)[0]
+        pool = picked.pool
         binding = self._binding
         if binding is None or binding.run_id != run_id:
             async with self._bind_lock:
                 binding = await self._prepare(run_id)
                 self._adopt(binding)
         if binding.pool is None or binding.pool.pool != pool:
-            binding.pool = Membership(pool, pick.weight, pick.priority)
+            binding.pool = picked.member(weight, priority)
         sent = time.monotonic()
         args = (worker, str(duration), str(self._max_attempts), pool)
         try:
@@ -1073,7 +1088,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             return None, correction(run_id, None, "")
         _, claim = parse_claim(reply, binding.keys.tasks)
         if claim.agent_id is not None:
-            return AsyncAgentLease(self, claim, worker, duration, sent), NO_CORRECTION
+            return AsyncAgentLease(self, claim, worker, duration, sent), ("", "", "", "")
         return None, correction(run_id, claim, f"{delta.inc_after or '-'} {delta.v_after}")
 
     async def _watch_pool(self, keys: PoolKeys) -> PoolWatch:
@@ -1096,7 +1111,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             members = await self._client.srandmember(keys.members, SWEEP_SIZE)
         except REDIS_ERRORS as exc:
             raise translate_error(exc, prefix=self._prefix) from exc
-        pool = keys.pool.split("{pool:", 1)[1].rsplit("}", 1)[0]
+        pool = pool_name_from_key(self._prefix, keys.pool) or ""
         woke = False
         for raw in members or ():
             try:
