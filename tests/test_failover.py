@@ -40,7 +40,7 @@ from luft_redis import (
     TokenUsage,
 )
 from luft_redis.errors import LuftRedisError
-from luft_redis.keys import run_keys
+from luft_redis.keys import pool_keys, run_keys
 from luft_redis.retry import RetryPolicy
 from luft_redis.tools.server import (
     LOOPBACK,
@@ -265,7 +265,8 @@ def test_durability_errors_go_to_each_write_of_concurrent_threads(redis_url: str
 
 
 def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
-                            fail_over: Callable[[], None], n: int = 60) -> None:  # fmt: skip
+                            fail_over: Callable[[], None], n: int = 60,
+                            pool: str | None = None) -> None:  # fmt: skip
     """Two worker threads (each its own backend with ``durability=``) claim ``n`` agents
     and write fenced events and results; ``fail_over()`` runs once a third of them is done.
     Afterwards every agent has its ok result and at most one accepted ok ``agent_done`` (none
@@ -274,7 +275,7 @@ def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
     ``lease_token`` on the new primary is at least every token handed out."""
     boss = make()
     run_id = uuid.uuid4()
-    boss.init_run(run_id, "fleet failover", "/d")
+    boss.init_run(run_id, "fleet failover", "/d", pool=pool)
     agents = [uuid.uuid4() for _ in range(n)]
     boss.submit_agents([AgentTask(a, 0, {"i": i}) for i, a in enumerate(agents)])
     seen: dict[str, list[int]] = {}
@@ -291,7 +292,7 @@ def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
             backend.open_run(run_id)
             while not stop.is_set():
                 try:
-                    lease = backend.claim_agent(name, lease_for=2.0, timeout=0.2)
+                    lease = backend.claim_agent(name, lease_for=2.0, timeout=0.2, pool=pool)
                 except LuftRedisError:
                     continue  # a claim lost in the failover lapses and is taken over
                 if lease is None:
@@ -380,11 +381,13 @@ def test_a_fleet_through_a_sentinel_failover_finishes_every_agent_once(
 
 
 @pytest.mark.full  # Cluster with replicas, failover: pytest --full (CI) only
+@pytest.mark.parametrize("pool", [None, "failover"], ids=["bound", "pool"])
 def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
-    redis_cluster_replicas: LocalRedisCluster,
+    redis_cluster_replicas: LocalRedisCluster, pool: str | None
 ) -> None:
     """On Cluster, with ``durability=Durability(replicas=1)``, a ``CLUSTER FAILOVER`` of the
     run's primary in the middle of the fleet's work: the same guarantees as through Sentinel.
+    With ``pool``, the workers claim from a pool and the failover is the pool's primary's.
     (Not ``FORCE``: a forced takeover can drop a write the worker was told was not durable,
     and this test's worker gives the lease up on that error instead of writing it again.)"""
     cluster = redis_cluster_replicas
@@ -400,10 +403,11 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
         made.append(backend)
         return backend
 
-    def fail_over() -> None:
+    def fail_over() -> None:  # the run's primary; with a pool, the pool's primary
         run_id = made[0].run_id
         assert run_id is not None
-        slot = key_slot(run_keys("luft", run_id).run.encode())
+        key = run_keys("luft", run_id).run if pool is None else pool_keys("luft", pool).pool
+        slot = key_slot(key.encode())
         old = cluster.primary_for_slot(slot)
         (replica,) = cluster.replicas_of(old)
         with redis.Redis(host=replica.host, port=replica.port) as conn:
@@ -411,7 +415,7 @@ def test_a_fleet_through_a_cluster_failover_finishes_every_agent_once(
         cluster.wait_for_primary(slot, replica)
 
     try:
-        _fleet_through_failover(make, fail_over)
+        _fleet_through_failover(make, fail_over, pool=pool)
     finally:
         for client in clients:
             client.close()

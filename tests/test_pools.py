@@ -360,3 +360,101 @@ def test_four_workers_share_a_pool_of_ten_runs_fairly(
     assert all(abs(got - want) <= 0.1 * want for got, want in zip(shares, due, strict=True)), shares
     if len(set(weights)) == 1:
         assert _jain(shares) >= 0.95
+
+
+# ------------------------------------------------------------------------------ a fleet
+
+
+def _pool_worker(url: str, runs: list[uuid.UUID], name: str, work_s: float) -> None:
+    """A worker process of the pool "fleet": claim, run (sleep), write fenced events, until
+    every task of ``runs`` is done. Reports through the runs only."""
+    from luft_redis import LeaseLostError, RedisCheckpointBackend, TaskState
+
+    backend = RedisCheckpointBackend.from_url(url)
+    reader = RedisCheckpointBackend.from_url(url, watch=False)
+    try:
+        while True:
+            lease = backend.claim_agent(name, pool="fleet", lease_for=1.0, timeout=1.5)
+            if lease is None:
+                states = set()
+                for run_id in runs:
+                    reader.open_run(run_id)
+                    states |= {task.state for task in reader.agent_tasks()}
+                if states <= {TaskState.DONE, TaskState.DEAD}:
+                    return
+                continue
+            try:
+                with lease:
+                    time.sleep(work_s)
+                    backend.append_event(_done(lease), lease=lease)
+            except LeaseLostError:
+                pass  # taken over: the heir's writes count
+    finally:
+        backend.close()
+        reader.close()
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_pool_fleet_with_killed_workers_finishes_every_agent_exactly_once(
+    redis_server: Any,
+) -> None:
+    """4 runs of 40 agents in one pool, 6 worker processes, 2 SIGKILLed mid-agent: every
+    agent of every run ends with exactly one accepted ok agent_done, none dead; the killed
+    workers' agents were taken over once their leases lapsed (the sleep set's wake)."""
+    import multiprocessing
+    import os
+    import signal
+
+    import redis
+
+    from luft_redis import RedisCheckpointBackend, TaskState
+
+    with redis.Redis.from_url(redis_server.url) as admin:
+        admin.flushall()
+    boss = RedisCheckpointBackend.from_url(redis_server.url)
+    runs, agents = [], {}
+    for _ in range(4):
+        run_id = uuid.uuid4()
+        boss.init_run(run_id, "fleet", "/d", pool="fleet")
+        agents[run_id] = [uuid.uuid4() for _ in range(40)]
+        boss.submit_agents([AgentTask(a, 0, {"i": i}) for i, a in enumerate(agents[run_id])])
+        runs.append(run_id)
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_pool_worker,
+                         args=(redis_server.url, runs, f"w{i}", 30.0 if i < 2 else 0.02))
+             for i in range(6)]  # fmt: skip
+    try:
+        for proc in procs:
+            proc.start()
+        victims = {"w0": procs[0], "w1": procs[1]}
+        killed: dict[str, tuple[uuid.UUID, uuid.UUID]] = {}
+        deadline = time.monotonic() + 30
+        while len(killed) < 2 and time.monotonic() < deadline:
+            for run_id in runs:
+                boss.open_run(run_id)
+                for task in boss.agent_tasks():
+                    name = task.holder or ""
+                    if task.state is TaskState.LEASED and name in victims and name not in killed:
+                        os.kill(victims[name].pid or 0, signal.SIGKILL)  # mid-agent
+                        killed[name] = (run_id, task.agent_id)
+            time.sleep(0.005)
+        for proc in procs:
+            proc.join(120)
+            assert proc.exitcode is not None
+        assert len(killed) == 2
+        for run_id in runs:
+            boss.open_run(run_id)
+            tasks = {t.agent_id: t for t in boss.agent_tasks()}
+            assert {t.state for t in tasks.values()} == {TaskState.DONE}
+            ok = [e.agent_id for e in boss.get_event_log()
+                  if isinstance(e, AgentDone) and e.status is AgentStatus.OK]  # fmt: skip
+            assert sorted(ok) == sorted(agents[run_id])  # exactly one accepted ok each
+            for victim_run, agent in killed.values():
+                if victim_run == run_id:
+                    assert tasks[agent].attempt >= 2 and tasks[agent].holder not in victims
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        boss.close()
