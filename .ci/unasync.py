@@ -35,6 +35,7 @@ FILES = {
     "asyncio/index.py": "_sync/index.py",
     "asyncio/retention.py": "_sync/retention.py",
     "asyncio/interop.py": "_sync/interop.py",
+    "asyncio/pools.py": "_sync/pools.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -50,7 +51,7 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index|retention|interop)\b",
+    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index|retention|interop|pools)\b",
      r"luft_redis._sync.\1"),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""

@@ -25,16 +25,20 @@ from .watch import Watch
 
 __all__ = [
     "DEFAULT_POOL",
+    "LEASE_SCORE",
     "LEAVE_ARGS",
     "MAX_PRIORITY",
     "MAX_WEIGHT",
     "PICK_BATCH",
     "PICK_KEEP",
+    "RUN_VIEW_FIELDS",
     "SWEEP_INTERVAL",
     "SWEEP_SIZE",
     "Membership",
     "Pick",
     "Picked",
+    "PoolRun",
+    "PoolView",
     "PoolWatch",
     "add_args",
     "correction",
@@ -42,6 +46,7 @@ __all__ = [
     "membership_of_run",
     "parse_pick",
     "pick_args",
+    "pool_run_of",
 ]
 
 MAX_WEIGHT = 1000
@@ -263,3 +268,76 @@ class PoolWatch(Watch):
         self.wakes += 1
         self._on_wake()
 
+
+
+# ------------------------------------------------------------------- what a pool holds (reads)
+
+RUN_VIEW_FIELDS = ("status", "pool", "pool_weight", "pool_priority", "max_leases", "max_tokens",
+                   "total_tokens")  # fmt: skip
+"""Run hash fields a pool view reads (HMGET) per run."""
+
+LEASE_SCORE = 10**12
+"""A queue score from which a task is leased (its lease's expiry in unix ms): tasks.lua's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolRun:
+    """One run of a pool, as ``luft-redis pool NAME`` shows it: ``state`` in the pool's index
+    (``ready``: may have claimable work; ``sleeping``: only leases, until the first lapses;
+    ``idle``: found with nothing to claim; ``gone``: not running, or in another pool now, left
+    at the next pick), its tasks ready and leased now, and its limits."""
+
+    run_id: uuid.UUID
+    status: str
+    state: str
+    weight: int
+    priority: int
+    ready: int
+    leased: int
+    total_tokens: int
+    max_leases: int | None
+    max_tokens: int | None
+
+    @property
+    def over_budget(self) -> bool:
+        return self.max_tokens is not None and self.total_tokens >= self.max_tokens
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["run_id"] = str(self.run_id)
+        out["over_budget"] = self.over_budget
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolView:
+    """A pool: its runs (members of its index, each read from its run hash and queue)."""
+
+    name: str
+    runs: tuple[PoolRun, ...]
+    ready_runs: int
+    sleeping_runs: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.name, "runs": len(self.runs), "ready_runs": self.ready_runs,
+                "sleeping_runs": self.sleeping_runs,
+                "ready_tasks": sum(r.ready for r in self.runs),
+                "leased_tasks": sum(r.leased for r in self.runs)}  # fmt: skip
+
+
+def pool_run_of(run_id: uuid.UUID, pool: str, fields: Sequence[Any], state: str, ready: int,
+                leased: int) -> PoolRun | None:  # fmt: skip
+    """A :class:`PoolRun` from a run hash's RUN_VIEW_FIELDS (None: the run is gone)."""
+    raw = [None if v is None else bytes(v).decode("utf-8", "replace") for v in fields]
+    status, in_pool, weight, priority, max_leases, max_tokens, total = raw
+    if status is None:
+        return None
+    if status != "running" or in_pool != pool:
+        state = "gone"
+
+    def number(text: str | None, default: int | None) -> int | None:
+        return int(text) if text is not None and text.isdigit() else default
+
+    return PoolRun(run_id, status, state, number(weight, 1) or 1, number(priority, 0) or 0,
+                   ready, leased, number(total, 0) or 0, number(max_leases, None),
+                   number(max_tokens, None))  # fmt: skip

@@ -54,6 +54,7 @@ from rich.text import Text
 
 from .. import types as t
 from .._sync import index as index_io
+from .._sync import pools as pools_io
 from .._sync.backend import RedisCheckpointBackend
 from ..errors import AccessError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
@@ -84,6 +85,7 @@ from .render import (
     event_json,
     event_line,
     one_line,
+    pool_table,
     print_report,
     run_row_json,
     show_json,
@@ -385,6 +387,62 @@ def _cmd_agents(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------- pools
+
+
+def _redis_call(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise translate_error(exc) from exc
+
+
+def _cmd_pools(args: argparse.Namespace) -> int:
+    with _backend(args) as backend:
+        client, prefix = backend.client, args.prefix
+
+        def views_of() -> list[Any]:
+            return [pools_io.read_pool(client, prefix, name)
+                    for name in pools_io.list_pools(client, prefix)]  # fmt: skip
+
+        views = _redis_call(views_of)
+    if args.json:
+        for view in views:
+            print(dumps(view.to_json()))
+        return EXIT_OK
+    if views:
+        table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+        for name in ("pool", "runs", "ready runs", "sleeping runs", "ready tasks",
+                     "leased tasks"):  # fmt: skip
+            table.add_column(name, justify="left" if name == "pool" else "right", no_wrap=True)
+        for view in views:
+            row = view.to_json()
+            table.add_row(view.name, *(str(row[k]) for k in ("runs", "ready_runs",
+                          "sleeping_runs", "ready_tasks", "leased_tasks")))  # fmt: skip
+        _print(table)
+    print(f"{len(views)} pool(s) under prefix {args.prefix!r}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_pool(args: argparse.Namespace) -> int:
+    with _backend(args) as backend:
+        view = _redis_call(lambda: pools_io.read_pool(backend.client, args.prefix, args.name,
+                                                      limit=args.limit))  # fmt: skip
+    if args.json:
+        for run in view.runs:
+            print(dumps(run.to_json()))
+        return EXIT_OK
+    if view.runs:
+        _print(pool_table(view.runs))
+    over = sum(run.over_budget for run in view.runs)
+    print(f"pool {view.name!r}: {len(view.runs)} run(s), {view.ready_runs} ready, "
+          f"{view.sleeping_runs} sleeping until a lease lapses, "
+          f"{sum(r.ready for r in view.runs)} task(s) ready, "
+          f"{sum(r.leased for r in view.runs)} leased"
+          + (f", {over} over their token budget" if over else ""), file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- cancel
 
 
@@ -601,6 +659,26 @@ def build_parser() -> argparse.ArgumentParser:
     agents.add_argument("--json", action="store_true",
                         help="JSON lines, one task per line (state, holder, token, expires_at "
                              "in unix seconds, payload in full)")  # fmt: skip
+
+    pools = _add_command(
+        sub, "pools", "the pools of agent runs and what they hold",
+        "List the pools under the prefix (docs/pools.md): runs in each pool's index, runs\n"
+        "ready (may have claimable work) and sleeping (only leases, until the first lapses),\n"
+        "tasks ready and leased now. --json prints JSON lines, one pool per line.",
+        _cmd_pools,
+    )  # fmt: skip
+    pools.add_argument("--json", action="store_true", help="JSON lines, one pool per line")
+    pool = _add_command(
+        sub, "pool", "one pool's runs: state, weight, priority, tasks, budget",
+        "List the runs of pool NAME: status, state in the pool's index (ready, sleeping,\n"
+        "idle, gone: left at the next claim), weight, priority, tasks ready and leased now,\n"
+        "tokens against max_tokens (over budget: no agent handed out) and max_leases.\n"
+        "--json prints JSON lines, one run per line.",
+        _cmd_pool,
+    )  # fmt: skip
+    pool.add_argument("name", metavar="NAME", help="the pool's name")
+    pool.add_argument("--limit", type=int, default=1000, help="at most this many runs (1000)")
+    pool.add_argument("--json", action="store_true", help="JSON lines, one run per line")
 
     _add_command(
         sub, "cancel", "cancel a running run",

@@ -21,13 +21,14 @@ from rich.text import Text
 
 from .. import index
 from .. import types as t
+from ..pools import PoolRun
 from ..tasks import TaskInfo, TaskState
 from ..wire import decode_entry, entry_id
 from .doctor import ServerReport
 
 __all__ = ["STATUS_STYLE", "decode_page", "dumps", "event_json", "event_line", "lease_left",
-           "one_line", "print_report", "render_run", "run_row_json", "show_json", "task_table",
-           "utc_time"]  # fmt: skip
+           "one_line", "pool_table", "print_report", "render_run", "run_row_json", "show_json",
+           "task_table", "utc_time"]  # fmt: skip
 
 
 _FIRST: Final = ("status", "level", "msg", "label", "phase_id", "agent_id", "name", "role",
@@ -308,3 +309,25 @@ def decode_page(
         eid = entry_id(raw_id)
         out.append((eid, decode_entry(run_id, key, eid, fields)))
     return out
+
+
+def pool_table(runs: Sequence[PoolRun]) -> Table:
+    """A pool's runs: run id, status, state in the pool's index, weight, priority, tasks
+    ready and leased, tokens against the budget, max leases."""
+    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("run id", no_wrap=True, min_width=36)
+    table.add_column("status", no_wrap=True)
+    table.add_column("in pool", no_wrap=True)
+    for name in ("weight", "priority", "ready", "leased"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("tokens / budget", justify="right", no_wrap=True)
+    table.add_column("max leases", justify="right", no_wrap=True)
+    for run in runs:
+        budget = "-" if run.max_tokens is None else str(run.max_tokens)
+        tokens = Text(f"{run.total_tokens} / {budget}",
+                      style="bold red" if run.over_budget else "")  # fmt: skip
+        table.add_row(str(run.run_id), Text(run.status, style=STATUS_STYLE.get(run.status, "")),
+                      run.state + (" (over budget)" if run.over_budget else ""),
+                      str(run.weight), str(run.priority), str(run.ready), str(run.leased),
+                      tokens, "-" if run.max_leases is None else str(run.max_leases))  # fmt: skip
+    return table

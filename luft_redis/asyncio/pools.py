@@ -1,0 +1,66 @@
+"""The reads of pools (docs/pools.md): the pools under a prefix and what one holds, for
+``luft-redis pools`` / ``pool NAME`` and the web view.
+
+This is the hand-written asyncio source; :mod:`luft_redis._sync.pools` is generated from it
+(``.ci/unasync.py``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ..keys import pool_keys, pool_name_from_key, pool_pattern, run_keys
+from ..pools import LEASE_SCORE, RUN_VIEW_FIELDS, PoolRun, PoolView, pool_run_of
+
+__all__ = ["list_pools", "read_pool"]
+
+
+async def list_pools(client: Any, prefix: str) -> list[str]:
+    """The names of the pools under ``prefix`` (SCAN of the keyspace), sorted."""
+    found: set[str] = set()
+    async for raw in client.scan_iter(match=pool_pattern(prefix), count=1000):
+        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        name = pool_name_from_key(prefix, key)
+        if name is not None:
+            found.add(name)
+    return sorted(found)
+
+
+async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -> PoolView:
+    """Pool ``name``: up to ``limit`` of its runs, each with its state in the index, its tasks
+    ready and leased now (the client's clock decides "now"), its weight, priority and limits.
+    Two pipelined round trips: the pool's index, then the runs."""
+    keys = pool_keys(prefix, name)
+    pipe = client.pipeline(transaction=False)
+    pipe.smembers(keys.members)
+    pipe.zrange(keys.ready, 0, -1)
+    pipe.zrange(keys.sleep, 0, -1)
+    members, ready, sleeping = await pipe.execute()
+    ready_set = {bytes(m) for m in ready}
+    sleeping_set = {bytes(m) for m in sleeping}
+    ids: list[tuple[uuid.UUID, str]] = []
+    for raw in sorted(bytes(m) for m in members)[:limit]:
+        try:
+            run_id = uuid.UUID(raw.decode())
+        except ValueError:
+            continue
+        state = "ready" if raw in ready_set else "sleeping" if raw in sleeping_set else "idle"
+        ids.append((run_id, state))
+    now_ms = int(time.time() * 1000)
+    pipe = client.pipeline(transaction=False)
+    for run_id, _ in ids:
+        rk = run_keys(prefix, run_id)
+        pipe.hmget(rk.run, list(RUN_VIEW_FIELDS))
+        pipe.zcount(rk.queue, "-inf", f"({LEASE_SCORE}")
+        pipe.zcount(rk.queue, f"({now_ms}", "+inf")
+    replies = await pipe.execute() if ids else []
+    runs: list[PoolRun] = []
+    for i, (run_id, state) in enumerate(ids):
+        fields, n_ready, n_leased = replies[3 * i : 3 * i + 3]
+        run = pool_run_of(run_id, name, fields, state, int(n_ready), int(n_leased))
+        if run is not None:
+            runs.append(run)
+    runs.sort(key=lambda r: (-r.priority, str(r.run_id)))
+    return PoolView(name, tuple(runs), len(ready_set), len(sleeping_set))
