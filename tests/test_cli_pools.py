@@ -5,6 +5,9 @@ redis-server and on a private Redis Cluster."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -12,9 +15,15 @@ import pytest
 
 from luft_redis import AgentDone, AgentStatus, AgentTask, RedisCheckpointBackend, TokenUsage
 
-from .test_cli_agents import luft
-
 pytestmark = pytest.mark.timeout(120)
+
+
+def luft(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LUFT_REDIS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "luft_redis", *args], capture_output=True, text=True,
+        stdin=subprocess.DEVNULL, env=env, timeout=60, check=False,
+    )  # fmt: skip
 
 
 @pytest.fixture(params=["server", "cluster"])

@@ -139,6 +139,17 @@ def test_the_fleet_workers_run_as_written(redis_url: str, tmp_path: Path, which:
     assert sorted(ok) == sorted(agents)
 
 
+@pytest.mark.server
+def test_the_pool_example_runs_as_written(redis_url: str, tmp_path: Path) -> None:
+    """The README's pool example: three runs in one pool, one worker runs every agent."""
+    [example] = code_blocks(readme_section("Many runs, one fleet"), "python")
+    done = run_python(example, tmp_path, {"LUFT_REDIS_URL": redis_url})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(re.fullmatch(rf"run {UUID_RE}: 4 agents done", line)
+                                   for line in lines), lines  # fmt: skip
+
+
 def test_the_quickstart_defaults_to_a_local_redis_and_names_the_variable() -> None:
     quickstart = code_blocks(readme_section("Quickstart"), "python")[0]
     assert 'os.environ.get("LUFT_REDIS_URL", "redis://127.0.0.1:6379/0")' in quickstart

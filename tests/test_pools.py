@@ -256,7 +256,7 @@ def test_a_pick_racing_a_submit_loses_no_wake_up(redis_client: Any) -> None:
     seq = iter(range(1, 100))
 
     def pick(*fix: str, same: bool = False) -> list[Any]:
-        fixes = [fix] if fix else []
+        fixes = [(fix[0], fix[1], fix[2], fix[3])] if fix else []
         number = last[0] if same else next(seq)
         last[0] = number
         return list(call_function(redis_client, ops.pool_pick, [*keys, keys.pick_memo("t")],
