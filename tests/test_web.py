@@ -1093,3 +1093,93 @@ def test_stopping_is_bounded_when_closing_hangs(
 
     # (on a loop of its own: a browser test in this worker may have left one running here)
     assert async_loop.call(run) < 2.0
+
+
+# ------------------------------------------------------------------------------ pools
+
+
+def _pooled(backend: Callable[[], RedisCheckpointBackend]) -> tuple[list[uuid.UUID], Any]:
+    """Two runs in pool "gpu" (weights 1 and 3, the first with a token budget it has spent),
+    one in "cpu"; a worker holds one lease of "gpu"."""
+    runs = []
+    planner = backend()
+    for weight in (1, 3):
+        run_id = uuid.uuid4()
+        planner.init_run(run_id, f"pooled {weight}", "/tmp/run")
+        planner.join_pool("gpu", weight=weight, max_tokens=10 if weight == 1 else None)
+        planner.submit_agents([AgentTask(uuid.uuid4(), 0, {"i": i}) for i in range(3)])
+        runs.append(run_id)
+    planner.init_run(uuid.uuid4(), "elsewhere", "/tmp/run", pool="cpu")
+    spender = backend()
+    spender.open_run(runs[0])
+    _agent(spender, runs[0], tokens=t.TokenUsage(input=20))  # over the budget of 10
+    worker = backend()
+    lease = worker.claim_agent("worker-1", pool="gpu", lease_for=60)
+    assert lease is not None and lease.run_id == runs[1]
+    return runs, lease
+
+
+def test_pools_pages_api_and_metrics(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+) -> None:
+    runs, lease = _pooled(backend)
+    server = start_web()
+    status, _, body = _request(server, "GET", "/api/pools")
+    assert status == 200
+    pools = {p["pool"]: p for p in json.loads(body)["pools"]}
+    assert set(pools) == {"gpu", "cpu"}
+    gpu = pools["gpu"]
+    assert gpu["runs"] == 2 and gpu["leased_tasks"] == 1 and gpu["ready_tasks"] == 3 + 2
+    members = {m["run_id"]: m for m in gpu["members"]}
+    assert members[str(runs[0])]["over_budget"] is True
+    assert members[str(runs[1])]["weight"] == 3
+    status, _, page = _request(server, "GET", "/pools")
+    assert status == 200 and 'href="/pools/gpu"' in page and 'href="/pools/cpu"' in page
+    status, _, page = _request(server, "GET", "/pools/gpu")
+    assert status == 200 and f'href="/runs/{runs[0]}"' in page and "(over budget)" in page
+    status, _, _ = _request(server, "GET", "/pools/not%20a%20name")
+    assert status == 404
+    status, headers, text = _request(server, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert line.split()[1] in ("HELP", "TYPE"), line
+            continue
+        name, value = line.rsplit(" ", 1)
+        samples[name] = int(value)
+    assert samples['luft_redis_runs{status="running"}'] == 3
+    assert samples['luft_redis_pool_tasks{pool="gpu",state="leased"}'] == 1
+    assert samples['luft_redis_pool_tasks{pool="gpu",state="ready"}'] == 5
+    assert samples['luft_redis_pool_runs_over_budget{pool="gpu"}'] == 1
+    assert samples[f'luft_redis_run_tokens{{pool="gpu",run="{runs[0]}"}}'] == 20
+    assert samples[f'luft_redis_run_claims_total{{pool="gpu",run="{runs[1]}"}}'] == 1
+    assert "# TYPE luft_redis_run_claims_total counter" in text
+    lease.release()
+
+
+@pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI)
+def test_a_phone_sees_the_pool_pages_as_cards(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    browser: Any, artifacts: Path,
+) -> None:  # fmt: skip
+    runs, lease = _pooled(backend)
+    server = start_web()
+    context = browser.new_context(viewport={"width": 390, "height": 800})
+    phone = context.new_page()
+    try:
+        for path in ("/pools", "/pools/gpu"):
+            phone.goto(server.base + path)
+            assert phone.evaluate("document.documentElement.scrollWidth") <= 390, path
+            label = phone.evaluate("getComputedStyle(document.querySelector('table.stack "
+                                   "tbody td:nth-child(2)'), '::before').content")
+            assert label.strip('"') in ("runs", "status"), (path, label)
+            phone.screenshot(path=str(artifacts / f"pool{path.replace('/', '-')}-390px.png"),
+                             full_page=True)  # fmt: skip
+        phone.goto(server.base + "/pools/gpu")
+        phone.click(f"a[href='/runs/{runs[1]}']")
+        phone.wait_for_url(f"**/runs/{runs[1]}")
+    finally:
+        context.close()
+    lease.release()

@@ -55,6 +55,7 @@ from ...errors import CorruptDataError, LuftRedisError
 from ...keys import run_keys
 from ..render import decode_page, dumps, one_line, run_row_json, utc_time
 from .hub import PAGE_BYTES, TASK_BYTES, Hubs, RunHub, cut, event_text, redis_problem
+from .pools import pool_routes
 
 __all__ = ["STATIC", "WebConfig", "create_app"]
 
@@ -630,6 +631,7 @@ when it first finished">(each agent once)</span></h2><div id="chart-agents"></di
             Route("/api/runs/{run_id}/events", api_events, methods=["GET"]),
             Route("/api/runs/{run_id}/log", api_log, methods=["GET"]),
             Route("/api/runs/{run_id}/cancel", api_cancel, methods=["POST"]),
+            *pool_routes(async_client, config.prefix, _page),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],
         lifespan=lifespan,

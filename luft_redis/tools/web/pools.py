@@ -1,0 +1,179 @@
+"""The web view's pools (docs/pools.md) and its Prometheus endpoint: ``/pools`` and
+``/pools/{name}`` (server-rendered tables), ``/api/pools`` (JSON) and ``/metrics`` (the text
+exposition format, read from Redis at each scrape, so any number of web views and workers may
+run: the numbers are the stored state's, not one process's)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ...asyncio import index as index_io
+from ...asyncio.pools import list_pools, read_pool
+from ...errors import LuftRedisError, ValidationError
+from ...index import Counts
+from ...keys import check_pool_name, run_keys
+from ...pools import PoolView
+from ..render import dumps
+from .hub import redis_problem
+
+__all__ = ["METRICS_RUNS", "metrics_text", "pool_routes"]
+
+METRICS_RUNS = 1000
+"""Runs per pool that ``/metrics`` reports one by one (tokens, claims), at most."""
+
+_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, int]) -> str:
+    """The Prometheus text of the runs by status, each pool's runs and tasks, and each pooled
+    run's tokens and claims (``claims``: run id -> its ``lease_token``)."""
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_text: str,
+               samples: Sequence[tuple[dict[str, str], int]]) -> None:  # fmt: skip
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            out.append(f"{name}{{{text}}} {value}" if text else f"{name} {value}")
+
+    family("luft_redis_runs", "gauge", "Runs in the run index, by status.",
+           [({"status": s}, n) for s, n in sorted(counts.counts.items())])
+    family("luft_redis_pool_runs", "gauge",
+           "Runs of a pool's index, by their state there (ready, sleeping, idle, gone).",
+           [({"pool": v.name, "state": state}, sum(r.state == state for r in v.runs))
+            for v in views for state in ("ready", "sleeping", "idle", "gone")])  # fmt: skip
+    family("luft_redis_pool_tasks", "gauge", "Agent tasks of a pool's runs, ready or leased.",
+           [({"pool": v.name, "state": "ready"}, sum(r.ready for r in v.runs)) for v in views]
+           + [({"pool": v.name, "state": "leased"}, sum(r.leased for r in v.runs))
+              for v in views])  # fmt: skip
+    family("luft_redis_pool_runs_over_budget", "gauge",
+           "Runs of a pool held back: total_tokens reached max_tokens.",
+           [({"pool": v.name}, sum(r.over_budget for r in v.runs)) for v in views])
+    family("luft_redis_run_tokens", "gauge", "A pooled run's total_tokens.",
+           [({"pool": v.name, "run": str(r.run_id)}, r.total_tokens)
+            for v in views for r in v.runs])  # fmt: skip
+    family("luft_redis_run_claims_total", "counter",
+           "Leases handed out in a pooled run (its last fencing token: claims and takeovers).",
+           [({"pool": v.name, "run": str(r.run_id)}, claims.get(str(r.run_id), 0))
+            for v in views for r in v.runs])  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+_POOLS = ("pool", "runs", "ready runs", "sleeping runs", "ready tasks", "leased tasks")
+_RUNS = ("run", "status", "in pool", "weight", "priority", "ready", "leased", "tokens / budget",
+         "max leases")  # fmt: skip
+
+
+def _row(labels: Sequence[str], cells: Sequence[object]) -> str:
+    """A table row whose cells carry their column's name (the phone layout's card labels);
+    ``cells`` are HTML already."""
+    return "<tr>" + "".join(f"<td data-label=\"{label}\">{cell}</td>"
+                            for label, cell in zip(labels, cells, strict=True)) + "</tr>"
+
+
+def _table(table_id: str, labels: Sequence[str], rows: str) -> str:
+    head = "".join(f"<th>{label}</th>" for label in labels)
+    return (f"<table class=\"stack\" id=\"{table_id}\"><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
+def pool_routes(client: Any, prefix: str,
+                page: Callable[[str, str], str]) -> list[Route]:  # fmt: skip
+    """The routes of the pools pages, the JSON and ``/metrics`` on ``client`` (asyncio);
+    ``page(title, body)`` wraps a page's body as the view's other pages are."""
+    e = html.escape
+
+    async def views() -> list[PoolView]:
+        return [await read_pool(client, prefix, name) for name in await list_pools(client, prefix)]
+
+    async def guarded(make: Callable[[], Awaitable[Response]], json: bool) -> Response:
+        try:
+            return await make()
+        except LuftRedisError as exc:
+            text = str(exc)
+        except Exception as exc:
+            text = redis_problem(exc)
+        if json:
+            return JSONResponse({"error": text}, 503)
+        return HTMLResponse(page("Redis unreachable", f"<div class=\"banner\">{e(text)}</div>"),
+                            503)  # fmt: skip
+
+    async def pools_page(request: Request) -> Response:
+        async def make() -> Response:
+            found = await views()
+            rows = "".join(_row(_POOLS, [
+                f"<a href=\"/pools/{e(v.name)}\">{e(v.name)}</a>", len(v.runs), v.ready_runs,
+                v.sleeping_runs, sum(r.ready for r in v.runs), sum(r.leased for r in v.runs),
+            ]) for v in found)  # fmt: skip
+            body = (f"<h1>Pools</h1>{_table('pools', _POOLS, rows)}"
+                    + ("" if found else "<p class=\"note\">No pools here.</p>"))  # fmt: skip
+            return HTMLResponse(page("Pools", body))
+
+        return await guarded(make, json=False)
+
+    async def pool_page(request: Request) -> Response:
+        try:
+            name = check_pool_name(request.path_params["name"])
+        except ValidationError:
+            return HTMLResponse(page("Not found", "<p>Not a pool name.</p>"), 404)
+
+        async def make() -> Response:
+            view = await read_pool(client, prefix, name)
+            rows = "".join(_row(_RUNS, [
+                f"<a href=\"/runs/{r.run_id}\">{r.run_id}</a>",
+                f"<span class=\"st-{e(r.status)}\">{e(r.status)}</span>", e(r.state), r.weight,
+                r.priority, r.ready, r.leased,
+                f"{r.total_tokens} / {'-' if r.max_tokens is None else r.max_tokens}"
+                + (" (over budget)" if r.over_budget else ""),
+                "-" if r.max_leases is None else r.max_leases,
+            ]) for r in view.runs)  # fmt: skip
+            body = (f"<h1>Pool {e(name)}</h1><p class=\"note\">{len(view.runs)} run(s), "
+                    f"{view.ready_runs} ready, {view.sleeping_runs} sleeping until a lease "
+                    f"lapses</p>{_table('pool', _RUNS, rows)}")  # fmt: skip
+            return HTMLResponse(page(f"Pool {name}", body))
+
+        return await guarded(make, json=False)
+
+    async def api_pools(request: Request) -> Response:
+        async def make() -> Response:
+            found = await views()
+            body = [{**v.to_json(), "members": [r.to_json() for r in v.runs]} for v in found]
+            return Response(dumps({"pools": body}), media_type="application/json")
+
+        return await guarded(make, json=True)
+
+    async def metrics(request: Request) -> Response:
+        async def make() -> Response:
+            counts = await index_io.read_counts(client, prefix, count=False)
+            found = [await read_pool(client, prefix, name, limit=METRICS_RUNS)
+                     for name in await list_pools(client, prefix)]  # fmt: skip
+            claims: dict[str, int] = {}
+            ids = [r.run_id for v in found for r in v.runs]
+            if ids:
+                pipe = client.pipeline(transaction=False)
+                for run_id in ids:
+                    pipe.hget(run_keys(prefix, run_id).run, "lease_token")
+                for run_id, raw in zip(ids, await pipe.execute(), strict=True):
+                    if raw is not None and bytes(raw).isdigit():
+                        claims[str(run_id)] = int(raw)
+            return Response(metrics_text(counts, found, claims), media_type=_CONTENT_TYPE)
+
+        return await guarded(make, json=True)
+
+    return [
+        Route("/pools", pools_page, methods=["GET"]),
+        Route("/pools/{name}", pool_page, methods=["GET"]),
+        Route("/api/pools", api_pools, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
