@@ -280,6 +280,22 @@ FULL_ONLY_TESTS: Final = {
         "test_cli_index.py (the index pages and filters the table shows)",
     "test_cli_commands.py::test_global_options_go_before_or_after_the_command":
         "the other CLI tests, which pass --redis and --prefix",
+    # Pools (issue 28): the fairness runs on fakeredis and Cluster (the [redis-*] ones stay),
+    # the fleet of killed processes (the lapse takeover case stays), the input checks on a
+    # server (they fail before any I/O: the fakeredis cases stay), the asyncio-on-Cluster
+    # rows of the pool scripts in the fault matrix (sync-cluster and async-redis stay).
+    "test_pools.py::test_four_workers_share_a_pool_of_ten_runs_fairly[[]fakeredis-*":
+        "the [redis-*] cases",
+    "test_pools.py::test_four_workers_share_a_pool_of_ten_runs_fairly[[]cluster-*":
+        "the [redis-*] cases",
+    "test_pools.py::test_a_pool_fleet_with_killed_workers_finishes_every_agent_exactly_once":
+        "test_a_lapsed_lease_of_a_pooled_run_is_taken_over",
+    "test_pools.py::test_join_pool_checks_its_input_and_writes_nothing[[]redis-*":
+        "the [fakeredis-*] cases",
+    "test_pools.py::test_join_pool_checks_its_input_and_writes_nothing[[]cluster-*":
+        "the [fakeredis-*] cases",
+    "test_fault_matrix.py::test_a_fault_changes_nothing_the_caller_sees[[]async-cluster-*pool*":
+        "the sync-cluster and async-redis rows",
 }
 
 
