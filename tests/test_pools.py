@@ -176,6 +176,26 @@ def test_a_lapsed_lease_of_a_pooled_run_is_taken_over(make_frontend_backend: Mak
     assert time.monotonic() - started < 10  # the sleep set's time, not the timeout
 
 
+def test_a_lease_released_after_the_backend_moved_on_wakes_its_run(
+    make_frontend_backend: Make,
+) -> None:
+    """A worker holds run A's only agent, claims again (the backend moves to run B), then
+    hands A's agent back: A is woken in the pool at once, not at its lease's lapse."""
+    _, run_a = _run(make_frontend_backend, "moved", 1)
+    worker = make_frontend_backend(watch=False)
+    first = worker.claim_agent("w", pool="moved", lease_for=60)
+    assert first is not None and first.run_id == run_a
+    other = make_frontend_backend(watch=False)
+    assert other.claim_agent("o", pool="moved") is None  # A sleeps until its lease lapses
+    _, run_b = _run(make_frontend_backend, "moved", 1)
+    second = worker.claim_agent("w", pool="moved", lease_for=60)
+    assert second is not None and second.run_id == run_b and worker.run_id == run_b
+    call = getattr(worker, "event_loop_thread", None)
+    (call.call if call is not None else (lambda f: f()))(first.release)
+    again = other.claim_agent("o", pool="moved", lease_for=60)
+    assert again is not None and again.run_id == run_a and again.agent_id == first.agent_id
+
+
 def test_max_leases_bounds_a_runs_leases_and_a_finish_frees_a_slot(
     make_frontend_backend: Make,
 ) -> None:

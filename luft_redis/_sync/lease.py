@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..errors import LeaseLostError, LuftRedisError
 from ..forks import fork_generation
+from ..pools import Membership
 from ..runtime import Signal, Worker
 from ..tasks import AgentTask, Claim
 
@@ -66,6 +67,8 @@ class AgentLease:
         self.incarnation = claim.incarnation
         self.expires_at = claim.expires_ms / 1000
         self.lease_ms = lease_ms
+        self.pool: Membership | None = None
+        """The pool this lease was claimed from (its release wakes the run there)."""
         self._lost = False
         self.cancelled = False
         self.finished = False

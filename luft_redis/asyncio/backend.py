@@ -1088,7 +1088,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             return None, correction(run_id, None, "")
         _, claim = parse_claim(reply, binding.keys.tasks)
         if claim.agent_id is not None:
-            return AsyncAgentLease(self, claim, worker, duration, sent), ("", "", "", "")
+            lease = AsyncAgentLease(self, claim, worker, duration, sent)
+            lease.pool = binding.pool
+            return lease, ("", "", "", "")
         return None, correction(run_id, claim, f"{delta.inc_after or '-'} {delta.v_after}")
 
     async def _watch_pool(self, keys: PoolKeys) -> PoolWatch:
@@ -1178,7 +1180,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if binding.run_id == lease.run_id:
             return binding
         keys = run_keys(self._prefix, lease.run_id)
-        return Binding(lease.run_id, keys, RunCache(lease.run_id, keys))
+        own = Binding(lease.run_id, keys, RunCache(lease.run_id, keys))
+        own.pool = lease.pool  # (a release wakes the run in the pool it was claimed from)
+        return own
 
     @traced("cancel")
     async def cancel(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from ..errors import LeaseLostError, LuftRedisError
 from ..forks import fork_generation
+from ..pools import Membership
 from ..runtime import AsyncSignal, AsyncWorker
 from ..tasks import AgentTask, Claim
 
@@ -65,6 +66,8 @@ class AsyncAgentLease:
         self.incarnation = claim.incarnation
         self.expires_at = claim.expires_ms / 1000
         self.lease_ms = lease_ms
+        self.pool: Membership | None = None
+        """The pool this lease was claimed from (its release wakes the run there)."""
         self._lost = False
         self.cancelled = False
         self.finished = False
