@@ -259,6 +259,7 @@ LEASE_ROWS = {
     "claim_wake_p99": False,
     "lease_workers_1": False,
     "lease_workers_2": False,
+    "pool_claim_p50": True,
 }
 
 
