@@ -20,7 +20,8 @@ instructions the server executed for that phase alone: network handling, command
 the Lua interpreter and the Redis commands the functions call. A version with agent leases
 also runs the lease phases: a ``claim_agent``, the unleased agent cycle (``agent_started``,
 ``agent_done``, result) and the leased one (a claim, then those three writes fenced), whose
-ratio is the server's share of ``benchmarks.leases``' "leased vs unleased cycle" row.
+ratio is the server's share of ``benchmarks.leases``' "leased vs unleased cycle" row. A version
+with pools also runs ``pool_claim``: a claim from a pool of ``--ops`` runs, one agent each.
 
 Rows: instructions per call of each phase, and the ratio to a PING of the same run; with
 ``--before``, the ratio after/before of each write. Counts vary by well under 1% between runs
@@ -52,6 +53,10 @@ PHASES = ("ping", "append", "upsert")
 #: ``claim_agent``; the unleased agent cycle (``agent_started``, ``agent_done``, result); the
 #: leased cycle (claim, then the same three writes fenced by the lease).
 LEASE_PHASES = ("claim", "cycle", "leased_cycle")
+#: The pools' phase (docs/pools.md), measured when the version has pools: a claim from a pool
+#: of ``--ops`` runs with one ready agent each (the pick in the pool's slot, amortized over
+#: the picks a backend batches, plus the claim in the run's slot).
+POOL_PHASES = ("pool_claim",)
 
 # --------------------------------------------------------------------------------------------
 # The worker (run as a script: ``import luft_redis`` takes the version on PYTHONPATH)
@@ -89,6 +94,16 @@ def worker_main(port: int, pid: int, ops: int, expect_root: str) -> int:
     if hasattr(backend, "claim_agent"):
         phases += LEASE_PHASES
         calls.update(_lease_calls(lr, backend, run_id, ops))
+    if hasattr(backend, "join_pool"):
+        phases += POOL_PHASES
+        planner = lr.RedisCheckpointBackend(client, prefix="cost", watch=False)
+        for _ in range(ops + 20):
+            planner.init_run(uuid.uuid4(), "pool cost", "/tmp/runs/pool", pool="cost")
+            planner.submit_agents([lr.AgentTask(uuid.uuid4(), 0, {"prompt": "agent"})])
+        pooled = lr.RedisCheckpointBackend(client, prefix="cost", watch=False)
+        for _ in range(20):
+            pooled.claim_agent("cost", pool="cost", lease_for=600.0)  # warm-up
+        calls["pool_claim"] = lambda i: pooled.claim_agent("cost", pool="cost", lease_for=600.0)
     for phase in phases:
         _control("-z", pid)
         for i in range(ops):
@@ -212,7 +227,7 @@ def measure(tree: Path, ops: int, binary: str) -> dict[str, float]:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
-        totals = dump_totals(folder, PHASES + LEASE_PHASES)
+        totals = dump_totals(folder, PHASES + LEASE_PHASES + POOL_PHASES)
     missing = [p for p in PHASES if p not in totals]
     if missing:
         raise RuntimeError(f"no callgrind dump for {', '.join(missing)}")
@@ -277,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         header += f"{'after/before':>14}"
     print(header)
     print("-" * len(header))
-    shown = [p for p in PHASES + LEASE_PHASES if any(p in results[side] for side in sides)]
+    shown = [p for p in PHASES + LEASE_PHASES + POOL_PHASES
+             if any(p in results[side] for side in sides)]  # fmt: skip
     for phase in shown:
         line = f"{phase:<26}"
         for side in sides:
@@ -292,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "leased_cycle" in results[side]:
             ratio = results[side]["leased_cycle"] / results[side]["cycle"]
             print(f"{side}: leased cycle / unleased cycle {ratio:.2f}x")
+        if "pool_claim" in results[side]:
+            ratio = results[side]["pool_claim"] / results[side]["claim"]
+            print(f"{side}: claim from a pool / bound claim {ratio:.2f}x")
     print(f"\n{len(shown)} phases x {len(sides)} versions in {time.monotonic() - started:.0f} s")
     return 0
 
