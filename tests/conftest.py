@@ -296,8 +296,8 @@ FULL_ONLY_TESTS: Final = {
         "the [fakeredis-*] cases",
     "test_fault_matrix.py::test_a_fault_changes_nothing_the_caller_sees[[]async-cluster-*pool*":
         "the sync-cluster and async-redis rows",
-    "test_pools.py::*[[]*cluster-async*": "the sync-cluster and async-redis cases",
-    "test_pools.py::*[[]async-cluster*": "the sync-cluster and async-redis cases",
+    "test_pools.py::*[[]*cluster*": "the [*redis*] cases, and the fault matrix's sync-cluster "
+                                   "rows of the pool scripts (a claim from a pool on Cluster)",
     "test_cli_agents.py::test_pools_and_pool_show_runs_states_tasks_and_budgets[[]cluster]":
         "the [server] case (the pool reads are the same pipelined calls)",
 }
