@@ -9,11 +9,13 @@
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] pool name ("" leaves the pool)   ARGS[2] weight (1..1000)   ARGS[3] priority (0..9)
   ARGS[4] max_leases ("n" or "s<count>")   ARGS[5] max_tokens ("n" or "s<count>")
+  ARGS[6] "keep" (optional): a run in that pool already keeps its fields as they are
 
   Reply:  {the delta (op "pool"; R records of the fields, which are not checkpoint fields, or
           one that changes nothing when every field already holds its value), the pool the
           run was in before ("" none), also for a retry whose first reply was lost (kept in
-          the writers hash under "<writer> pool")}
+          the writers hash under "<writer> pool"), then pool, pool_weight, pool_priority,
+          max_leases and max_tokens as stored now ("" when absent)}
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/call"
@@ -26,12 +28,20 @@
 
 local NAMES = {'pool', 'pool_weight', 'pool_priority', 'max_leases', 'max_tokens'}
 
+-- The reply: the delta, the pool before, then the five fields as they are stored now.
+local function reply(delta, before)
+  local now = redis.call('HMGET', K_RUN, unpack(NAMES))
+  local out = {delta, before}
+  for i = 1, #NAMES do out[2 + i] = now[i] or '' end
+  return out
+end
+
 local function main()
   local memo_field = WRITER .. ' pool'
   local dup = dedup()
   if dup then -- a retry: the pool it was in before, as the first attempt found it
     local seq, before = string.match(read_key(9, 'hash', 'HGET', memo_field) or '', '^(%d+) ?(.*)$')
-    return {dup, seq == WRITER_SEQ and before or ''}
+    return reply(dup, seq == WRITER_SEQ and before or '')
   end
   local pool = ARGS[1]
   if pool == nil or not string.find(pool, '^[%w_.:-]*$') or #pool > 100 then
@@ -48,6 +58,9 @@ local function main()
   end
   if max_tokens then arg_uint(max_tokens, 'max_tokens') end
   local run = read_run(unpack(NAMES))
+  if ARGS[6] == 'keep' and run[4] == pool then -- in that pool already: as it is
+    return reply(unchanged(run, 'pool'), pool)
+  end
   local want = {pool, ARGS[2], ARGS[3], max_leases, max_tokens}
   if pool == '' then want = {} end
   local set, drop, same = {}, {}, true
@@ -59,11 +72,11 @@ local function main()
       drop[#drop + 1] = name
     end
   end
-  if same then return {unchanged(run, 'pool'), run[4] or ''} end
+  if same then return reply(unchanged(run, 'pool'), run[4] or '') end
   if #drop > 0 then redis.call('HDEL', K_RUN, unpack(drop)) end
   local before = run[4] or ''
-  return {commit(run, now_seconds(), 'pool', set, nil, {memo_field, WRITER_SEQ .. ' ' .. before}),
-    before}
+  return reply(commit(run, now_seconds(), 'pool', set, nil,
+    {memo_field, WRITER_SEQ .. ' ' .. before}), before)
 end
 
 --- @include "includes/main"

@@ -43,6 +43,7 @@ __all__ = [
     "add_args",
     "correction",
     "leave_args",
+    "membership_of_join",
     "membership_of_run",
     "parse_pick",
     "pick_args",
@@ -89,13 +90,14 @@ class Membership:
         """The run's ``total_tokens`` reached ``max_tokens``: no agent of it is handed out."""
         return self.max_tokens is not None and total_tokens >= self.max_tokens
 
-    def join_args(self) -> tuple[str, ...]:
-        """ARGS of ``join_pool-11.lua``."""
+    def join_args(self, keep: bool = False) -> tuple[str, ...]:
+        """ARGS of ``join_pool-11.lua`` (``keep``: a run in this pool already keeps its
+        fields as they are)."""
         return (self.pool, str(self.weight), str(self.priority), _opt(self.max_leases),
-                _opt(self.max_tokens))  # fmt: skip
+                _opt(self.max_tokens), "keep" if keep else "")  # fmt: skip
 
 
-LEAVE_ARGS = ("", "1", "0", "n", "n")
+LEAVE_ARGS = ("", "1", "0", "n", "n", "")
 """ARGS of ``join_pool-11.lua`` that take the run out of its pool."""
 
 
@@ -159,6 +161,19 @@ PICK_KEEP = 0.1
 are given back: the next pick moves their passes back), so a run that joins or wakes with a
 higher priority waits no longer than this for a busy worker. A worker
 whose agents take longer than this picks one run per claim."""
+
+
+def membership_of_join(reply: Any, key: str) -> Membership | None:
+    """The membership stored after ``join_pool-11.lua`` (its reply's last five items)."""
+    fields = [bytes(part) for part in reply[2:7]]
+    flat: list[bytes] = []
+    for name, value in zip(_JOIN_FIELDS, fields, strict=True):
+        if value:
+            flat += [name, value]
+    return membership_of_run(flat, key)
+
+
+_JOIN_FIELDS = (b"pool", b"pool_weight", b"pool_priority", b"max_leases", b"max_tokens")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -321,6 +321,29 @@ def test_join_pool_checks_its_input_and_writes_nothing(
         make_frontend_backend(watch=False).claim_agent("w", pool="a b")
 
 
+def test_submit_with_the_pool_a_run_is_in_keeps_its_weight_and_limits(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    """Another process joined the run with weight 3 and limits; a backend bound without
+    loading it (it made the run) submits with ``pool=`` the same pool: nothing changes but
+    the tasks, and its membership is the stored one."""
+    boss, run_id = _run(make_frontend_backend, None, 0)
+    other = make_frontend_backend(watch=False)
+    other.open_run(run_id)
+    other.join_pool("keep", weight=3, priority=2, max_leases=4, max_tokens=500)
+    boss.submit_agents([AgentTask(uuid.uuid4(), 0, None)], pool="keep")
+    fields = redis_client.hmget(run_keys("luft", run_id).run, "pool_weight", "pool_priority",
+                                "max_leases", "max_tokens")  # fmt: skip
+    assert fields == [b"3", b"2", b"4", b"500"]
+    member = boss.pool_membership()
+    assert (member.weight, member.priority, member.max_leases) == (3, 2, 4)
+    boss.submit_agents([AgentTask(uuid.uuid4(), 0, None)], pool="other")  # another pool: joins
+    assert redis_client.hget(run_keys("luft", run_id).run, "pool") == b"other"
+    assert redis_client.hget(run_keys("luft", run_id).run, "pool_weight") == b"1"
+    assert _members(redis_client, "keep") == set()
+    assert _members(redis_client, "other") == {str(run_id)}
+
+
 def test_pool_fields_are_plain_text_in_the_run_hash(
     redis_client: Any, make_frontend_backend: Make
 ) -> None:

@@ -68,6 +68,7 @@ from ..pools import (
     add_args,
     correction,
     leave_args,
+    membership_of_join,
     membership_of_run,
     parse_pick,
     pick_args,
@@ -866,14 +867,15 @@ class RedisCheckpointBackend(FrontEnd):
         ``max_attempts`` (default: this backend's): whoever claims it, it is dead after that
         many failed attempts.
 
-        ``pool=``: the run joins that pool first (when it is not in it: :meth:`join_pool`
-        with its defaults). A run in a pool is woken there after the submit, so a claim from
-        the pool finds the new tasks."""
+        ``pool=``: the run joins that pool first, with :meth:`join_pool`'s defaults, unless
+        it is in it already (then its weight, priority and limits stay as they are). A run in
+        a pool is woken there after the submit, so a claim from the pool finds the new
+        tasks."""
         binding = self._need_run("submit_agents")
         attempts = self._max_attempts if max_attempts is None else max_attempts
         args = submit_args(tasks, self._encoder.max_payload_size, attempts)
         if pool is not None and (binding.pool is None or binding.pool.pool != pool):
-            self.join_pool(pool)
+            self._join(binding, Membership(pool), keep=True)
         if args[1] == "0":
             return
         delta = self._write(self._scripts.submit_agents, args, binding)
@@ -968,10 +970,14 @@ class RedisCheckpointBackend(FrontEnd):
         out (bound claims included) until it is raised. A run is in one pool at a time;
         joining another leaves the first. Kept in the run hash (plain-text fields)."""
         binding = self._need_run("join_pool")
-        member = Membership(pool, weight, priority, max_leases, max_tokens)
-        reply, delta = self._write_reply(self._scripts.join_pool, member.join_args(),
+        self._join(binding, Membership(pool, weight, priority, max_leases, max_tokens))
+
+    def _join(self, binding: Binding, member: Membership, *, keep: bool = False) -> None:
+        """join_pool-11.lua, then the old pool's index and the new one's (``keep``: a run in
+        that pool already keeps its weight, priority and limits)."""
+        reply, delta = self._write_reply(self._scripts.join_pool, member.join_args(keep),
                                                binding)  # fmt: skip
-        binding.pool = member
+        binding.pool = membership_of_join(reply, binding.keys.run)
         self._leave_previous(binding, reply, member.pool)
         self._pool_wake(binding, delta)
 
