@@ -29,6 +29,7 @@ __all__ = [
     "LEAVE_ARGS",
     "MAX_PRIORITY",
     "MAX_WEIGHT",
+    "MEMBERSHIP_FIELDS",
     "PICK_BATCH",
     "PICK_KEEP",
     "RUN_VIEW_FIELDS",
@@ -43,6 +44,7 @@ __all__ = [
     "add_args",
     "correction",
     "leave_args",
+    "membership_of",
     "membership_of_join",
     "membership_of_run",
     "parse_pick",
@@ -120,34 +122,44 @@ def leave_args(wake: str, run_id: uuid.UUID) -> list[str]:
     return [wake, "leave", str(run_id)]
 
 
-_RUN_FIELDS = {b"pool", b"pool_weight", b"pool_priority", b"max_leases", b"max_tokens"}
+MEMBERSHIP_FIELDS = ("pool", "pool_weight", "pool_priority", "max_leases", "max_tokens")
+"""The run hash fields of a run's pool membership (:class:`Membership`), in this order."""
+
+_MEMBERSHIP_KEYS = tuple(name.encode() for name in MEMBERSHIP_FIELDS)
+
+
+def membership_of(values: Sequence[Any], key: str) -> Membership | None:
+    """The membership in the values of MEMBERSHIP_FIELDS, in order (an HMGET; None or empty
+    for an absent field), or None when the run is in no pool; CorruptDataError naming the
+    field that cannot be read."""
+    raw = [bytes(v) if v else None for v in values]
+    if raw[0] is None:
+        return None
+
+    def number(i: int, default: int | None) -> int | None:
+        value = raw[i]
+        if value is None:
+            return default
+        if not value.isdigit():
+            raise CorruptDataError(key, MEMBERSHIP_FIELDS[i], "is not a whole number")
+        return int(value)
+
+    try:
+        return Membership(raw[0].decode("utf-8"), number(1, 1) or 1, number(2, 0) or 0,
+                          number(3, None), number(4, None))  # fmt: skip
+    except (ValidationError, UnicodeDecodeError) as exc:
+        raise CorruptDataError(key, "pool", f"is not a valid pool membership ({exc})") from None
 
 
 def membership_of_run(flat: Sequence[Any], key: str) -> Membership | None:
-    """The membership in a run hash's HGETALL (a flat list, as ``load`` replies), or None
-    when the run is in no pool; CorruptDataError naming the field that cannot be read."""
-    found: dict[bytes, bytes] = {}
-    for i in range(0, len(flat) - 1, 2):
-        name = bytes(flat[i])
-        if name in _RUN_FIELDS:
-            found[name] = bytes(flat[i + 1])
-    if not found.get(b"pool"):
-        return None
+    """The membership in a run hash's HGETALL (a flat list, as ``load`` replies)."""
+    found = {bytes(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+    return membership_of([found.get(name) for name in _MEMBERSHIP_KEYS], key)
 
-    def number(name: bytes, default: int | None) -> int | None:
-        raw = found.get(name)
-        if raw is None:
-            return default
-        if not raw.isdigit():
-            raise CorruptDataError(key, name.decode(), "is not a whole number")
-        return int(raw)
 
-    try:
-        return Membership(found[b"pool"].decode("utf-8"), number(b"pool_weight", 1) or 1,
-                          number(b"pool_priority", 0) or 0, number(b"max_leases", None),
-                          number(b"max_tokens", None))  # fmt: skip
-    except (ValidationError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, "pool", f"is not a valid pool membership ({exc})") from None
+def membership_of_join(reply: Any, key: str) -> Membership | None:
+    """The membership stored after ``join_pool-11.lua`` (its reply's last five items)."""
+    return membership_of(reply[2:7], key)
 
 
 PICK_BATCH = 16
@@ -161,19 +173,6 @@ PICK_KEEP = 0.1
 are given back: the next pick moves their passes back), so a run that joins or wakes with a
 higher priority waits no longer than this for a busy worker. A worker
 whose agents take longer than this picks one run per claim."""
-
-
-def membership_of_join(reply: Any, key: str) -> Membership | None:
-    """The membership stored after ``join_pool-11.lua`` (its reply's last five items)."""
-    fields = [bytes(part) for part in reply[2:7]]
-    flat: list[bytes] = []
-    for name, value in zip(_JOIN_FIELDS, fields, strict=True):
-        if value:
-            flat += [name, value]
-    return membership_of_run(flat, key)
-
-
-_JOIN_FIELDS = (b"pool", b"pool_weight", b"pool_priority", b"max_leases", b"max_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +286,7 @@ class PoolWatch(Watch):
 
 # ------------------------------------------------------------------- what a pool holds (reads)
 
-RUN_VIEW_FIELDS = ("status", "pool", "pool_weight", "pool_priority", "max_leases", "max_tokens",
-                   "total_tokens")  # fmt: skip
+RUN_VIEW_FIELDS = ("status", *MEMBERSHIP_FIELDS, "total_tokens")
 """Run hash fields a pool view reads (HMGET) per run."""
 
 LEASE_SCORE = 10**12
@@ -341,18 +339,20 @@ class PoolView:
 
 
 def pool_run_of(run_id: uuid.UUID, pool: str, fields: Sequence[Any], state: str, ready: int,
-                leased: int) -> PoolRun | None:  # fmt: skip
-    """A :class:`PoolRun` from a run hash's RUN_VIEW_FIELDS (None: the run is gone)."""
-    raw = [None if v is None else bytes(v).decode("utf-8", "replace") for v in fields]
-    status, in_pool, weight, priority, max_leases, max_tokens, total = raw
+                leased: int, key: str) -> PoolRun | None:  # fmt: skip
+    """A :class:`PoolRun` from a run hash's RUN_VIEW_FIELDS (None: the run is gone);
+    CorruptDataError (naming ``key`` and the field) for a field that cannot be read."""
+    status, total = fields[0], fields[-1]
     if status is None:
         return None
-    if status != "running" or in_pool != pool:
+    member = membership_of(fields[1:-1], key)
+    text = bytes(status).decode("utf-8", "replace")
+    if text != "running" or member is None or member.pool != pool:
         state = "gone"
-
-    def number(text: str | None, default: int | None) -> int | None:
-        return int(text) if text is not None and text.isdigit() else default
-
-    return PoolRun(run_id, status, state, number(weight, 1) or 1, number(priority, 0) or 0,
-                   ready, leased, number(total, 0) or 0, number(max_leases, None),
-                   number(max_tokens, None))  # fmt: skip
+    if total is not None and not bytes(total).isdigit():
+        raise CorruptDataError(key, "total_tokens", "is not a whole number")
+    return PoolRun(run_id, text, state, member.weight if member else 1,
+                   member.priority if member else 0, ready, leased,
+                   int(total) if total is not None else 0,
+                   member.max_leases if member else None,
+                   member.max_tokens if member else None)  # fmt: skip

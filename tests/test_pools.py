@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from luft_redis import AgentDone, AgentStatus, AgentTask, TokenUsage, ValidationError
+from luft_redis import (
+    AgentDone,
+    AgentStatus,
+    AgentTask,
+    LeaseLostError,
+    TokenUsage,
+    ValidationError,
+)
 from luft_redis._sync.fcall import call_function
 from luft_redis.keys import pool_keys, run_keys
 from luft_redis.pools import PICK_BATCH, PICK_KEEP, pick_args
@@ -194,6 +201,26 @@ def test_a_lease_released_after_the_backend_moved_on_wakes_its_run(
     (call.call if call is not None else (lambda f: f()))(first.release)
     again = other.claim_agent("o", pool="moved", lease_for=60)
     assert again is not None and again.run_id == run_a and again.agent_id == first.agent_id
+
+
+def test_a_run_re_created_under_the_same_id_is_served_by_its_pool(
+    make_frontend_backend: Make,
+) -> None:
+    """A pooled run is deleted and created again with the same id (a new incarnation, its
+    versions counted from 1 again): the pool hands out the new run's agents, never the old
+    lease's, and the old lease is fenced out."""
+    boss, run_id = _run(make_frontend_backend, "again", 1)
+    worker = make_frontend_backend(watch=False)
+    old = worker.claim_agent("w", pool="again", lease_for=60)
+    assert old is not None and old.run_id == run_id
+    boss.delete_run(run_id)
+    boss.init_run(run_id, "again", "/d", pool="again")
+    agent = uuid.uuid4()
+    boss.submit_agents([AgentTask(agent, 0, None)])
+    fresh = make_frontend_backend(watch=False).claim_agent("o", pool="again", lease_for=60)
+    assert fresh is not None and fresh.run_id == run_id and fresh.agent_id == agent
+    with pytest.raises(LeaseLostError):
+        worker.append_event(_done(old), lease=old)
 
 
 def test_max_leases_bounds_a_runs_leases_and_a_finish_frees_a_slot(

@@ -60,6 +60,7 @@ from ..keys import (
 from ..links import DEFAULT_MAX_STALENESS
 from ..pools import (
     LEAVE_ARGS,
+    MEMBERSHIP_FIELDS,
     SWEEP_INTERVAL,
     SWEEP_SIZE,
     Membership,
@@ -68,6 +69,7 @@ from ..pools import (
     add_args,
     correction,
     leave_args,
+    membership_of,
     membership_of_join,
     membership_of_run,
     parse_pick,
@@ -1129,18 +1131,19 @@ class RedisCheckpointBackend(FrontEnd):
                 continue
             rk = run_keys(self._prefix, run_id)
             try:
-                status, in_pool, weight, priority = self._client.hmget(
-                    rk.run, "status", "pool", "pool_weight", "pool_priority")
+                status, *fields = self._client.hmget(rk.run, "status",
+                                                           *MEMBERSHIP_FIELDS)  # fmt: skip
                 head = self._client.zrange(rk.queue, 0, 0)
             except REDIS_ERRORS as exc:
                 raise translate_error(exc, run_id=run_id, prefix=self._prefix) from exc
-            if status != b"running" or in_pool != pool.encode():
+            try:
+                member = membership_of(fields, rk.run)
+            except CorruptDataError as exc:
+                logger.warning("pool %s: run %s not woken: %s", pool, run_id, exc)
+                continue
+            if status != b"running" or member is None or member.pool != pool:
                 self._pool_call(self._scripts.pool_add, keys, leave_args(keys.wake, run_id))
             elif head:
-                try:
-                    member = Membership(pool, int(weight or 1), int(priority or 0))
-                except (ValueError, ValidationError):
-                    member = Membership(pool)
                 self._pool_call(self._scripts.pool_add, keys,
                                       add_args(keys.wake, run_id, member, ""))  # fmt: skip
                 woke = True

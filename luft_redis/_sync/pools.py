@@ -60,7 +60,8 @@ def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -> Pool
     runs: list[PoolRun] = []
     for i, (run_id, state) in enumerate(ids):
         fields, n_ready, n_leased = replies[3 * i : 3 * i + 3]
-        run = pool_run_of(run_id, name, fields, state, int(n_ready), int(n_leased))
+        run = pool_run_of(run_id, name, fields, state, int(n_ready), int(n_leased),
+                          run_keys(prefix, run_id).run)  # fmt: skip
         if run is not None:
             runs.append(run)
     runs.sort(key=lambda r: (-r.priority, str(r.run_id)))
