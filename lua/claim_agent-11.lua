@@ -12,9 +12,14 @@
           a task submitted without one (by a version before tasks kept theirs)
   ARGS[4] for a claim from a pool, the pool's name ("" or absent: a bound claim): a run that
           is not in that pool (any more) replies "" and "!pool"
+  ARGS[5] the rate limiter the caller was admitted by for this claim ("" or absent: none). A
+          task that names a limiter is handed out only to a claim admitted by it: to any
+          other the reply is "" and "@<limiter> <expected tokens>" (take from that limiter,
+          limit_take-2.lua, then claim again with it); nothing is claimed
 
   Reply:  an array: the delta (op "claim"; no records), then for a lease
-          agent_id, token, attempt, expires (unix ms), phase_id, payload, incarnation;
+          agent_id, token, attempt, expires (unix ms), phase_id, payload, incarnation, the
+          task's limiter ("" none) and expected tokens ("" none);
           with nothing claimable: "" and the ms until the next lease lapses ("" when none is
           leased; "0" when the claim stopped after SCAN tasks that became done or dead:
           claim again at once; with max_leases live leases, the ms until the earliest ends), the delta a new version without records when tasks became
@@ -35,14 +40,16 @@
 -- queue entries read at a time (the first read takes one), and at most by one claim
 local PAGE, SCAN = 4, 64
 
--- The reply of a lease; `phase` and `payload` as stored (nil: read them, for a retry).
-local function lease_reply(delta, aid, token, attempt, expires, inc, phase, payload)
-  if phase == nil then
+-- The reply of a lease; `task` its phase, payload, limiter and expected tokens as stored
+-- (nil: read them, for a retry).
+local function lease_reply(delta, aid, token, attempt, expires, inc, task)
+  if task == nil then
     local p = aid .. ':'
-    local task = read_key(10, 'hash', 'HMGET', p .. 'phase', p .. 'payload')
-    phase, payload = task[1], task[2]
+    task = read_key(10, 'hash', 'HMGET', p .. 'phase', p .. 'payload', p .. 'limiter',
+      p .. 'expect')
   end
-  return {delta, aid, token, attempt, expires, phase or '0', payload or '', inc}
+  return {delta, aid, token, attempt, expires, task[1] or '0', task[2] or '', inc,
+    task[3] or '', task[4] or ''}
 end
 
 local function main()
@@ -109,34 +116,40 @@ local function main()
       -- a ready task needs its attempt, phase, payload and max; a lapsed one also its
       -- failures and submit order (a task's attempt is set when it is submitted)
       local t
+      -- (and both their limiter and expected tokens)
       if leased then
         t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload',
-          p .. 'max', p .. 'failures', p .. 'seq')
+          p .. 'max', p .. 'limiter', p .. 'expect', p .. 'failures', p .. 'seq')
       else
         t = read_key(10, 'hash', 'HMGET', p .. 'attempt', p .. 'phase', p .. 'payload',
-          p .. 'max')
+          p .. 'max', p .. 'limiter', p .. 'expect')
       end
       if not t[1] then fail('CORRUPT', K_QUEUE .. ' ' .. aid .. ' has no task in ' .. K_TASKS) end
       local attempt = task_uint(aid, 'attempt', t[1])
       if read_key(4, 'hash', 'HGET', p .. 'status') == 'ok' then -- done, however it was written
         ended[#ended + 1] = {aid, end_lease(aid, true), nil}
       elseif leased then -- lapsed: that attempt failed
-        local failures = task_uint(aid, 'failures', t[5])
+        local failures = task_uint(aid, 'failures', t[7])
         local fields, _, state = end_lease(aid, false, failures,
-          t[4] and task_uint(aid, 'max', t[4]) or max, task_uint(aid, 'seq', t[6]))
+          t[4] and task_uint(aid, 'max', t[4]) or max, task_uint(aid, 'seq', t[8]))
         if state == 'dead' then
           ended[#ended + 1] = {aid, fields, nil}
         else
-          chosen, decided = {aid, attempt, t[2], t[3], t[4], whole(failures + 1)}, true
+          chosen, decided = {aid, attempt, t, whole(failures + 1)}, true
           break
         end
       else
-        chosen, decided = {aid, attempt, t[2], t[3], t[4]}, true
+        chosen, decided = {aid, attempt, t}, true
         break
       end
     end
     offset = offset + size
     if #head < 2 * size then break end
+  end
+
+  -- a task of a rate limiter this claim was not admitted by: take from it first
+  if chosen and chosen[3][5] and chosen[3][5] ~= (ARGS[5] or '') then
+    wait, chosen = '@' .. chosen[3][5] .. ' ' .. (chosen[3][6] or '0'), nil
   end
 
   -- 2. writes
@@ -151,11 +164,11 @@ local function main()
   local p = aid .. ':'
   local fields = {p .. 'state', 'leased', p .. 'attempt', attempt, p .. 'token', token,
     p .. 'holder', worker, p .. 'expires', expires}
-  if not chosen[5] then -- a task submitted without its max_attempts: the claim's, kept
+  if not chosen[3][4] then -- a task submitted without its max_attempts: the claim's, kept
     fields[#fields + 1], fields[#fields + 2] = p .. 'max', ARGS[3]
   end
-  if chosen[6] then -- a lapsed task's failed attempt (a ready task's failures stay as stored)
-    fields[#fields + 1], fields[#fields + 2] = p .. 'failures', chosen[6]
+  if chosen[4] then -- a lapsed task's failed attempt (a ready task's failures stay as stored)
+    fields[#fields + 1], fields[#fields + 2] = p .. 'failures', chosen[4]
   end
   redis.call('HSET', K_TASKS, unpack(fields))
   redis.call('ZADD', K_QUEUE, expires, aid)
@@ -164,7 +177,8 @@ local function main()
   -- lease, for a retry of this claim, in the same HSET as the writer's entry
   local delta = commit(run, clock[1], 'claim', {'lease_token', token}, nil, {memo_field,
     WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc})
-  return lease_reply(delta, aid, token, attempt, expires, inc, chosen[3] or '0', chosen[4] or '')
+  local t = chosen[3]
+  return lease_reply(delta, aid, token, attempt, expires, inc, {t[2], t[3], t[5], t[6]})
 end
 
 --- @include "includes/main"

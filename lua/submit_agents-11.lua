@@ -1,7 +1,7 @@
 --[[
   submit_agents: add agent tasks to the run (docs/leases.md), atomically for the whole batch.
-  Submitting an agent again with the same phase and payload changes nothing (its state and
-  attempts stay); with another phase or payload the whole batch is refused. An agent that
+  Submitting an agent again with the same phase, payload, limiter and expected tokens changes
+  nothing (its state and attempts stay); with any of them other, the whole batch is refused. An agent that
   already has an ok result is done at once and never handed out.
 
   KEYS[1..11] the run's keys (see includes/call.lua)
@@ -11,7 +11,8 @@
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] max_attempts of the new tasks (kept with each: failed attempts after which it is
           dead)   ARGS[2] number of tasks, then per task: agent_id, phase_id, payload (opaque
-          msgpack)
+          msgpack), the rate limiter it is claimed under ("" none) and its expected tokens
+          ("" none: what a claim takes from that limiter's token budget before it runs)
 
   Reply and notice: the delta, op "submit", no records (tasks are not part of the
           checkpoint: a watcher reads them with agent_tasks); when every task was known
@@ -39,19 +40,29 @@ local function main()
   local max = arg_uint(ARGS[1], 'max_attempts')
   if max == '0' then fail('BAD_ARG', 'max_attempts must be >= 1') end
   local count = tonumber(arg_uint(ARGS[2], 'task count'))
-  if #ARGS ~= 2 + 3 * count then fail('BAD_ARG', 'argument list does not match the task count') end
+  if #ARGS ~= 2 + 5 * count then fail('BAD_ARG', 'argument list does not match the task count') end
 
   -- 1. checks
   local fields, queue, seen = {}, {}, {}
   for i = 0, count - 1 do
-    local aid, phase, payload = ARGS[3 + 3 * i], ARGS[4 + 3 * i], ARGS[5 + 3 * i]
+    local at = 3 + 5 * i
+    local aid, phase, payload, limiter, expect = ARGS[at], ARGS[at + 1], ARGS[at + 2],
+      ARGS[at + 3], ARGS[at + 4]
     arg_uint(phase, 'phase_id')
+    if expect ~= '' then arg_uint(expect, 'expected tokens') end
+    if not string.find(limiter, '^[%w_.:-]*$') or #limiter > 100 then
+      fail('BAD_ARG', 'limiter name is malformed')
+    end
     if seen[aid] then fail('BAD_ARG', 'agent ' .. aid .. ' is submitted twice in one batch') end
     seen[aid] = true
     local p = aid .. ':'
-    local known = redis.call('HMGET', K_TASKS, p .. 'phase', p .. 'payload')
+    local known = redis.call('HMGET', K_TASKS, p .. 'phase', p .. 'payload', p .. 'limiter',
+      p .. 'expect')
     if known[1] or known[2] then
-      if known[1] ~= phase or known[2] ~= payload then fail('TASK_MISMATCH', aid) end
+      if known[1] ~= phase or known[2] ~= payload or (known[3] or '') ~= limiter
+          or (known[4] or '') ~= expect then
+        fail('TASK_MISMATCH', aid)
+      end
     else
       seq = seq + 1
       local state = 'ready'
@@ -71,6 +82,8 @@ local function main()
       fields[n + 13], fields[n + 14] = p .. 'token', '0'
       fields[n + 15], fields[n + 16] = p .. 'expires', '0'
       fields[n + 17], fields[n + 18] = p .. 'max', max
+      if limiter ~= '' then fields[n + 19], fields[n + 20] = p .. 'limiter', limiter end
+      if expect ~= '' then fields[#fields + 1], fields[#fields + 2] = p .. 'expect', expect end
     end
   end
   if #fields == 0 then return unchanged(run, 'submit') end

@@ -21,6 +21,7 @@ from .errors import (
     ConfigurationError,
     CorruptDataError,
     LeaseLostError,
+    LimiterNotFoundError,
     LuftRedisError,
     NotDurableError,
     NotResumableError,
@@ -32,6 +33,7 @@ from .errors import (
     RunNotRunningError,
     ValidationError,
 )
+from .limits import RateLimit
 from .retry import RetryPolicy
 from .stats import BackendStats
 from .tasks import AgentTask, TaskInfo, TaskState
@@ -116,6 +118,7 @@ __all__ = [
     "FrozenList",
     "FrozenMap",
     "LeaseLostError",
+    "LimiterNotFoundError",
     "Location",
     "Log",
     "LogEntry",
@@ -140,6 +143,7 @@ __all__ = [
     "ProgressMessage",
     "ProgressTokens",
     "ProgressToolCall",
+    "RateLimit",
     "RedisCheckpointBackend",
     "ReportEmitted",
     "ResultStatus",

@@ -22,6 +22,7 @@ __all__ = [
     "CorruptDataError",
     "ForkedError",
     "LeaseLostError",
+    "LimiterNotFoundError",
     "LuftRedisError",
     "NotDurableError",
     "NotResumableError",
@@ -151,6 +152,15 @@ class LeaseLostError(LuftRedisError):
             what = f"was taken over: {now}"
         super().__init__(f"the lease of agent {agent_id} (token {token}) {what}; "
                          "nothing was written")  # fmt: skip
+
+
+class LimiterNotFoundError(LuftRedisError, LookupError):
+    """A task names a rate limiter that was never set (``set_rate_limit``), or a limiter was
+    read that does not exist; ``key`` is its hash. Nothing was claimed or submitted."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"no rate limiter at {key}: set it with set_rate_limit() first")
 
 
 class CorruptDataError(LuftRedisError):

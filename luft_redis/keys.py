@@ -30,6 +30,9 @@ key                                    type    holds
 ``<prefix>:{pool:<name>}:members``     set     the runs of the pool
 ``<prefix>:{pool:<name>}:pick:<w>``    string  backend w's last pick (a retry gets it again)
 ``<prefix>:{pool:<name>}:wake``        -       sharded pub/sub channel: a run has work
+``<prefix>:{limit:<name>}:limit``      hash    a rate limiter: rates, burst, GCRA state,
+                                               counters
+``<prefix>:{limit:<name>}:take:<w>``   string  backend w's last take (a retry gets it again)
 =====================================  ======  ================================================
 
 The run index is the one key outside a run's slot: the backend keeps it up to date itself, after
@@ -51,8 +54,13 @@ __all__ = [
     "PoolKeys",
     "RunKeys",
     "changes_channel",
+    "check_limiter_name",
     "check_pool_name",
     "check_prefix",
+    "limiter_key",
+    "limiter_name_from_key",
+    "limiter_pattern",
+    "limiter_take_memo",
     "pool_keys",
     "pool_pattern",
     "run_index_key",
@@ -224,6 +232,41 @@ def pool_pattern(prefix: str) -> str:
 def pool_name_from_key(prefix: str, key: str) -> str | None:
     """The pool name of a key matched by :func:`pool_pattern`, or None."""
     head, tail = f"{prefix}:{{pool:", "}:pool"
+    if key.startswith(head) and key.endswith(tail):
+        name = key[len(head) : -len(tail)]
+        return name if _POOL_NAME.fullmatch(name) else None
+    return None
+
+
+def check_limiter_name(name: object, field: str = "limiter") -> str:
+    """``name`` if usable as a rate limiter's name (as a pool's: 1-100 of
+    ``A-Z a-z 0-9 _ . : -``), else :class:`~luft_redis.errors.ValidationError` naming
+    ``field``."""
+    from .errors import ValidationError
+
+    if not isinstance(name, str) or not _POOL_NAME.fullmatch(name):
+        raise ValidationError(field, "must be 1 to 100 of the characters A-Z a-z 0-9 _ . : -")
+    return name
+
+
+def limiter_key(prefix: str, name: str) -> str:
+    """The hash of rate limiter ``name``: ``<prefix>:{limit:<name>}:limit``."""
+    return f"{prefix}:{{limit:{check_limiter_name(name)}}}:limit"
+
+
+def limiter_take_memo(key: str, writer: str) -> str:
+    """The key remembering backend ``writer``'s last take from the limiter ``key``."""
+    return key[: -len("limit")] + "take:" + writer
+
+
+def limiter_pattern(prefix: str) -> str:
+    """SCAN pattern matching every rate limiter under ``prefix``."""
+    return f"{prefix}:{{limit:*}}:limit"
+
+
+def limiter_name_from_key(prefix: str, key: str) -> str | None:
+    """The limiter name of a key matched by :func:`limiter_pattern`, or None."""
+    head, tail = f"{prefix}:{{limit:", "}:limit"
     if key.startswith(head) and key.endswith(tail):
         name = key[len(head) : -len(tail)]
         return name if _POOL_NAME.fullmatch(name) else None

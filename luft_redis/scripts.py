@@ -99,13 +99,15 @@ SCRIPT_NAMES = (
     "join_pool",
     "pool_add",
     "pool_pick",
+    "limit_set",
+    "limit_take",
 )
 """Every script the backend uses, by operation name."""
 
-PREFIX_OPS = frozenset({"index_status", "pool_add", "pool_pick"})
-"""The operations on keys that are not a run's (the run index, a pool's index): called with
-their arguments as given, no change channel derived from the keys (a pool's wake channel is
-their first argument)."""
+PREFIX_OPS = frozenset({"index_status", "pool_add", "pool_pick", "limit_set", "limit_take"})
+"""The operations on keys that are not a run's (the run index, a pool's index, a rate
+limiter): called with their arguments as given, no change channel derived from the keys (a
+pool's wake channel is their first argument)."""
 
 READ_ONLY = frozenset({"load", "agent_tasks"})
 """The operations registered with ``flags={'no-writes'}`` and called with ``FCALL_RO``."""
@@ -277,6 +279,8 @@ class Ops:
     join_pool: Function
     pool_add: Function
     pool_pick: Function
+    limit_set: Function
+    limit_take: Function
 
     def __init__(self, functions: dict[str, Function]) -> None:
         for op in SCRIPT_NAMES:
@@ -475,6 +479,8 @@ def _domain_error(code: str, message: str, run_id: object,
             f"tasks[{message.strip()}]",
             "this agent was submitted before with another phase or payload",
         )
+    if code == "NO_LIMITER":
+        return errors.LimiterNotFoundError(message.strip())
     if code == "STALE":
         return errors.BackendError(f"a newer operation of this backend was applied: {message}")
     return errors.BackendError(f"luft-redis script rejected its arguments: {code} {message}")

@@ -19,6 +19,7 @@ from typing import Any
 from . import codec
 from . import types as t
 from .errors import CorruptDataError, ValidationError
+from .keys import check_limiter_name
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -62,11 +63,16 @@ class TaskState(str, enum.Enum):  # noqa: UP042 (StrEnum changes format())
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentTask:
     """An agent the run wants executed: ``payload`` is any JSON the worker needs (prompt,
-    model, role, ...)."""
+    model, role, ...). ``limiter`` names the rate limiter its claims take from (one per model
+    or provider, set with ``set_rate_limit``; docs/pools.md) and ``expected_tokens`` what a
+    claim reserves of that limiter's token budget before the agent runs (what it reports
+    later settles the difference)."""
 
     agent_id: uuid.UUID
     phase_id: int
     payload: Any = None
+    limiter: str | None = None
+    expected_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +92,7 @@ class TaskInfo:
     expires_at: float | None
     lapsed: bool
     payload: Any
+    limiter: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (``luft-redis agents --json``)."""
@@ -93,7 +100,7 @@ class TaskInfo:
             "agent_id": str(self.agent_id), "phase_id": self.phase_id, "state": self.state.value,
             "attempt": self.attempt, "failures": self.failures, "token": self.token,
             "holder": self.holder, "expires_at": self.expires_at, "lapsed": self.lapsed,
-            "payload": t.thaw_json(self.payload),
+            "payload": t.thaw_json(self.payload), "limiter": self.limiter,
         }  # fmt: skip
 
 
@@ -112,6 +119,9 @@ class Claim:
     incarnation: str = ""
     wait_ms: int | None = None
     not_running: str | None = None
+    limiter: str | None = None
+    """With a lease: the task's rate limiter; without: the limiter to take from first."""
+    expected_tokens: int = 0
 
 
 def lease_ms(seconds: Any, field: str = "lease_for") -> int:
@@ -138,9 +148,10 @@ def attempts_arg(value: Any, field: str = "max_attempts") -> int:
     return value
 
 
-def submit_args(tasks: Iterable[AgentTask], max_payload_size: int,
-                max_attempts: int) -> list[Any]:  # fmt: skip
-    """Arguments of ``submit_agents-11.lua`` (ValidationError naming the task)."""
+def submit_args(tasks: Iterable[AgentTask], max_payload_size: int, max_attempts: int,
+                limiter: str | None = None, expected_tokens: int = 0) -> list[Any]:  # fmt: skip
+    """Arguments of ``submit_agents-11.lua`` (ValidationError naming the task); ``limiter``
+    and ``expected_tokens`` for the tasks that name none."""
     if isinstance(tasks, AgentTask) or not isinstance(tasks, Iterable):
         raise ValidationError("tasks", f"expected a sequence of AgentTask, got {tasks!r:.80}")
     batch = list(tasks)
@@ -159,7 +170,16 @@ def submit_args(tasks: Iterable[AgentTask], max_payload_size: int,
         if len(blob) > max_payload_size:
             raise ValidationError(
                 f"{field}.payload", f"{len(blob)} bytes stored, more than {max_payload_size}")
-        args += [str(task.agent_id), str(task.phase_id), blob]
+        named = task.limiter if task.limiter is not None else limiter
+        expect = task.expected_tokens or expected_tokens
+        if named is not None:
+            check_limiter_name(named, f"{field}.limiter")
+        if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect <= t.U64_MAX:
+            raise ValidationError(f"{field}.expected_tokens", "expected an integer, 0 to 2^64-1")
+        if expect and named is None:
+            raise ValidationError(f"{field}.expected_tokens", "reserves tokens of no limiter")
+        args += [str(task.agent_id), str(task.phase_id), blob, named or "",
+                 str(expect) if expect else ""]  # fmt: skip
     return args
 
 
@@ -187,6 +207,10 @@ def parse_claim(reply: Sequence[Any], key: str) -> tuple[bytes, Claim]:
         marker = _text(reply[2]) if len(reply) > 2 else ""
         if marker.startswith("!"):
             return delta, Claim(None, not_running=marker[1:])
+        if marker.startswith("@"):  # take from this limiter first
+            name, _, expect = marker[1:].partition(" ")
+            return delta, Claim(None, limiter=name,
+                                expected_tokens=_uint(key, f"{name}:expect", expect))
         return delta, Claim(None, wait_ms=_uint(key, "wait", marker) if marker else None)
     try:
         agent = uuid.UUID(aid)
@@ -200,9 +224,12 @@ def parse_claim(reply: Sequence[Any], key: str) -> tuple[bytes, Claim]:
         expires, phase = _uint(key, f"{aid}:expires", expires), _uint(key, f"{aid}:phase", phase)
     payload = codec.decode_json(bytes(reply[6]), key=key, field=f"{aid}:payload") if reply[
         6] else None  # fmt: skip
+    limiter = _text(reply[8]) if len(reply) > 9 and reply[8] else None
+    reserved = _uint(key, f"{aid}:expect", reply[9]) if limiter is not None and reply[9] else 0
     return delta, Claim(
         agent, token=int(token), attempt=int(attempt), expires_ms=int(expires),
-        phase_id=int(phase), payload=payload, incarnation=_text(reply[7]),
+        phase_id=int(phase), payload=payload, incarnation=_text(reply[7]), limiter=limiter,
+        expected_tokens=reserved,
     )  # fmt: skip
 
 
@@ -241,6 +268,7 @@ def parse_tasks(reply: Any, key: str) -> list[TaskInfo]:
             _uint(key, f"{aid}:token", need("token")), holder,
             expires / 1000 if expires else None,
             state is TaskState.LEASED and expires <= now_ms, payload,
+            _text(attrs["limiter"]) if "limiter" in attrs else None,
         )  # fmt: skip
         out.append((_uint(key, f"{aid}:seq", need("seq")), info))
     out.sort(key=lambda pair: pair[0])

@@ -66,7 +66,7 @@ from luft_redis.asyncio.interop import import_run as async_import_run
 from luft_redis.asyncio.retention import collect_garbage as async_collect_garbage
 from luft_redis.index import run_status_key
 from luft_redis.interop import checkpoint_json, import_run
-from luft_redis.keys import pool_keys, run_index_key, run_keys
+from luft_redis.keys import limiter_key, pool_keys, run_index_key, run_keys
 from luft_redis.retention import collect_garbage
 from luft_redis.scripts import READ_ONLY, SCRIPT_NAMES, library
 
@@ -372,6 +372,21 @@ def _joined(ctx: Ctx) -> None:
     ctx.bound().join_pool("fm")
 
 
+def _limited(ctx: Ctx, requests_per_minute: int = 600) -> None:
+    """Tasks under the rate limiter "fm-model", 100 tokens expected each."""
+    backend = ctx.bound()
+    backend.set_rate_limit("fm-model", requests_per_minute=requests_per_minute,
+                           tokens_per_minute=60_000, burst=0)  # fmt: skip
+    backend.submit_agents([AgentTask(AGENTS[i], 0, {"i": i}) for i in range(2)],
+                          limiter="fm-model", expected_tokens=100)  # fmt: skip
+
+
+def _limited_claimed(ctx: Ctx) -> None:
+    _limited(ctx, requests_per_minute=1)
+    ctx.lease = ctx.backend.claim_agent("worker-1", lease_for=60.0)
+    assert ctx.lease is not None
+
+
 def _make(ctx: Ctx) -> None:
     ctx.backend = ctx.make()
 
@@ -440,6 +455,14 @@ CASES: dict[str, Case] = {
         c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
     "pool_pick_empty": Case("pool_pick", _joined, lambda c: _lease_view(
         c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
+    "limit_set": Case("limit_set", Ctx.bound, lambda c: c.backend.set_rate_limit(
+        "fm-model", requests_per_minute=60, tokens_per_minute=1000, burst=2.5)),
+    "limit_take_claim": Case("limit_take", _limited, lambda c: _lease_view(
+        c.backend.claim_agent("worker-1", lease_for=60.0))),
+    "limit_take_refused": Case("limit_take", _limited_claimed, lambda c: _lease_view(
+        c.backend.claim_agent("worker-1", lease_for=60.0))),
+    "limit_take_settle": Case("limit_take", _limited_claimed, lambda c: (
+        c.backend.append_event(_done(0), lease=c.lease), _lease_view(c.lease))),
 }  # fmt: skip
 
 
@@ -487,6 +510,13 @@ def _pools(direct: Any) -> dict[str, Any]:
     return out
 
 
+def _limiters(direct: Any) -> Any:
+    """The rate limiter "fm-model": its rates and counters (its arrival times and the takes'
+    memos hold server times: left out)."""
+    return direct.hmget(limiter_key(PREFIX, "fm-model"), "requests_per_minute",
+                        "tokens_per_minute", "burst_ms", "admitted", "waits", "tokens")  # fmt: skip
+
+
 def _stored(direct: Any) -> dict[str, Any]:
     """What a fresh reader finds: the run, its log, its tasks, its version and lease counter,
     and its index entry."""
@@ -504,6 +534,7 @@ def _stored(direct: Any) -> dict[str, Any]:
         found["version"] = direct.hmget(run, "version", "lease_token", "status")
         found["index"] = _index(direct)
         found["pools"] = _pools(direct)
+        found["limiters"] = _limiters(direct)
         return found
     finally:
         reader.close()

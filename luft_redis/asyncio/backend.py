@@ -28,6 +28,7 @@ from ..errors import (
     CorruptDataError,
     ForkedError,
     LeaseLostError,
+    LimiterNotFoundError,
     LuftRedisError,
     RunNotBoundError,
     RunNotFoundError,
@@ -50,6 +51,8 @@ from ..keys import (
     DEFAULT_PREFIX,
     TOMBSTONE_TTL,
     PoolKeys,
+    limiter_key,
+    limiter_take_memo,
     pool_keys,
     pool_name_from_key,
     run_id_from_key,
@@ -57,6 +60,7 @@ from ..keys import (
     run_pattern,
     tombstone_key,
 )
+from ..limits import DEFAULT_BURST, LIMITED_TRIES, limit_args
 from ..links import DEFAULT_MAX_STALENESS
 from ..pools import (
     LEAVE_ARGS,
@@ -92,6 +96,7 @@ from ..tasks import (
     RELEASE_FLOOR,
     RENEW_FLOOR,
     AgentTask,
+    Claim,
     TaskInfo,
     attempts_arg,
     fence_arg,
@@ -812,6 +817,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 isinstance(e, t.AgentDone) and e.agent_id == lease.agent_id for e in events):
             lease.finished = True  # the script ended the lease (done, or ready again)
             await self._pool_wake(binding, delta)  # a task ready again, or a lease slot free
+            if lease.limiter is not None:  # what the claim reserved, settled
+                done = [e for e in events if isinstance(e, t.AgentDone)
+                        and e.agent_id == lease.agent_id]  # fmt: skip
+                await self._report_tokens(lease, done[-1].tokens.total(), True)
         if finishes(events):
             await self._index(binding)
 
@@ -860,7 +869,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
 
     @traced("submit_agents")
     async def submit_agents(self, tasks: Iterable[AgentTask], *, max_attempts: int | None = None,
-                            pool: str | None = None) -> None:  # fmt: skip
+                            pool: str | None = None, limiter: str | None = None,
+                            expected_tokens: int = 0) -> None:  # fmt: skip
         """Add agent tasks for workers to claim, atomically for the batch. Submitting an agent
         again with the same phase and payload changes nothing; with another phase or payload
         it is a :class:`~luft_redis.errors.ValidationError` (nothing changed). On a run that
@@ -871,10 +881,18 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         ``pool=``: the run joins that pool first, with :meth:`join_pool`'s defaults, unless
         it is in it already (then its weight, priority and limits stay as they are). A run in
         a pool is woken there after the submit, so a claim from the pool finds the new
-        tasks."""
+        tasks.
+
+        ``limiter=`` and ``expected_tokens=``: the rate limiter and expected tokens of the
+        tasks that name none (:class:`~luft_redis.tasks.AgentTask`). Every limiter named must
+        have been set (:meth:`set_rate_limit`), else
+        :class:`~luft_redis.errors.LimiterNotFoundError` and nothing is submitted."""
         binding = self._need_run("submit_agents")
         attempts = self._max_attempts if max_attempts is None else max_attempts
-        args = submit_args(tasks, self._encoder.max_payload_size, attempts)
+        args = submit_args(tasks, self._encoder.max_payload_size, attempts, limiter,
+                           expected_tokens)  # fmt: skip
+        for name in {args[i] for i in range(5, len(args), 5) if args[i]}:
+            await self._need_limiter(name)
         if pool is not None and (binding.pool is None or binding.pool.pool != pool):
             await self._join(binding, Membership(pool), keep=True)
         if args[1] == "0":
@@ -916,10 +934,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         following = False
         try:
             while True:
-                sent = time.monotonic()
-                args = (worker, str(duration), str(self._max_attempts), "")
-                reply, delta = await self._write_reply(self._scripts.claim_agent, args, binding)
-                _, claim = parse_claim(reply, binding.keys.tasks)
+                claim, delta, sent = await self._claim_limited(binding, worker, duration, "")
                 if claim.agent_id is not None:
                     return AsyncAgentLease(self, claim, worker, duration, sent)
                 left = deadline - time.monotonic()
@@ -936,6 +951,33 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         finally:
             if following:
                 self._unfollow(binding)
+
+    async def _claim_limited(self, binding: Binding, worker: str, duration: int,
+                             pool: str) -> tuple[Claim, Delta, float]:  # fmt: skip
+        """One claim in ``binding``'s run (claim_agent-11.lua) and when it was sent. When the
+        task it meets names a rate limiter, take from the limiter first, then claim with it;
+        out of budget, a claim without a lease whose ``wait_ms`` is the limiter's. A take
+        that no lease of its limiter follows is given back."""
+        held: Claim | None = None  # the limiter taken from, and what was taken
+        for _ in range(LIMITED_TRIES):
+            sent = time.monotonic()
+            args = (worker, str(duration), str(self._max_attempts), pool,
+                    held.limiter or "" if held is not None else "")  # fmt: skip
+            reply, delta = await self._write_reply(self._scripts.claim_agent, args, binding)
+            _, claim = parse_claim(reply, binding.keys.tasks)
+            if held is not None and (claim.agent_id is None or claim.limiter != held.limiter):
+                assert held.limiter is not None
+                await self._settle(held.limiter, -1, -held.expected_tokens)  # not used: back
+            held = None
+            if claim.agent_id is not None or claim.limiter is None:
+                return claim, delta, sent
+            wait = await self._limit_take(claim.limiter, "admit", 1, claim.expected_tokens)
+            if wait:
+                return Claim(None, wait_ms=wait, limiter=claim.limiter), delta, sent
+            held = claim
+        if held is not None and held.limiter is not None:
+            await self._settle(held.limiter, -1, -held.expected_tokens)
+        return Claim(None, wait_ms=0), delta, sent  # (tasks of other limiters came first)
 
     async def _follow(self, binding: Binding) -> None:
         """Watch ``binding``'s run for a waiting claim of a ``watch=False`` backend."""
@@ -1088,13 +1130,10 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 self._adopt(binding)
         if binding.pool is None or binding.pool.pool != pool:
             binding.pool = picked.member(weight, priority)
-        sent = time.monotonic()
-        args = (worker, str(duration), str(self._max_attempts), pool)
         try:
-            reply, delta = await self._write_reply(self._scripts.claim_agent, args, binding)
+            claim, delta, sent = await self._claim_limited(binding, worker, duration, pool)
         except RunNotFoundError:
             return None, correction(run_id, None, "")
-        _, claim = parse_claim(reply, binding.keys.tasks)
         if claim.agent_id is not None:
             lease = AsyncAgentLease(self, claim, worker, duration, sent)
             lease.pool = binding.pool
@@ -1147,6 +1186,77 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                                       add_args(keys.wake, run_id, member, ""))  # fmt: skip
                 woke = True
         return woke
+
+    # -- rate limits (docs/pools.md) -------------------------------------------------------
+
+    @traced("set_rate_limit")
+    async def set_rate_limit(self, name: str, *, requests_per_minute: int | None = None,
+                             tokens_per_minute: int | None = None,
+                             burst: float = DEFAULT_BURST) -> None:  # fmt: skip
+        """Define (or change) the rate limiter ``name``, shared by every run and pool under
+        this prefix (one per model or provider): at most ``requests_per_minute`` claims of
+        its tasks and ``tokens_per_minute`` tokens (reserved by their claims, then settled by
+        what the agents report), GCRA-paced, ``burst`` seconds of budget ahead at most. A
+        claim whose task names it takes from it first; out of budget, the claim waits the
+        time the limiter says. Changing the rates keeps the budget already spent. Needs no
+        bound run."""
+        key = limiter_key(self._prefix, name)
+        args = limit_args(requests_per_minute, tokens_per_minute, burst)
+        fn = self._scripts.limit_set
+        await self._retried(
+            lambda: call_function(self._client, fn, [key], args, cluster=self._cluster), None)
+
+    @traced("delete_rate_limit")
+    async def delete_rate_limit(self, name: str) -> bool:
+        """Delete the rate limiter ``name`` (True when it existed). Claims of tasks that still
+        name it raise :class:`~luft_redis.errors.LimiterNotFoundError` until it is set again."""
+        key = limiter_key(self._prefix, name)
+        try:
+            return bool(await self._client.delete(key))
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc, prefix=self._prefix) from exc
+
+    async def _need_limiter(self, name: str) -> None:
+        """LimiterNotFoundError unless the limiter ``name`` exists."""
+        key = limiter_key(self._prefix, name)
+        try:
+            found = await self._client.exists(key)
+        except REDIS_ERRORS as exc:
+            raise translate_error(exc, prefix=self._prefix) from exc
+        if not found:
+            raise LimiterNotFoundError(key)
+
+    async def _limit_take(self, name: str, mode: str, requests: int, tokens: int) -> int:
+        """limit_take-2.lua: 0 when taken, else the ms until the limiter admits."""
+        key = limiter_key(self._prefix, name)
+        self._pick_seq += 1  # one number for every retry of this take
+        args = [str(self._pick_seq), mode, str(requests), str(tokens)]
+        keys = [key, limiter_take_memo(key, self._writer_id)]
+        fn = self._scripts.limit_take
+        reply = await self._retried(
+            lambda: call_function(self._client, fn, keys, args, cluster=self._cluster), None)
+        text = bytes(reply).decode() if isinstance(reply, bytes) else str(reply)
+        if not text.isdigit():
+            raise BackendError(f"limit_take replied {text[:40]!r}")
+        return int(text)
+
+    async def _settle(self, name: str, requests: int, tokens: int) -> None:
+        """Charge the limiter ``name`` (negative: give back). A failure is logged, not raised:
+        the write it follows is applied; the limiter only counts less (or more)."""
+        try:
+            await self._limit_take(name, "charge", requests, tokens)
+        except LuftRedisError as exc:
+            logger.warning("rate limiter %s: charging %d requests and %d tokens failed (%s)",
+                           name, requests, tokens, exc)  # fmt: skip
+
+    async def _report_tokens(self, lease: AsyncAgentLease, used: int, final: bool) -> None:
+        """The lease's agent has used ``used`` tokens in all: charge its limiter what exceeds
+        what it was charged (``final``: settle exactly, giving back a reservation not used)."""
+        extra = used - lease.charged
+        if lease.limiter is None or extra == 0 or (extra < 0 and not final):
+            return
+        lease.charged = used
+        await self._settle(lease.limiter, 0, extra)
 
     @traced("agent_tasks")
     async def agent_tasks(self) -> list[TaskInfo]:

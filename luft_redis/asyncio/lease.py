@@ -18,7 +18,7 @@ import uuid
 from types import TracebackType
 from typing import Any, Protocol
 
-from ..errors import LeaseLostError, LuftRedisError
+from ..errors import LeaseLostError, LuftRedisError, ValidationError
 from ..forks import fork_generation
 from ..pools import Membership
 from ..runtime import AsyncSignal, AsyncWorker
@@ -34,6 +34,8 @@ class _Holder(Protocol):
     async def _renew_lease(self, lease: AsyncAgentLease) -> tuple[str, int]: ...
 
     async def _release_lease(self, lease: AsyncAgentLease, failed: bool) -> None: ...
+
+    async def _report_tokens(self, lease: AsyncAgentLease, used: int, final: bool) -> None: ...
 
 __all__ = ["AsyncAgentLease"]
 
@@ -59,7 +61,14 @@ class AsyncAgentLease:
         self._backend = backend
         self.run_id: uuid.UUID = backend._need_run("lease").run_id
         self.agent_id: uuid.UUID = claim.agent_id
-        self.task = AgentTask(claim.agent_id, claim.phase_id, claim.payload)
+        self.task = AgentTask(claim.agent_id, claim.phase_id, claim.payload, claim.limiter,
+                              claim.expected_tokens)  # fmt: skip
+        self.limiter = claim.limiter
+        """The rate limiter the task was claimed under (None: none)."""
+        self.charged = claim.expected_tokens
+        """Tokens charged to :attr:`limiter` for this lease so far (the claim reserved the
+        task's expected tokens)."""
+        self._used = 0
         self.token = claim.token
         self.attempt = claim.attempt
         self.worker = worker
@@ -150,6 +159,16 @@ class AsyncAgentLease:
             return
         await self._backend._release_lease(self, failed)
         self.released = True
+
+    async def report_tokens(self, tokens: int) -> None:
+        """The agent used ``tokens`` more tokens (say, after each model call): the task's
+        rate limiter is charged what its use so far exceeds the claim's reservation, so
+        other claims wait for the budget now, not after the agent ends. Its ``agent_done``
+        settles the rest. Nothing happens for a task without a limiter."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValidationError("tokens", "expected a whole number >= 0")
+        self._used += tokens
+        await self._backend._report_tokens(self, self._used, False)
 
     async def _beat(self, wake: AsyncSignal) -> None:
         """The heartbeat: renew every third of the lease, retrying within the time left;
