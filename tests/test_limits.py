@@ -140,14 +140,15 @@ def test_bad_rate_limit_arguments_are_refused_naming_them(
     redis_client: Any, make_frontend_backend: Make
 ) -> None:
     backend = _bound(make_frontend_backend, 0)
-    for kwargs, field in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({}, "requests_per_minute"),
         ({"requests_per_minute": 0}, "requests_per_minute"),
         ({"requests_per_minute": 1.5}, "requests_per_minute"),
         ({"tokens_per_minute": True}, "tokens_per_minute"),
         ({"requests_per_minute": 5, "burst": -1}, "burst"),
         ({"requests_per_minute": 5, "burst": float("nan")}, "burst"),
-    ]:
+    ]
+    for kwargs, field in cases:
         with pytest.raises(ValidationError) as caught:
             backend.set_rate_limit("model", **kwargs)
         assert caught.value.field == field, kwargs
