@@ -210,3 +210,29 @@ def test_pools_and_pool_show_runs_states_tasks_and_budgets(
     assert "pool 'gpu': 3 run(s)" in table.stderr and "1 leased" in table.stderr
     text = luft(*conn, "pools")
     assert text.returncode == 0 and "gpu" in text.stdout and "2 pool(s)" in text.stderr
+
+
+def test_limits_lists_rates_budget_left_and_waits(pool_target: tuple[str, list[str]]) -> None:
+    url, conn = pool_target
+    boss = RedisCheckpointBackend.from_url(url, cluster="--cluster" in conn, watch=False)
+    try:
+        boss.set_rate_limit("gpt", requests_per_minute=60, tokens_per_minute=6000, burst=0)
+        boss.set_rate_limit("idle", tokens_per_minute=100)
+        boss.init_run(uuid.uuid4(), "limited", "/d")
+        boss.submit_agents([AgentTask(uuid.uuid4(), 0, None) for _ in range(2)],
+                           limiter="gpt", expected_tokens=600)  # fmt: skip
+        assert boss.claim_agent("w", lease_for=60) is not None
+        assert boss.claim_agent("w", lease_for=60) is None  # out of budget: a wait
+    finally:
+        boss.close()
+    listed = luft(*conn, "limits", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in map(json.loads, listed.stdout.splitlines())}
+    assert set(rows) == {"gpt", "idle"}
+    gpt = rows["gpt"]
+    assert (gpt["admitted"], gpt["waits"], gpt["tokens"]) == (1, 1, 600)
+    assert gpt["requests_per_minute"] == 60 and gpt["requests_available"] == 0
+    assert rows["idle"]["requests_per_minute"] is None and rows["idle"]["tokens_available"] > 0
+    table = luft(*conn, "limits")
+    assert table.returncode == 0 and "gpt" in table.stdout
+    assert "2 rate limiter(s)" in table.stderr and "1 claim(s) made to wait" in table.stderr

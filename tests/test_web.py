@@ -1110,6 +1110,11 @@ def _pooled(backend: Callable[[], RedisCheckpointBackend]) -> tuple[list[uuid.UU
         planner.submit_agents([AgentTask(uuid.uuid4(), 0, {"i": i}) for i in range(3)])
         runs.append(run_id)
     planner.init_run(uuid.uuid4(), "elsewhere", "/tmp/run", pool="cpu")
+    planner.set_rate_limit("model", requests_per_minute=60, tokens_per_minute=6000, burst=0)
+    planner.submit_agents([AgentTask(uuid.uuid4(), 1, None, "model", 100) for _ in range(2)])
+    limited = backend()
+    assert limited.claim_agent("worker-0", pool="cpu", lease_for=60) is not None
+    assert limited.claim_agent("worker-0", pool="cpu", lease_for=60) is None  # a wait
     spender = backend()
     spender.open_run(runs[0])
     _agent(spender, runs[0], tokens=t.TokenUsage(input=20))  # over the budget of 10
@@ -1155,6 +1160,13 @@ def test_pools_pages_api_and_metrics(
     assert samples[f'luft_redis_run_tokens{{pool="gpu",run="{runs[0]}"}}'] == 20
     assert samples[f'luft_redis_run_claims_total{{pool="gpu",run="{runs[1]}"}}'] == 1
     assert "# TYPE luft_redis_run_claims_total counter" in text
+    assert samples['luft_redis_limiter_admitted_total{limiter="model"}'] == 1
+    assert samples['luft_redis_limiter_waits_total{limiter="model"}'] == 1
+    assert samples['luft_redis_limiter_tokens_total{limiter="model"}'] == 100
+    assert samples['luft_redis_limiter_available{limiter="model",budget="requests"}'] == 0
+    limiters = json.loads(_request(server, "GET", "/api/pools")[2])["limiters"]
+    assert [(lim["name"], lim["waits"]) for lim in limiters] == [("model", 1)]
+    assert 'id="limits"' in _request(server, "GET", "/pools")[2]
     lease.release()
 
 

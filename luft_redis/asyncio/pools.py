@@ -1,5 +1,5 @@
-"""The reads of pools (docs/pools.md): the pools under a prefix and what one holds, for
-``luft-redis pools`` / ``pool NAME`` and the web view.
+"""The reads of pools (docs/pools.md): the pools under a prefix and what one holds, and the
+rate limiters, for ``luft-redis pools`` / ``pool NAME`` / ``limits`` and the web view.
 
 This is the hand-written asyncio source; :mod:`luft_redis._sync.pools` is generated from it
 (``.ci/unasync.py``).
@@ -11,10 +11,19 @@ import time
 import uuid
 from typing import Any
 
-from ..keys import pool_keys, pool_name_from_key, pool_pattern, run_keys
+from ..keys import (
+    limiter_key,
+    limiter_name_from_key,
+    limiter_pattern,
+    pool_keys,
+    pool_name_from_key,
+    pool_pattern,
+    run_keys,
+)
+from ..limits import LIMITER_FIELDS, RateLimit, rate_limit_of
 from ..pools import LEASE_SCORE, RUN_VIEW_FIELDS, PoolRun, PoolView, pool_run_of
 
-__all__ = ["list_pools", "read_pool"]
+__all__ = ["list_pools", "list_rate_limits", "read_pool"]
 
 
 async def list_pools(client: Any, prefix: str) -> list[str]:
@@ -65,3 +74,29 @@ async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -
             runs.append(run)
     runs.sort(key=lambda r: (-r.priority, str(r.run_id)))
     return PoolView(name, tuple(runs), len(ready_set), len(sleeping_set))
+
+
+async def list_rate_limits(client: Any, prefix: str) -> list[RateLimit]:
+    """The rate limiters under ``prefix`` (SCAN of the keyspace), sorted by name, with what
+    each would admit now (the server's clock). CorruptDataError names a field that is not a
+    whole number."""
+    names: set[str] = set()
+    async for raw in client.scan_iter(match=limiter_pattern(prefix), count=1000):
+        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        name = limiter_name_from_key(prefix, key)
+        if name is not None:
+            names.add(name)
+    ordered = sorted(names)
+    if not ordered:
+        return []
+    seconds, micros = await client.time()
+    now = int(seconds) + int(micros) / 1e6
+    pipe = client.pipeline(transaction=False)
+    for name in ordered:
+        pipe.hmget(limiter_key(prefix, name), list(LIMITER_FIELDS))
+    found: list[RateLimit] = []
+    for name, values in zip(ordered, await pipe.execute(), strict=True):
+        limit = rate_limit_of(name, values, limiter_key(prefix, name), now)
+        if limit is not None:
+            found.append(limit)
+    return found

@@ -84,6 +84,7 @@ from .render import (
     dumps,
     event_json,
     event_line,
+    limits_table,
     one_line,
     pool_table,
     print_report,
@@ -443,6 +444,21 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_limits(args: argparse.Namespace) -> int:
+    with _backend(args) as backend:
+        limits = _redis_call(lambda: pools_io.list_rate_limits(backend.client, args.prefix))
+    if args.json:
+        for limit in limits:
+            print(dumps(limit.to_json()))
+        return EXIT_OK
+    if limits:
+        _print(limits_table(limits))
+    waits = sum(limit.waits for limit in limits)
+    print(f"{len(limits)} rate limiter(s) under prefix {args.prefix!r}, {waits} claim(s) "
+          "made to wait so far", file=sys.stderr)  # fmt: skip
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- cancel
 
 
@@ -679,6 +695,14 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("name", metavar="NAME", help="the pool's name")
     pool.add_argument("--limit", type=int, default=1000, help="at most this many runs (1000)")
     pool.add_argument("--json", action="store_true", help="JSON lines, one run per line")
+    limits = _add_command(
+        sub, "limits", "the rate limiters: rates, budget left now, waits",
+        "List the rate limiters under the prefix (docs/pools.md, \"Rate limits\"): requests\n"
+        "and tokens per minute, burst, what each would admit now, and its counters (requests\n"
+        "admitted, claims made to wait, tokens charged). --json prints JSON lines.",
+        _cmd_limits,
+    )  # fmt: skip
+    limits.add_argument("--json", action="store_true", help="JSON lines, one limiter per line")
 
     _add_command(
         sub, "cancel", "cancel a running run",

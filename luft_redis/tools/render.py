@@ -21,14 +21,15 @@ from rich.text import Text
 
 from .. import index
 from .. import types as t
+from ..limits import RateLimit
 from ..pools import PoolRun
 from ..tasks import TaskInfo, TaskState
 from ..wire import decode_entry, entry_id
 from .doctor import ServerReport
 
 __all__ = ["STATUS_STYLE", "decode_page", "dumps", "event_json", "event_line", "lease_left",
-           "one_line", "pool_table", "print_report", "render_run", "run_row_json", "show_json",
-           "task_table", "utc_time"]  # fmt: skip
+           "limits_table", "one_line", "pool_table", "print_report", "render_run",
+           "run_row_json", "show_json", "task_table", "utc_time"]  # fmt: skip
 
 
 _FIRST: Final = ("status", "level", "msg", "label", "phase_id", "agent_id", "name", "role",
@@ -330,4 +331,24 @@ def pool_table(runs: Sequence[PoolRun]) -> Table:
                       run.state + (" (over budget)" if run.over_budget else ""),
                       str(run.weight), str(run.priority), str(run.ready), str(run.leased),
                       tokens, "-" if run.max_leases is None else str(run.max_leases))  # fmt: skip
+    return table
+
+
+def limits_table(limits: Sequence[RateLimit]) -> Table:
+    """The rate limiters: rates, burst, what each would admit now, and its counters."""
+    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+    table.add_column("limiter", no_wrap=True)
+    for name in ("requests/min", "tokens/min", "burst s", "requests now", "tokens now",
+                 "admitted", "waits", "tokens"):  # fmt: skip
+        table.add_column(name, justify="right", no_wrap=True)
+
+    def opt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    for limit in limits:
+        table.add_row(limit.name, opt(limit.requests_per_minute), opt(limit.tokens_per_minute),
+                      f"{limit.burst:g}", opt(limit.requests_available),
+                      opt(limit.tokens_available), str(limit.admitted),
+                      Text(str(limit.waits), style="yellow" if limit.waits else ""),
+                      str(limit.tokens))  # fmt: skip
     return table

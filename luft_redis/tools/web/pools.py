@@ -14,10 +14,11 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ...asyncio import index as index_io
-from ...asyncio.pools import list_pools, read_pool
+from ...asyncio.pools import list_pools, list_rate_limits, read_pool
 from ...errors import LuftRedisError, ValidationError
 from ...index import Counts
 from ...keys import check_pool_name, run_keys
+from ...limits import RateLimit
 from ...pools import PoolView
 from ..render import dumps
 from .hub import redis_problem
@@ -34,9 +35,11 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, int]) -> str:
-    """The Prometheus text of the runs by status, each pool's runs and tasks, and each pooled
-    run's tokens and claims (``claims``: run id -> its ``lease_token``)."""
+def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, int],
+                 limits: Sequence[RateLimit] = ()) -> str:  # fmt: skip
+    """The Prometheus text of the runs by status, each pool's runs and tasks, each pooled
+    run's tokens and claims (``claims``: run id -> its ``lease_token``) and each rate
+    limiter's counters and budget left."""
     out: list[str] = []
 
     def family(name: str, kind: str, help_text: str,
@@ -67,10 +70,27 @@ def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, in
            "Leases handed out in a pooled run (its last fencing token: claims and takeovers).",
            [({"pool": v.name, "run": str(r.run_id)}, claims.get(str(r.run_id), 0))
             for v in views for r in v.runs])  # fmt: skip
+    family("luft_redis_limiter_admitted_total", "counter",
+           "Claims a rate limiter admitted (net of takes given back).",
+           [({"limiter": lim.name}, lim.admitted) for lim in limits])
+    family("luft_redis_limiter_waits_total", "counter",
+           "Claims a rate limiter made to wait (out of budget).",
+           [({"limiter": lim.name}, lim.waits) for lim in limits])
+    family("luft_redis_limiter_tokens_total", "counter",
+           "Tokens charged to a rate limiter (reserved by claims, settled by the agents).",
+           [({"limiter": lim.name}, lim.tokens) for lim in limits])
+    family("luft_redis_limiter_available", "gauge",
+           "What a rate limiter would admit at once now, by budget (requests, tokens).",
+           [({"limiter": lim.name, "budget": budget}, int(value))
+            for lim in limits for budget, value in (("requests", lim.requests_available),
+                                                    ("tokens", lim.tokens_available))
+            if value is not None])  # fmt: skip
     return "\n".join(out) + "\n"
 
 
 _POOLS = ("pool", "runs", "ready runs", "sleeping runs", "ready tasks", "leased tasks")
+_LIMITS = ("limiter", "requests/min", "tokens/min", "burst s", "requests now", "tokens now",
+           "admitted", "waits", "tokens")  # fmt: skip
 _RUNS = ("run", "status", "in pool", "weight", "priority", "ready", "leased", "tokens / budget",
          "max leases")  # fmt: skip
 
@@ -118,6 +138,17 @@ def pool_routes(client: Any, prefix: str,
             ]) for v in found)  # fmt: skip
             body = (f"<h1>Pools</h1>{_table('pools', _POOLS, rows)}"
                     + ("" if found else "<p class=\"note\">No pools here.</p>"))  # fmt: skip
+            limits = await list_rate_limits(client, prefix)
+            if limits:
+                def opt(value: float | None) -> str:
+                    return "-" if value is None else f"{value:.0f}"
+
+                rows = "".join(_row(_LIMITS, [
+                    e(lim.name), opt(lim.requests_per_minute), opt(lim.tokens_per_minute),
+                    f"{lim.burst:g}", opt(lim.requests_available), opt(lim.tokens_available),
+                    lim.admitted, lim.waits, lim.tokens,
+                ]) for lim in limits)  # fmt: skip
+                body += f"<h2>Rate limiters</h2>{_table('limits', _LIMITS, rows)}"
             return HTMLResponse(page("Pools", body))
 
         return await guarded(make, json=False)
@@ -149,7 +180,9 @@ def pool_routes(client: Any, prefix: str,
         async def make() -> Response:
             found = await views()
             body = [{**v.to_json(), "members": [r.to_json() for r in v.runs]} for v in found]
-            return Response(dumps({"pools": body}), media_type="application/json")
+            limits = [lim.to_json() for lim in await list_rate_limits(client, prefix)]
+            return Response(dumps({"pools": body, "limiters": limits}),
+                            media_type="application/json")  # fmt: skip
 
         return await guarded(make, json=True)
 
@@ -167,7 +200,9 @@ def pool_routes(client: Any, prefix: str,
                 for run_id, raw in zip(ids, await pipe.execute(), strict=True):
                     if raw is not None and bytes(raw).isdigit():
                         claims[str(run_id)] = int(raw)
-            return Response(metrics_text(counts, found, claims), media_type=_CONTENT_TYPE)
+            limits = await list_rate_limits(client, prefix)
+            return Response(metrics_text(counts, found, claims, limits),
+                            media_type=_CONTENT_TYPE)  # fmt: skip
 
         return await guarded(make, json=True)
 
