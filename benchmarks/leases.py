@@ -22,7 +22,10 @@ baseline measured in the same run, interleaved (A/B/A/B), because the machine is
 - 1, 2 and 4 worker processes running 2,000 empty agents (claim, fenced ``agent_started``,
   fenced ``agent_done``) on one run: agents/s and client CPU per agent;
 - a claim from a pool of 1,000 running runs, each with one ready agent, against a claim from
-  one bound run (docs/pools.md; target <= 1.3x).
+  one bound run (docs/pools.md; target <= 1.3x);
+- a tokens/minute rate limiter under 4 worker processes for 60 s: the tokens used against its
+  budget (target: within 5%), and how late a claim waiting on a spent limiter wakes after the
+  budget returned (target: within 50 ms; docs/pools.md "Rate limits").
 """
 
 from __future__ import annotations
@@ -69,11 +72,22 @@ class Sizes:
     agents: int  # agents of the worker-process rows
     workers: tuple[int, ...]  # worker-process counts
     pool_runs: int  # runs of the pool (one agent each): claims from the pool timed
+    limit_seconds: float  # how long 4 workers run under a tokens/minute limiter
+    limit_wakes: int  # waits on a spent limiter timed
 
 
 FULL = Sizes(rounds=5, claims=400, cycles=200, wakes=300, agents=2000, workers=(1, 2, 4),
-             pool_runs=1000)  # fmt: skip
-SMOKE = Sizes(rounds=1, claims=20, cycles=10, wakes=10, agents=40, workers=(1, 2), pool_runs=40)
+             pool_runs=1000, limit_seconds=60.0, limit_wakes=50)  # fmt: skip
+SMOKE = Sizes(rounds=1, claims=20, cycles=10, wakes=10, agents=40, workers=(1, 2), pool_runs=40,
+              limit_seconds=2.0, limit_wakes=5)  # fmt: skip
+
+LIMIT_TPM = 300_000
+"""The tokens/minute of the limiter section (5,000 a second)."""
+LIMIT_EXPECTED = 100
+"""Tokens each agent of the limiter section expects (the claim reserves them); it reports
+80-120% of them (seeded), so what the claims reserve and what the agents use differ."""
+LIMIT_AGENT_S = 0.02
+"""Seconds each agent of the limiter section "runs" (sleeps) between its claim and its done."""
 
 
 def _started(run_id: uuid.UUID, agent: uuid.UUID) -> AgentStarted:
@@ -375,7 +389,100 @@ def section_workers(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
     return rows
 
 
-SECTIONS = ("claim", "cycle", "wake", "workers", "pool")
+def _limited_worker(url: str, run_id: str, seconds: float, seed: int, barrier: Any,
+                    queue: Any) -> None:  # fmt: skip
+    """One worker under the limiter: claim, run LIMIT_AGENT_S, report 80-120% of the
+    expected tokens in its agent_done, until ``seconds`` after the barrier. Reports each
+    agent's (admitted at, unix seconds; tokens)."""
+    import random
+
+    rng = random.Random(seed)
+    # its change listener on (as _worker's): watch=False would reload the growing run
+    backend = RedisCheckpointBackend(redis.Redis.from_url(url), prefix=PREFIX)
+    rid = uuid.UUID(run_id)
+    backend.open_run(rid)
+    barrier.wait()
+    stop = time.time() + seconds
+    used: list[tuple[float, int]] = []
+    while (left := stop - time.time()) > 0:
+        lease = backend.claim_agent(f"w{seed}", lease_for=600.0, timeout=left)
+        if lease is None:
+            continue
+        admitted = time.time()
+        time.sleep(LIMIT_AGENT_S)
+        tokens = rng.randint(LIMIT_EXPECTED * 8 // 10, LIMIT_EXPECTED * 12 // 10)
+        backend.append_event(AgentDone(run_id=rid, agent_id=lease.agent_id,
+                                       status=AgentStatus.OK, tokens=TokenUsage(input=tokens),
+                                       elapsed_ms=20), lease=lease)  # fmt: skip
+        used.append((admitted, tokens))
+    queue.put(used)
+    _close(backend)
+
+
+def section_limiter(url: str, sizes: Sizes, raw: dict[str, Any]) -> list[Row]:
+    """A tokens/minute limiter under 4 worker processes: the tokens its agents used in the
+    first ``limit_seconds`` after the first admission, against the limiter's budget for that
+    long (target: within 5%); and how late a claim waiting on a spent limiter wakes after its
+    budget returned (target: within 50 ms)."""
+    ctx = mp.get_context("spawn")
+    boss, run_id = _new_run(url)
+    boss.set_rate_limit("bench-model", tokens_per_minute=LIMIT_TPM)
+    per_second = LIMIT_TPM / 60 / LIMIT_EXPECTED
+    count = int(per_second * sizes.limit_seconds * 1.5) + 100
+    for start in range(0, count, 1000):
+        batch = [AgentTask(uuid.uuid4(), 0, None) for _ in range(min(1000, count - start))]
+        boss.submit_agents(batch, limiter="bench-model", expected_tokens=LIMIT_EXPECTED)
+    barrier = ctx.Barrier(5)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_limited_worker,
+                         args=(url, str(run_id), sizes.limit_seconds, i, barrier, queue))
+             for i in range(4)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    barrier.wait(60)
+    used = sorted(x for _ in procs for x in queue.get(timeout=sizes.limit_seconds + 120))
+    for proc in procs:
+        proc.join(60)
+    first = used[0][0]
+    window = [tokens for at, tokens in used if at < first + sizes.limit_seconds]
+    budget = LIMIT_TPM * sizes.limit_seconds / 60
+    held = sum(window) / budget
+    raw["limiter_hold"] = {"tokens": sum(window), "budget": budget, "agents": len(window),
+                           "seconds": sizes.limit_seconds}  # fmt: skip
+    _close(boss)
+
+    # waking: one run, a limiter of one request per 100 ms (no burst); each sample claims
+    # (admitted), then claims again at once and waits: its budget returns 100 ms after the
+    # first admission
+    boss, run_id = _new_run(url)
+    boss.set_rate_limit("bench-wake", requests_per_minute=600, burst=0)
+    boss.submit_agents([AgentTask(uuid.uuid4(), 0, None) for _ in range(2 * sizes.limit_wakes)],
+                       limiter="bench-wake")  # fmt: skip
+    late: list[float] = []
+    for _ in range(sizes.limit_wakes):
+        time.sleep(0.15)  # the budget is back in full
+        _claim(boss)
+        admitted = time.perf_counter()  # (after the claim's reply: at most late by a round trip)
+        second = boss.claim_agent("bench", lease_for=600.0, timeout=2.0)
+        if second is None:
+            raise RuntimeError("a claim waiting on its limiter did not get the next agent")
+        late.append(max(0.0, time.perf_counter() - admitted - 0.1) * 1e6)
+    _close(boss)
+    raw["limiter_wake_us"] = late
+    return [
+        Row("limiter_hold", f"tokens/minute limiter, 4 workers, {sizes.limit_seconds:g} s",
+            held, "x", budget, "tok", "its budget", held, "0.95-1.05x",
+            _verdict(0.95 <= held <= 1.05),
+            note=f"{sum(window):,} tokens of {len(window)} agents; reserved {LIMIT_EXPECTED} "
+                 "each, used 80-120%"),
+        Row("limiter_wake_max", "a claim waiting on a spent limiter, wake after budget returns",
+            max(late), "us", 50_000.0, "us", "50 ms", max(late) / 50_000, "<= 1.0x",
+            _verdict(max(late) <= 50_000),
+            note=f"p50 {median(late):,.0f} us; {len(late)} samples"),
+    ]  # fmt: skip
+
+
+SECTIONS = ("claim", "cycle", "wake", "workers", "pool", "limiter")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -411,6 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "wake": lambda: section_wake(server.url, sizes, raw),
             "workers": lambda: section_workers(server.url, sizes, raw),
             "pool": lambda: section_pool(server.url, sizes, raw),
+            "limiter": lambda: section_limiter(server.url, sizes, raw),
         }
         for name in args.only or SECTIONS:
             t0 = time.perf_counter()

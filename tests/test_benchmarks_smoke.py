@@ -260,6 +260,8 @@ LEASE_ROWS = {
     "lease_workers_1": False,
     "lease_workers_2": False,
     "pool_claim_p50": True,
+    "limiter_hold": True,
+    "limiter_wake_max": True,
 }
 
 
