@@ -29,6 +29,7 @@ key                                    type    holds
 ``<prefix>:{pool:<name>}:sleep``       zset    run -> unix ms when its first lease lapses
 ``<prefix>:{pool:<name>}:members``     set     the runs of the pool
 ``<prefix>:{pool:<name>}:pick:<w>``    string  backend w's last pick (a retry gets it again)
+``<prefix>:{pool:<name>}:leases``      zset    lease or hold -> expiry (the pool's max_leases)
 ``<prefix>:{pool:<name>}:wake``        -       sharded pub/sub channel: a run has work
 ``<prefix>:{limit:<name>}:limit``      hash    a rate limiter: rates, burst, GCRA state,
                                                counters
@@ -190,7 +191,7 @@ _POOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 
 
 class PoolKeys(NamedTuple):
-    """The keys of one pool's index, in the order ``pool_add-4.lua`` and ``pool_pick-5.lua``
+    """The keys of one pool's index, in the order ``pool_add-4.lua`` and ``pool_pick-6.lua``
     receive them, all tagged ``{pool:<name>}`` (one slot), and (:attr:`wake`) its channel."""
 
     pool: str
@@ -203,8 +204,14 @@ class PoolKeys(NamedTuple):
         """The pool's wake channel (SSUBSCRIBE): a run of the pool may have claimable work."""
         return self.pool[: -len("pool")] + "wake"
 
+    @property
+    def leases(self) -> str:
+        """The pool's live leases and picks' holds (a sorted set; used under the pool's
+        ``max_leases`` only)."""
+        return self.pool[: -len("pool")] + "leases"
+
     def pick_memo(self, writer: str) -> str:
-        """The key remembering the last pick of backend ``writer`` (``pool_pick-5.lua``)."""
+        """The key remembering the last pick of backend ``writer`` (``pool_pick-6.lua``)."""
         return self.pool[: -len("pool")] + "pick:" + writer
 
 

@@ -3,7 +3,7 @@ membership and its limits, the arguments and replies of the pool scripts, and th
 wakes a blocked claim from a pool.
 
 A run joins a pool (``join_pool``; ``init_run(..., pool=)``, ``submit_agents(..., pool=)``);
-a worker claims from the pool (``claim_agent(worker, pool=...)``): ``lua/pool_pick-5.lua``
+a worker claims from the pool (``claim_agent(worker, pool=...)``): ``lua/pool_pick-6.lua``
 picks a run in the pool's slot (weighted fair shares, priority first), then
 ``lua/claim_agent-11.lua`` claims in the run's slot as a bound claim does. A run found with
 nothing to claim is corrected in the pool's index by the next pick; a write that may give a
@@ -42,7 +42,9 @@ __all__ = [
     "PoolView",
     "PoolWatch",
     "add_args",
+    "check_max_leases",
     "correction",
+    "lease_member",
     "leave_args",
     "membership_of",
     "membership_of_join",
@@ -117,6 +119,19 @@ def add_args(wake: str, run_id: uuid.UUID, member: Membership, tag: str) -> list
     return [wake, "add", str(run_id), str(member.weight), str(member.priority), tag]
 
 
+def lease_member(run_id: uuid.UUID, agent_id: uuid.UUID, token: int) -> str:
+    """A lease in a pool's leases set (``pool_lease-2.lua``)."""
+    return f"{run_id} {agent_id} {token}"
+
+
+def check_max_leases(value: int | None) -> str:
+    """The max_leases argument of ``pool_lease-2.lua`` (``""``: no limit)."""
+    if value is None:
+        return ""
+    _whole(value, "max_leases", 1, 2**31 - 1)
+    return str(value)
+
+
 def leave_args(wake: str, run_id: uuid.UUID) -> list[str]:
     """ARGV of ``pool_add-4.lua`` for ``run_id`` leaving the pool."""
     return [wake, "leave", str(run_id)]
@@ -163,7 +178,7 @@ def membership_of_join(reply: Any, key: str) -> Membership | None:
 
 
 PICK_BATCH = 16
-"""Runs one call of ``pool_pick-5.lua`` picks for a backend at most (the picks of that many
+"""Runs one call of ``pool_pick-6.lua`` picks for a backend at most (the picks of that many
 claims in a row): the next claims of that backend try them without a pick of their own. A
 backend starts at one and doubles while it uses up its picks within PICK_KEEP, halving when
 picks grow older than that unused."""
@@ -177,30 +192,36 @@ whose agents take longer than this picks one run per claim."""
 
 @dataclasses.dataclass(frozen=True)
 class Pick:
-    """What ``pool_pick-5.lua`` replied: runs to try, in order (``runs``: run id, weight,
-    priority), or none ready and ``wait_ms`` until a sleeping run is due (None: none)."""
+    """What ``pool_pick-6.lua`` replied: runs to try, in order (``runs``: run id, weight,
+    priority), or none ready and ``wait_ms`` until a sleeping run is due (None: none), or
+    until the earliest lease ends when the pool is at its ``max_leases`` (``capped``: the
+    pool has a limit, and a lease claimed through this pick is reported to it)."""
 
     runs: tuple[tuple[uuid.UUID, int, int], ...]
     wait_ms: int | None = None
+    capped: bool = False
 
 
 def parse_pick(reply: Any, key: str) -> Pick:
-    """The :class:`Pick` of a ``pool_pick-5.lua`` reply (CorruptDataError when unreadable)."""
+    """The :class:`Pick` of a ``pool_pick-6.lua`` reply (CorruptDataError when unreadable)."""
     try:
         parts = [bytes(part) for part in reply]
+        capped = bool(parts) and parts[-1] == b"cap"
+        if capped:
+            parts.pop()
         if not parts or not parts[0]:
             wait = parts[1] if len(parts) > 1 else b""
-            return Pick((), wait_ms=int(wait) if wait else None)
+            return Pick((), wait_ms=int(wait) if wait else None, capped=capped)
         runs = tuple((uuid.UUID(parts[i].decode()), int(parts[i + 1]), int(parts[i + 2]))
                      for i in range(0, len(parts) - 2, 3))  # fmt: skip
-        return Pick(runs)
+        return Pick(runs, capped=capped)
     except (ValueError, TypeError) as exc:
         raise CorruptDataError(key, "ready", f"holds a member that is not a run ({exc})") from None
 
 
 def pick_args(wake: str, seq: int, fixes: Sequence[tuple[str, str, str, str]],
               size: int = 1) -> list[str]:  # fmt: skip
-    """ARGV of ``pool_pick-5.lua``: ``size`` picks after the corrections ``fixes``."""
+    """ARGV of ``pool_pick-6.lua``: ``size`` picks after the corrections ``fixes``."""
     return [wake, str(seq), str(size), str(len(fixes)), *(x for fix in fixes for x in fix)]
 
 
@@ -208,7 +229,7 @@ class Picked:
     """A backend's picks of one pool (``keys``, named ``pool``) not tried yet, how many its
     next pick asks for, and the corrections that pick carries (what its tries found)."""
 
-    __slots__ = ("_members", "at", "fixes", "keys", "pool", "runs", "size")
+    __slots__ = ("_members", "at", "capped", "fixes", "keys", "pool", "runs", "size")
 
     def __init__(self, keys: PoolKeys, pool: str) -> None:
         self.keys = keys
@@ -218,6 +239,8 @@ class Picked:
         self.at = 0.0
         self.size = 1
         self.fixes: list[tuple[str, str, str, str]] = []
+        self.capped = False
+        """The last pick was under the pool's max_leases (its lease is reported to it)."""
 
     def next(self, now: float) -> tuple[uuid.UUID, int, int] | None:
         """The next run to try, or None (none left, or the picks are older than PICK_KEEP)."""
@@ -240,9 +263,9 @@ class Picked:
             found = self._members[weight, priority] = Membership(self.pool, weight, priority)
         return found
 
-    def got(self, runs: Sequence[tuple[uuid.UUID, int, int]], now: float) -> None:
+    def got(self, pick: Pick, now: float) -> None:
         """The runs of a pick, to try in order from ``now``."""
-        self.runs, self.at = list(runs), now
+        self.runs, self.at, self.capped = list(pick.runs), now, pick.capped
 
     def found(self, fix: tuple[str, str, str, str]) -> None:
         """A try claimed nothing: the next pick corrects the index; later picks of the same
@@ -252,7 +275,7 @@ class Picked:
 
 
 def correction(run_id: uuid.UUID, claim: Claim | None, tag: str) -> tuple[str, str, str, str]:
-    """The correction the next ``pool_pick-5.lua`` carries after a try of ``run_id`` that
+    """The correction the next ``pool_pick-6.lua`` carries after a try of ``run_id`` that
     claimed nothing: ``claim`` None when the run does not exist."""
     if claim is None or (claim.not_running is not None and claim.not_running != "budget"):
         return (str(run_id), "gone", "", tag)
@@ -324,18 +347,23 @@ class PoolRun:
 
 @dataclasses.dataclass(frozen=True)
 class PoolView:
-    """A pool: its runs (members of its index, each read from its run hash and queue)."""
+    """A pool: its runs (members of its index, each read from its run hash and queue), its
+    ``max_leases`` (None: no limit) and the leases it counts against it now (``leases``:
+    live leases and picks' holds; 0 without a limit)."""
 
     name: str
     runs: tuple[PoolRun, ...]
     ready_runs: int
     sleeping_runs: int
+    max_leases: int | None = None
+    leases: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.name, "runs": len(self.runs), "ready_runs": self.ready_runs,
                 "sleeping_runs": self.sleeping_runs,
                 "ready_tasks": sum(r.ready for r in self.runs),
-                "leased_tasks": sum(r.leased for r in self.runs)}  # fmt: skip
+                "leased_tasks": sum(r.leased for r in self.runs),
+                "max_leases": self.max_leases, "leases": self.leases}  # fmt: skip
 
 
 def pool_run_of(run_id: uuid.UUID, pool: str, fields: Sequence[Any], state: str, ready: int,

@@ -99,12 +99,14 @@ SCRIPT_NAMES = (
     "join_pool",
     "pool_add",
     "pool_pick",
+    "pool_lease",
     "limit_set",
     "limit_take",
 )
 """Every script the backend uses, by operation name."""
 
-PREFIX_OPS = frozenset({"index_status", "pool_add", "pool_pick", "limit_set", "limit_take"})
+PREFIX_OPS = frozenset({"index_status", "pool_add", "pool_pick", "pool_lease", "limit_set",
+                        "limit_take"})  # fmt: skip
 """The operations on keys that are not a run's (the run index, a pool's index, a rate
 limiter): called with their arguments as given, no change channel derived from the keys (a
 pool's wake channel is their first argument)."""
@@ -279,6 +281,7 @@ class Ops:
     join_pool: Function
     pool_add: Function
     pool_pick: Function
+    pool_lease: Function
     limit_set: Function
     limit_take: Function
 

@@ -387,6 +387,19 @@ def _limited_claimed(ctx: Ctx) -> None:
     assert ctx.lease is not None
 
 
+def _capped(ctx: Ctx) -> None:
+    """Two tasks in pool "fm", whose max_leases is 1."""
+    _pooled(ctx)
+    ctx.backend.configure_pool("fm", max_leases=1)
+
+
+def _capped_claimed(ctx: Ctx) -> None:
+    _capped(ctx)
+    ctx.backend = ctx.make(watch=False)  # the worker: its cache is the one compared
+    ctx.lease = ctx.backend.claim_agent("worker-1", pool="fm", lease_for=60.0)
+    assert ctx.lease is not None and ctx.lease.pool_capped
+
+
 def _make(ctx: Ctx) -> None:
     ctx.backend = ctx.make()
 
@@ -455,6 +468,13 @@ CASES: dict[str, Case] = {
         c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
     "pool_pick_empty": Case("pool_pick", _joined, lambda c: _lease_view(
         c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
+    "pool_lease_limit": Case("pool_lease", _pooled,
+                             lambda c: c.backend.configure_pool("fm", max_leases=3)),
+    "pool_lease_claim": Case("pool_lease", _capped, lambda c: _lease_view(
+        c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
+    "pool_lease_end": Case("pool_lease", _capped_claimed, lambda c: (
+        c.backend.append_event(_done(0) if c.lease.agent_id == AGENTS[0] else _done(1),
+                               lease=c.lease), _lease_view(c.lease))),
     "limit_set": Case("limit_set", Ctx.bound, lambda c: c.backend.set_rate_limit(
         "fm-model", requests_per_minute=60, tokens_per_minute=1000, burst=2.5)),
     "limit_take_claim": Case("limit_take", _limited, lambda c: _lease_view(
@@ -504,9 +524,10 @@ def _pools(direct: Any) -> dict[str, Any]:
         index = {k: (v.split()[-1] if k.endswith(b":t") else v)
                  for k, v in direct.hgetall(keys.pool).items()}  # fmt: skip
         picks = sorted(direct.get(k) for k in direct.scan_iter(match=keys.pick_memo("*")))
+        leases = sorted(direct.zrange(keys.leases, 0, -1))  # (expiries: server times)
         out[name] = (index, direct.zrange(keys.ready, 0, -1, withscores=True),
                      direct.zrange(keys.sleep, 0, -1), sorted(direct.smembers(keys.members)),
-                     picks)  # fmt: skip
+                     picks, leases)  # fmt: skip
     return out
 
 

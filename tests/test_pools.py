@@ -306,7 +306,8 @@ def test_a_pick_racing_a_submit_loses_no_wake_up(redis_client: Any) -> None:
         fixes = [(fix[0], fix[1], fix[2], fix[3])] if fix else []
         number = last[0] if same else next(seq)
         last[0] = number
-        return list(call_function(redis_client, ops.pool_pick, [*keys, keys.pick_memo("t")],
+        return list(call_function(redis_client, ops.pool_pick,
+                                  [*keys, keys.pick_memo("t"), keys.leases],
                                   pick_args(keys.wake, number, fixes)))  # fmt: skip
 
     last = [0]
@@ -528,3 +529,67 @@ def test_a_pool_fleet_with_killed_workers_finishes_every_agent_exactly_once(
             if proc.is_alive():
                 proc.kill()
         boss.close()
+
+
+def test_a_pools_max_leases_bounds_its_leases_across_runs(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    runs = [_run(make_frontend_backend, "cap", 3)[1] for _ in range(3)]
+    admin = make_frontend_backend(watch=False)
+    admin.configure_pool("cap", max_leases=2)
+    workers = [make_frontend_backend(watch=False) for _ in range(4)]
+    first = workers[0].claim_agent("w0", pool="cap", lease_for=60)
+    second = workers[1].claim_agent("w1", pool="cap", lease_for=60)
+    assert first is not None and second is not None and first.pool_capped
+    assert workers[2].claim_agent("w2", pool="cap") is None  # at the pool's limit
+    keys = pool_keys("luft", "cap")
+    assert redis_client.zcard(keys.leases) == 2
+    assert redis_client.hget(keys.pool, "max_leases") == b"2"
+    _finish(workers[0], first)  # an agent done: a place again
+    third = workers[2].claim_agent("w2", pool="cap", lease_for=0.3)  # (lapses, no heartbeat)
+    assert third is not None
+    assert workers[3].claim_agent("w3", pool="cap") is None
+    call = getattr(workers[1], "event_loop_thread", None)
+    (call.call if call is not None else (lambda f: f()))(second.release)  # released: a place
+    fourth = workers[1].claim_agent("w1", pool="cap", lease_for=60)
+    assert fourth is not None
+    start = time.monotonic()  # the lapsing lease's place comes back when it lapses
+    fifth = workers[3].claim_agent("w3", pool="cap", lease_for=60, timeout=5)
+    assert fifth is not None and time.monotonic() - start < 3
+    assert {lease.run_id for lease in (first, second, third, fourth, fifth)} <= set(runs)
+    got: list[Any] = []
+    blocked = threading.Thread(target=lambda: got.append(
+        workers[2].claim_agent("w2", pool="cap", lease_for=60, timeout=10)))
+    blocked.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    admin.configure_pool("cap", max_leases=10)  # a raised limit wakes a blocked claim
+    blocked.join(10)
+    assert got and got[0] is not None and time.monotonic() - start < 2
+    admin.configure_pool("cap", max_leases=None)  # no limit: the set is gone
+    assert redis_client.exists(keys.leases) == 0
+    assert redis_client.hget(keys.pool, "max_leases") is None
+    with pytest.raises(ValidationError) as caught:
+        admin.configure_pool("cap", max_leases=0)
+    assert caught.value.field == "max_leases"
+    with pytest.raises(ValidationError) as caught:
+        admin.configure_pool("no pool", max_leases=1)
+    assert caught.value.field == "pool"
+
+
+def test_a_renewed_lease_keeps_its_place_under_the_pools_limit(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    _run(make_frontend_backend, "held", 3)
+    make_frontend_backend(watch=False).configure_pool("held", max_leases=1)
+    holder, other = make_frontend_backend(watch=False), make_frontend_backend(watch=False)
+    lease = holder.claim_agent("h", pool="held", lease_for=0.6)
+    assert lease is not None
+    call = getattr(holder, "event_loop_thread", None)
+    renew = (lambda: call.call(lease.renew)) if call is not None else lease.renew
+    for _ in range(4):  # 1.2 s: past its first expiry, renewed each 0.3 s
+        time.sleep(0.3)
+        renew()
+        assert other.claim_agent("o", pool="held") is None
+    view = redis_client.zrange(pool_keys("luft", "held").leases, 0, -1)
+    assert view == [f"{lease.run_id} {lease.agent_id} {lease.token}".encode()]

@@ -58,7 +58,7 @@ ACL_COMMANDS = (
     "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +llen +lrange +lrem +rpush +xadd "
     "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping "
     "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore +hincrby +zcount +zscore +sadd +srem "
-    "+sismember +srandmember +get +set"
+    "+sismember +srandmember +get +set +zremrangebyscore"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 #: What docs/security.md adds to the user for each option that needs more.
@@ -123,12 +123,15 @@ def _lifecycle(backend: RedisCheckpointBackend, reader: RedisCheckpointBackend) 
     saved = reader.get_checkpoint()
     assert saved is not None
     reader.save_checkpoint(saved)
-    # pools: join, submit (a wake), a claim from the pool under limits, its finish, a sweep
+    # pools: join, submit (a wake), a claim from the pool under limits (the run's, the
+    # pool's max_leases, a rate limiter), its finish, a sweep
     pooled = uuid.uuid4()
     reader.join_pool("secure", max_leases=2, max_tokens=10**6)
-    reader.submit_agents([AgentTask(pooled, 0, {"p": 1})])
+    reader.configure_pool("secure", max_leases=5)
+    reader.set_rate_limit("secure-model", requests_per_minute=600, tokens_per_minute=10**6)
+    reader.submit_agents([AgentTask(pooled, 0, {"p": 1}, "secure-model", 50)])
     lease = backend.claim_agent("w", pool="secure")
-    assert lease is not None and lease.agent_id == pooled
+    assert lease is not None and lease.agent_id == pooled and lease.pool_capped
     done = AgentDone(run_id=run_id, agent_id=pooled, status=AgentStatus.OK,
                      tokens=TokenUsage(input=1), elapsed_ms=1)  # fmt: skip
     backend.append_event(done, lease=lease)

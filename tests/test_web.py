@@ -1118,6 +1118,7 @@ def _pooled(backend: Callable[[], RedisCheckpointBackend]) -> tuple[list[uuid.UU
     spender = backend()
     spender.open_run(runs[0])
     _agent(spender, runs[0], tokens=t.TokenUsage(input=20))  # over the budget of 10
+    planner.configure_pool("gpu", max_leases=5)
     worker = backend()
     lease = worker.claim_agent("worker-1", pool="gpu", lease_for=60)
     assert lease is not None and lease.run_id == runs[1]
@@ -1135,6 +1136,7 @@ def test_pools_pages_api_and_metrics(
     assert set(pools) == {"gpu", "cpu"}
     gpu = pools["gpu"]
     assert gpu["runs"] == 2 and gpu["leased_tasks"] == 1 and gpu["ready_tasks"] == 3 + 2
+    assert (gpu["max_leases"], gpu["leases"]) == (5, 1)
     members = {m["run_id"]: m for m in gpu["members"]}
     assert members[str(runs[0])]["over_budget"] is True
     assert members[str(runs[1])]["weight"] == 3
@@ -1160,6 +1162,9 @@ def test_pools_pages_api_and_metrics(
     assert samples[f'luft_redis_run_tokens{{pool="gpu",run="{runs[0]}"}}'] == 20
     assert samples[f'luft_redis_run_claims_total{{pool="gpu",run="{runs[1]}"}}'] == 1
     assert "# TYPE luft_redis_run_claims_total counter" in text
+    assert samples['luft_redis_pool_leases{pool="gpu"}'] == 1
+    assert samples['luft_redis_pool_max_leases{pool="gpu"}'] == 5
+    assert 'luft_redis_pool_max_leases{pool="cpu"}' not in samples
     assert samples['luft_redis_limiter_admitted_total{limiter="model"}'] == 1
     assert samples['luft_redis_limiter_waits_total{limiter="model"}'] == 1
     assert samples['luft_redis_limiter_tokens_total{limiter="model"}'] == 100

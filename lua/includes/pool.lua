@@ -1,6 +1,6 @@
 --[[
   A pool's index (docs/pools.md), in the pool's slot ({pool:<name>}), for pool_add-4.lua and
-  pool_pick-5.lua. These scripts take the pool's keys, not a run's: a run lives in its own
+  pool_pick-6.lua. These scripts take the pool's keys, not a run's: a run lives in its own
   slot, so a claim from a pool picks a run here, then claims in the run's slot.
 
     KEYS[1] pool     hash  vt (the virtual time: the pass of the last pick), and per run

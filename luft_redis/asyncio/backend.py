@@ -71,7 +71,9 @@ from ..pools import (
     Picked,
     PoolWatch,
     add_args,
+    check_max_leases,
     correction,
+    lease_member,
     leave_args,
     membership_of,
     membership_of_join,
@@ -816,6 +818,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         if lease is not None and any(
                 isinstance(e, t.AgentDone) and e.agent_id == lease.agent_id for e in events):
             lease.finished = True  # the script ended the lease (done, or ready again)
+            if lease.pool_capped:
+                await self._pool_lease(lease, end=True)
             await self._pool_wake(binding, delta)  # a task ready again, or a lease slot free
             if lease.limiter is not None:  # what the claim reserved, settled
                 done = [e for e in events if isinstance(e, t.AgentDone)
@@ -1047,10 +1051,11 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             await self._pool_call(self._scripts.pool_add, keys,
                                   leave_args(keys.wake, binding.run_id))  # fmt: skip
 
-    async def _pool_call(self, fn: Function, keys: PoolKeys, args: Sequence[str],
+    async def _pool_call(self, fn: Function, keys: PoolKeys | str, args: Sequence[str],
                          *more: str) -> Any:  # fmt: skip
-        """One pool script (on the pool's keys and ``more``), retried by the backend's policy."""
-        key_list = [*keys, *more]
+        """One pool script (on the pool's keys, or one key, and ``more``), retried by the
+        backend's policy."""
+        key_list = [keys, *more] if isinstance(keys, str) else [*keys, *more]
         return await self._retried(
             lambda: call_function(self._client, fn, key_list, args, cluster=self._cluster), None)
 
@@ -1084,6 +1089,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                     lease, fix = await self._claim_in(run_id, picked, weight, priority,
                                                       worker, duration)  # fmt: skip
                     if lease is not None:
+                        if picked.capped:  # the pool counts it against its max_leases
+                            lease.pool_capped = True
+                            await self._pool_lease(lease, keys.pick_memo(self._writer_id))
                         return lease
                     picked.found(fix)
                     continue
@@ -1092,11 +1100,11 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 reply = await self._pool_call(
                     self._scripts.pool_pick, keys, pick_args(keys.wake, self._pick_seq,
                                                              picked.fixes, picked.size),
-                    keys.pick_memo(self._writer_id))  # fmt: skip
+                    keys.pick_memo(self._writer_id), keys.leases)  # fmt: skip
                 picked.fixes = []
                 pick = parse_pick(reply, keys.ready)
                 if pick.runs:
-                    picked.got(pick.runs, time.monotonic())
+                    picked.got(pick, time.monotonic())
                     continue
                 now = time.monotonic()
                 if now >= deadline:
@@ -1139,6 +1147,37 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             lease.pool = binding.pool
             return lease, ("", "", "", "")
         return None, correction(run_id, claim, f"{delta.inc_after or '-'} {delta.v_after}")
+
+    @traced("configure_pool")
+    async def configure_pool(self, pool: str, *, max_leases: int | None = None) -> None:
+        """Set pool ``pool``'s limits (needs no bound run): ``max_leases``, at most that many
+        agents leased at once across its runs through claims from the pool (None: no limit).
+        A claim from a pool at its limit waits until one of its leases ends (finished,
+        released, lapsed) or the limit is raised. Bound claims of its runs are not counted:
+        a run's own ``max_leases`` (:meth:`join_pool`) limits those."""
+        keys = pool_keys(self._prefix, pool)
+        await self._pool_call(self._scripts.pool_lease, keys.pool,
+                              [keys.wake, "limit", check_max_leases(max_leases)],
+                              keys.leases)  # fmt: skip
+
+    async def _pool_lease(self, lease: AsyncAgentLease, hold: str = "", end: bool = False,
+                          expires_ms: int | None = None) -> None:  # fmt: skip
+        """Report a lease claimed under its pool's max_leases to the pool: claimed or renewed
+        (its expiry; ``hold``: the pick's hold it replaces), or ended. A failure is logged,
+        not raised: the lease stands; the pool counts it again at its next renew, or its
+        entry ends with its expiry."""
+        assert lease.pool is not None
+        keys = pool_keys(self._prefix, lease.pool.pool)
+        member = lease_member(lease.run_id, lease.agent_id, lease.token)
+        if expires_ms is None:
+            expires_ms = round(lease.expires_at * 1000)
+        args = ([keys.wake, "end", member] if end else
+                [keys.wake, "lease", member, str(expires_ms), hold])  # fmt: skip
+        try:
+            await self._pool_call(self._scripts.pool_lease, keys.pool, args, keys.leases)
+        except LuftRedisError as exc:
+            logger.warning("pool %s: reporting the lease of agent %s failed (%s)",
+                           lease.pool.pool, lease.agent_id, exc)  # fmt: skip
 
     async def _watch_pool(self, keys: PoolKeys) -> PoolWatch:
         """Subscribe to the pool's wake channel (through the client's change listener)."""
@@ -1281,6 +1320,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
             lambda: self._retried(lambda: self._fcall(fn, keys, args), binding.run_id, policy),
             left, "renewing the lease")
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if outcome == "ok" and lease.pool_capped:  # the pool's count follows the lease
+            await self._pool_lease(lease, expires_ms=int(reply[1]))
         return outcome, int(reply[1])
 
     async def _release_lease(self, lease: AsyncAgentLease, failed: bool) -> None:
@@ -1290,6 +1331,8 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         delta = await async_within(lambda: self._write(self._scripts.release_lease, args,
                                                        binding, lease, options=False),
                                    bound, "releasing the lease")  # fmt: skip
+        if lease.pool_capped:
+            await self._pool_lease(lease, end=True)
         await self._pool_wake(binding, delta)
 
     def _lease_binding(self, lease: AsyncAgentLease, op: str) -> Binding:

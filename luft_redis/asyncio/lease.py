@@ -77,6 +77,9 @@ class AsyncAgentLease:
         self.lease_ms = lease_ms
         self.pool: Membership | None = None
         """The pool this lease was claimed from (its release wakes the run there)."""
+        self.pool_capped = False
+        """Claimed under the pool's ``max_leases``: its renews and its end are reported to
+        the pool."""
         self._lost = False
         self.cancelled = False
         self.finished = False

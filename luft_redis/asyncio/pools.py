@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+from ..errors import CorruptDataError
 from ..keys import (
     limiter_key,
     limiter_name_from_key,
@@ -46,7 +47,9 @@ async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -
     pipe.smembers(keys.members)
     pipe.zrange(keys.ready, 0, -1)
     pipe.zrange(keys.sleep, 0, -1)
-    members, ready, sleeping = await pipe.execute()
+    pipe.hget(keys.pool, "max_leases")
+    pipe.zcount(keys.leases, f"{int(time.time() * 1000)}", "+inf")
+    members, ready, sleeping, cap, leases = await pipe.execute()
     ready_set = {bytes(m) for m in ready}
     sleeping_set = {bytes(m) for m in sleeping}
     ids: list[tuple[uuid.UUID, str]] = []
@@ -73,7 +76,10 @@ async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -
         if run is not None:
             runs.append(run)
     runs.sort(key=lambda r: (-r.priority, str(r.run_id)))
-    return PoolView(name, tuple(runs), len(ready_set), len(sleeping_set))
+    if cap is not None and not bytes(cap).isdigit():
+        raise CorruptDataError(keys.pool, "max_leases", "is not a whole number")
+    return PoolView(name, tuple(runs), len(ready_set), len(sleeping_set),
+                    None if cap is None else int(cap), int(leases))  # fmt: skip
 
 
 async def list_rate_limits(client: Any, prefix: str) -> list[RateLimit]:

@@ -414,12 +414,13 @@ def _cmd_pools(args: argparse.Namespace) -> int:
     if views:
         table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
         for name in ("pool", "runs", "ready runs", "sleeping runs", "ready tasks",
-                     "leased tasks"):  # fmt: skip
+                     "leased tasks", "leases / max"):  # fmt: skip
             table.add_column(name, justify="left" if name == "pool" else "right", no_wrap=True)
         for view in views:
             row = view.to_json()
+            cap = "-" if view.max_leases is None else f"{view.leases} / {view.max_leases}"
             table.add_row(view.name, *(str(row[k]) for k in ("runs", "ready_runs",
-                          "sleeping_runs", "ready_tasks", "leased_tasks")))  # fmt: skip
+                          "sleeping_runs", "ready_tasks", "leased_tasks")), cap)  # fmt: skip
         _print(table)
     print(f"{len(views)} pool(s) under prefix {args.prefix!r}", file=sys.stderr)
     return EXIT_OK
@@ -440,6 +441,8 @@ def _cmd_pool(args: argparse.Namespace) -> int:
           f"{view.sleeping_runs} sleeping until a lease lapses, "
           f"{sum(r.ready for r in view.runs)} task(s) ready, "
           f"{sum(r.leased for r in view.runs)} leased"
+          + ("" if view.max_leases is None else
+             f", {view.leases} of its max_leases {view.max_leases} in use")
           + (f", {over} over their token budget" if over else ""), file=sys.stderr)  # fmt: skip
     return EXIT_OK
 
@@ -680,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "pools", "the pools of agent runs and what they hold",
         "List the pools under the prefix (docs/pools.md): runs in each pool's index, runs\n"
         "ready (may have claimable work) and sleeping (only leases, until the first lapses),\n"
-        "tasks ready and leased now. --json prints JSON lines, one pool per line.",
+        "tasks ready and leased now, leases counted against the pool's max_leases. --json\n"
+        "prints JSON lines, one pool per line.",
         _cmd_pools,
     )  # fmt: skip
     pools.add_argument("--json", action="store_true", help="JSON lines, one pool per line")

@@ -60,6 +60,11 @@ def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, in
            [({"pool": v.name, "state": "ready"}, sum(r.ready for r in v.runs)) for v in views]
            + [({"pool": v.name, "state": "leased"}, sum(r.leased for r in v.runs))
               for v in views])  # fmt: skip
+    family("luft_redis_pool_leases", "gauge",
+           "Leases of a pool counted against its max_leases (claims' holds included).",
+           [({"pool": v.name}, v.leases) for v in views if v.max_leases is not None])
+    family("luft_redis_pool_max_leases", "gauge", "A pool's max_leases (pools with one).",
+           [({"pool": v.name}, v.max_leases) for v in views if v.max_leases is not None])
     family("luft_redis_pool_runs_over_budget", "gauge",
            "Runs of a pool held back: total_tokens reached max_tokens.",
            [({"pool": v.name}, sum(r.over_budget for r in v.runs)) for v in views])
@@ -88,7 +93,8 @@ def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, in
     return "\n".join(out) + "\n"
 
 
-_POOLS = ("pool", "runs", "ready runs", "sleeping runs", "ready tasks", "leased tasks")
+_POOLS = ("pool", "runs", "ready runs", "sleeping runs", "ready tasks", "leased tasks",
+          "leases / max")  # fmt: skip
 _LIMITS = ("limiter", "requests/min", "tokens/min", "burst s", "requests now", "tokens now",
            "admitted", "waits", "tokens")  # fmt: skip
 _RUNS = ("run", "status", "in pool", "weight", "priority", "ready", "leased", "tokens / budget",
@@ -135,6 +141,7 @@ def pool_routes(client: Any, prefix: str,
             rows = "".join(_row(_POOLS, [
                 f"<a href=\"/pools/{e(v.name)}\">{e(v.name)}</a>", len(v.runs), v.ready_runs,
                 v.sleeping_runs, sum(r.ready for r in v.runs), sum(r.leased for r in v.runs),
+                "-" if v.max_leases is None else f"{v.leases} / {v.max_leases}",
             ]) for v in found)  # fmt: skip
             body = (f"<h1>Pools</h1>{_table('pools', _POOLS, rows)}"
                     + ("" if found else "<p class=\"note\">No pools here.</p>"))  # fmt: skip

@@ -6,6 +6,10 @@
   KEYS[5] the claiming backend's pick memo  string  "<pick seq> <run> <weight> <priority> ..."
           of its last pick, expiring after PICK_MEMO_MS: a retry of the same pick (its reply
           lost) gets those runs again, and no pass advances twice
+  KEYS[6] the pool's leases  zset  (only when the pool hash has max_leases) "<run> <agent>
+          <token>" -> its lease's expiry (unix ms, written by pool_lease-2.lua after a
+          claim), and "hold <KEYS[5]>" -> until when a backend's pick holds a place for the
+          claim that follows it (HOLD_MS)
   ARGV[1] the pool's wake channel
   ARGV[2] the pick's sequence number (the same for every retry of one pick)
   ARGV[3] how many picks (1..64): the runs of that many consecutive picks, in order (a run of
@@ -23,8 +27,15 @@
   Runs in the sleep set whose time has come go back to the ready set. Then each pick takes
   the ready set's first run and advances its pass by 1000 / weight.
 
-  Reply:  {run id, weight, priority, run id, weight, priority, ...} of the picks; with none
-          ready {"", ms until the earliest sleeping run is due, or "" when none sleeps}
+  A pool with max_leases (set by pool_lease-2.lua) counts its live leases and holds first
+  (dropping those past their time, and this backend's own earlier hold: its claim is over): at
+  the cap, nothing is picked and the reply says when the earliest ends; under it, one run is
+  picked, and held a place until its claim's lease replaces the hold.
+
+  Reply:  {run id, weight, priority, run id, weight, priority, ...} of the picks, then "cap"
+          when the pool has max_leases; with none ready {"", ms until the earliest sleeping
+          run is due, or "" when none sleeps}; at the pool's max_leases {"", ms until the
+          earliest lease or hold ends, "cap"}
   Errors: LUFT_BAD_ARG, LUFT_CORRUPT
 ]]
 --- @include "includes/fail"
@@ -32,6 +43,7 @@
 
 local DUE = 64 -- sleeping runs moved back to the ready set by one pick, at most
 local PICK_MEMO_MS = 600000
+local HOLD_MS = 5000 -- a pick's hold of a place under the pool's max_leases, at most
 
 -- May run `rid` leave the ready set, given the tag its try saw?
 local function may_drop(rid, seen)
@@ -91,6 +103,17 @@ local function main()
       end
     end
   end
+  local cap = redis.call('HGET', KEYS[1], 'max_leases')
+  if cap then -- the pool's limit of live leases (holds of picks included)
+    if not string.find(cap, '^[1-9]%d*$') then fail('CORRUPT', KEYS[1] .. ' max_leases is not a count') end
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. now)
+    redis.call('ZREM', KEYS[6], 'hold ' .. KEYS[5])
+    if redis.call('ZCARD', KEYS[6]) >= tonumber(cap) then
+      local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+      return {'', tostring(math.max(0, math.floor(tonumber(first[2]) - now))), 'cap'}
+    end
+    want = 1
+  end
   local vt = pool_vt()
   local due = redis.call('ZRANGE', KEYS[3], '-inf', now, 'BYSCORE', 'LIMIT', 0, DUE)
   for i = 1, #due do
@@ -119,6 +142,10 @@ local function main()
     return {'', tostring(math.max(0, math.floor(tonumber(next[2]) - now)))}
   end
   redis.call('HSET', KEYS[1], 'vt', tostring(vt))
+  if cap then
+    redis.call('ZADD', KEYS[6], now + HOLD_MS, 'hold ' .. KEYS[5])
+    out[#out + 1] = 'cap'
+  end
   redis.call('SET', KEYS[5], seq .. ' ' .. table.concat(out, ' '), 'PX', PICK_MEMO_MS)
   return out
 end
