@@ -69,7 +69,8 @@ local function main()
   local lease_ms = tonumber(arg_uint(ARGS[2], 'lease duration'))
   local max = tonumber(arg_uint(ARGS[3], 'max_attempts'))
   if lease_ms < 1 or max < 1 then fail('BAD_ARG', 'lease duration and max_attempts must be >= 1') end
-  local run = read_run('lease_token', 'max_leases', 'max_tokens', 'total_tokens', 'pool')
+  local run = read_run('lease_token', 'max_leases', 'max_tokens', 'total_tokens', 'pool',
+    'lapses', 'takeovers')
   if run[1] ~= 'running' then return {unchanged(run, 'claim'), '', '!' .. run[1]} end
   if ARGS[4] and ARGS[4] ~= '' and run[8] ~= ARGS[4] then -- a pool's stale index entry
     return {unchanged(run, 'claim'), '', '!pool'}
@@ -94,7 +95,7 @@ local function main()
   -- The queue's head is read one entry first (it almost always decides), then PAGE at a time,
   -- at most SCAN entries in all; past that the reply says "try again now" (wait 0), since
   -- the tasks this claim ends leave the queue and the next claim reads past them.
-  local ended, chosen, wait = {}, nil, ''
+  local ended, chosen, wait, lapsed = {}, nil, '', 0
   local offset, decided = 0, false
   while not decided do
     if offset >= SCAN then
@@ -129,6 +130,7 @@ local function main()
       if read_key(4, 'hash', 'HGET', p .. 'status') == 'ok' then -- done, however it was written
         ended[#ended + 1] = {aid, end_lease(aid, true), nil}
       elseif leased then -- lapsed: that attempt failed
+        lapsed = lapsed + 1
         local failures = task_uint(aid, 'failures', t[7])
         local fields, _, state = end_lease(aid, false, failures,
           t[4] and task_uint(aid, 'max', t[4]) or max, task_uint(aid, 'seq', t[8]))
@@ -149,14 +151,24 @@ local function main()
 
   -- a task of a rate limiter this claim was not admitted by: take from it first
   if chosen and chosen[3][5] and chosen[3][5] ~= (ARGS[5] or '') then
+    if chosen[4] then lapsed = lapsed - 1 end -- (its lapse is counted when it is claimed)
     wait, chosen = '@' .. chosen[3][5] .. ' ' .. (chosen[3][6] or '0'), nil
+  end
+  -- counters (not checkpoint fields): lapses found, and takeovers (a lapsed task claimed)
+  local counters = {}
+  if lapsed > 0 then
+    counters = {'lapses', whole(tonumber(stored_uint(K_RUN, 'lapses', run[9] or '0')) + lapsed)}
+  end
+  if chosen and chosen[4] then
+    counters[#counters + 1] = 'takeovers'
+    counters[#counters + 1] = whole(tonumber(stored_uint(K_RUN, 'takeovers', run[10] or '0')) + 1)
   end
 
   -- 2. writes
   for i = 1, #ended do write_task_end(ended[i][1], ended[i][2], ended[i][3]) end
   if not chosen then
     if #ended == 0 then return {unchanged(run, 'claim'), '', wait} end
-    return {commit(run, clock[1], 'claim'), '', wait}
+    return {commit(run, clock[1], 'claim', counters), '', wait}
   end
   local aid, attempt = chosen[1], whole(chosen[2] + 1)
   token = whole(token + 1)
@@ -175,7 +187,8 @@ local function main()
   local inc = run[3] or (WRITER .. '-' .. WRITER_SEQ) -- as commit() sets it for a 0.1.0 run
   -- lease_token: a counter, not a checkpoint field (set with the version: an R record); the
   -- lease, for a retry of this claim, in the same HSET as the writer's entry
-  local delta = commit(run, clock[1], 'claim', {'lease_token', token}, nil, {memo_field,
+  counters[#counters + 1], counters[#counters + 2] = 'lease_token', token
+  local delta = commit(run, clock[1], 'claim', counters, nil, {memo_field,
     WRITER_SEQ .. ' ' .. aid .. ' ' .. token .. ' ' .. attempt .. ' ' .. expires .. ' ' .. inc})
   local t = chosen[3]
   return lease_reply(delta, aid, token, attempt, expires, inc, {t[2], t[3], t[5], t[6]})

@@ -593,3 +593,19 @@ def test_a_renewed_lease_keeps_its_place_under_the_pools_limit(
         assert other.claim_agent("o", pool="held") is None
     view = redis_client.zrange(pool_keys("luft", "held").leases, 0, -1)
     assert view == [f"{lease.run_id} {lease.agent_id} {lease.token}".encode()]
+
+
+def test_a_run_counts_its_lapses_and_takeovers(
+    redis_client: Any, make_frontend_backend: Make
+) -> None:
+    boss, run_id = _run(make_frontend_backend, "lapsing", 0)
+    boss.submit_agents([AgentTask(uuid.uuid4(), 0)], max_attempts=2)
+    worker = make_frontend_backend(watch=False)
+    key = run_keys("luft", run_id).run
+    assert worker.claim_agent("w", pool="lapsing", lease_for=0.2) is not None
+    time.sleep(0.3)  # lapsed: the next claim takes it over
+    assert worker.claim_agent("w", pool="lapsing", lease_for=0.2) is not None
+    assert redis_client.hmget(key, "lapses", "takeovers") == [b"1", b"1"]
+    time.sleep(0.3)  # lapsed again: its second failure, dead (no takeover)
+    assert worker.claim_agent("w", pool="lapsing") is None
+    assert redis_client.hmget(key, "lapses", "takeovers", "lease_token") == [b"2", b"1", b"2"]

@@ -1161,6 +1161,8 @@ def test_pools_pages_api_and_metrics(
     assert samples['luft_redis_pool_runs_over_budget{pool="gpu"}'] == 1
     assert samples[f'luft_redis_run_tokens{{pool="gpu",run="{runs[0]}"}}'] == 20
     assert samples[f'luft_redis_run_claims_total{{pool="gpu",run="{runs[1]}"}}'] == 1
+    assert samples[f'luft_redis_run_lapses_total{{pool="gpu",run="{runs[1]}"}}'] == 0
+    assert samples[f'luft_redis_run_takeovers_total{{pool="gpu",run="{runs[1]}"}}'] == 0
     assert "# TYPE luft_redis_run_claims_total counter" in text
     assert samples['luft_redis_pool_leases{pool="gpu"}'] == 1
     assert samples['luft_redis_pool_max_leases{pool="gpu"}'] == 5

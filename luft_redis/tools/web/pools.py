@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from ...asyncio import index as index_io
 from ...asyncio.pools import list_pools, list_rate_limits, read_pool
-from ...errors import LuftRedisError, ValidationError
+from ...errors import CorruptDataError, LuftRedisError, ValidationError
 from ...index import Counts
 from ...keys import check_pool_name, run_keys
 from ...limits import RateLimit
@@ -35,11 +35,12 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
-def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, int],
+def metrics_text(counts: Counts, views: Sequence[PoolView],
+                 claims: dict[str, tuple[int, int, int]],
                  limits: Sequence[RateLimit] = ()) -> str:  # fmt: skip
     """The Prometheus text of the runs by status, each pool's runs and tasks, each pooled
-    run's tokens and claims (``claims``: run id -> its ``lease_token``) and each rate
-    limiter's counters and budget left."""
+    run's tokens, claims, lapses and takeovers (``claims``: run id -> its ``lease_token``,
+    ``lapses`` and ``takeovers``) and each rate limiter's counters and budget left."""
     out: list[str] = []
 
     def family(name: str, kind: str, help_text: str,
@@ -71,10 +72,17 @@ def metrics_text(counts: Counts, views: Sequence[PoolView], claims: dict[str, in
     family("luft_redis_run_tokens", "gauge", "A pooled run's total_tokens.",
            [({"pool": v.name, "run": str(r.run_id)}, r.total_tokens)
             for v in views for r in v.runs])  # fmt: skip
-    family("luft_redis_run_claims_total", "counter",
-           "Leases handed out in a pooled run (its last fencing token: claims and takeovers).",
-           [({"pool": v.name, "run": str(r.run_id)}, claims.get(str(r.run_id), 0))
-            for v in views for r in v.runs])  # fmt: skip
+    for i, (name, help_text) in enumerate((
+        ("luft_redis_run_claims_total",
+         "Leases handed out in a pooled run (its last fencing token: claims and takeovers)."),
+        ("luft_redis_run_lapses_total",
+         "Leases of a pooled run that lapsed (found by a claim: taken over, or the task dead)."),
+        ("luft_redis_run_takeovers_total",
+         "Lapsed tasks of a pooled run that a claim took over."),
+    )):  # fmt: skip
+        family(name, "counter", help_text,
+               [({"pool": v.name, "run": str(r.run_id)}, claims.get(str(r.run_id), (0, 0, 0))[i])
+                for v in views for r in v.runs])  # fmt: skip
     family("luft_redis_limiter_admitted_total", "counter",
            "Claims a rate limiter admitted (net of takes given back).",
            [({"limiter": lim.name}, lim.admitted) for lim in limits])
@@ -198,15 +206,21 @@ def pool_routes(client: Any, prefix: str,
             counts = await index_io.read_counts(client, prefix, count=False)
             found = [await read_pool(client, prefix, name, limit=METRICS_RUNS)
                      for name in await list_pools(client, prefix)]  # fmt: skip
-            claims: dict[str, int] = {}
+            claims: dict[str, tuple[int, int, int]] = {}
             ids = [r.run_id for v in found for r in v.runs]
             if ids:
                 pipe = client.pipeline(transaction=False)
                 for run_id in ids:
-                    pipe.hget(run_keys(prefix, run_id).run, "lease_token")
+                    pipe.hmget(run_keys(prefix, run_id).run, "lease_token", "lapses", "takeovers")
                 for run_id, raw in zip(ids, await pipe.execute(), strict=True):
-                    if raw is not None and bytes(raw).isdigit():
-                        claims[str(run_id)] = int(raw)
+                    nums = []
+                    for field, value in zip(("lease_token", "lapses", "takeovers"), raw,
+                                            strict=True):  # fmt: skip
+                        if value is not None and not bytes(value).isdigit():
+                            raise CorruptDataError(run_keys(prefix, run_id).run, field,
+                                                   "is not a whole number")  # fmt: skip
+                        nums.append(0 if value is None else int(value))
+                    claims[str(run_id)] = (nums[0], nums[1], nums[2])
             limits = await list_rate_limits(client, prefix)
             return Response(metrics_text(counts, found, claims, limits),
                             media_type=_CONTENT_TYPE)  # fmt: skip
