@@ -95,6 +95,12 @@ def _check_fleet(code: int, text: str, phases: int, agents: int) -> None:
     assert f"phase {phases}" not in text
     _check_phase_done_lines(text)
     assert "follow it from another terminal: luft-redis --redis redis://" in text
+    # the run shares the pool with two other users' runs (the default --runs 3), served
+    # alongside and completed, each agent once
+    assert "pool luft-demo: 3 runs share the workers, this one with weight 2" in text
+    assert "the 2 other runs of pool luft-demo completed" in text
+    assert re.search(rf"pool +luft-demo: 3 runs; this one \d+ claims \(weight 2\), the others "
+                     rf"{agents}, {agents} \(weight 1\), all completed", text), text
 
 
 def _check_phase_done_lines(text: str) -> None:
@@ -211,6 +217,15 @@ def test_demo_fakeredis_no_crash(capsys: pytest.CaptureFixture[str]) -> None:
     counts = _counts(text)
     assert counts == {"agents": 8, "attempts": 9, "takeovers": 0, "refused": 0}, counts
     _check_phase_done_lines(text)
+
+
+def test_demo_alone_in_its_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--runs 1``: the workflow's run is the pool's only run."""
+    code, text, _ = _run(["--fast", "--fakeredis", "--no-crash", "--phases", "1",
+                          "--agents", "3", "--workers", "2", "--runs", "1"], capsys)  # fmt: skip
+    assert code == 0, text
+    assert "other runs" not in text and "pool       luft-demo" not in text
+    assert _counts(text)["agents"] == 3
 
 
 def test_demo_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:

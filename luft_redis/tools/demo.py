@@ -1,12 +1,17 @@
-"""``luft-redis demo``: a fleet of worker processes runs a simulated luft workflow on one run.
+"""``luft-redis demo``: a fleet of worker processes runs a simulated luft workflow, sharing
+the fleet with other users' runs in one pool.
 
 What it shows, in about fifteen seconds:
 
 - a coordinator process creates a run (``init_run_with_meta``) and, phase by phase, submits the
   phase's agents as agent tasks (``submit_agents``: each with its payload: label, role,
   module);
-- W worker processes (``multiprocessing``, spawn), each with its own client and backend bound
-  with ``open_run``, claim those agents with a lease (``claim_agent``), run them inside
+- the run is one of R runs in the pool ``luft-demo`` (``--runs``, default 3): the others are
+  other users' one-phase runs, submitted at the start; the workflow's run joins with weight
+  2, so it gets about twice the workers of each other run while they all have work
+  (docs/pools.md);
+- W worker processes (``multiprocessing``, spawn), each with its own client and backend,
+  claim agents of any run of the pool with a lease (``claim_agent(pool=...)``), run them inside
   ``with lease:`` (a heartbeat renews the lease) and write agent_started / agent_progress /
   agent_done and the agent's result *fenced* (``lease=lease``): a write is applied only while
   its lease is the agent's current one;
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
@@ -107,6 +113,12 @@ given with ``--redis`` or ``LUFT_REDIS_URL`` wins)."""
 
 REFUSED_MARK = "late write refused"
 """In the log message a worker writes when a fenced write of its lost lease was refused."""
+
+POOL = "luft-demo"
+"""The pool the demo's runs join and its workers claim from."""
+
+MAIN_WEIGHT = 2
+"""The workflow's run's weight in the pool (the other runs': 1)."""
 
 PHASE_LABELS = ("discover", "review", "verify", "fix", "report")
 ROLES = ("scout", "reviewer", "verifier", "fixer", "writer")
@@ -282,7 +294,8 @@ def _simulate(backend: RedisCheckpointBackend, run_id: uuid.UUID, job: Job, leas
 
 def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int,
                  fast: bool, lease_for: float) -> None:  # fmt: skip
-    """A worker process: bind the run, claim agents and run them until the run ends."""
+    """A worker process: claim agents of the pool's runs and run them until the workflow's
+    run (``run_id_text``) ends; a second backend follows that run (its cache: no I/O)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator handles Ctrl-C
     # the lost lease is told in the run's log (and by the coordinator), not on the terminal
     # under the live line
@@ -291,30 +304,32 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
     parent = os.getppid()
     name = worker_name(worker, os.getpid())
     client = redis.Redis.from_url(url)
-    backend = RedisCheckpointBackend(client, prefix=prefix)
+    main = RedisCheckpointBackend(client, prefix=prefix)  # follows the workflow's run
+    backend = RedisCheckpointBackend(client, prefix=prefix, watch=False)  # claims, writes
     try:
-        if backend.open_run(run_id) is None:
+        if main.open_run(run_id) is None:
             raise SystemExit(3)
         idle_since = time.monotonic()
         while True:
-            checkpoint = backend.get_checkpoint()  # the cache: no I/O
+            checkpoint = main.get_checkpoint()  # the cache: no I/O
             if checkpoint is None or checkpoint.status is not CheckpointStatus.RUNNING:
                 return
             if os.getppid() != parent or time.monotonic() - idle_since > WORKER_IDLE_EXIT:
                 return
-            lease = backend.claim_agent(name, lease_for=lease_for, timeout=CLAIM_WAIT)
+            lease = backend.claim_agent(name, lease_for=lease_for, timeout=CLAIM_WAIT,
+                                        pool=POOL)  # fmt: skip
             if lease is None:
                 continue
             job = Job.of(lease.task)
             try:
                 with lease:  # heartbeats; an exception hands the agent back as a failure
-                    _simulate(backend, run_id, job, lease, seed, fast, worker)
+                    _simulate(backend, lease.run_id, job, lease, seed, fast, worker)
             except Refused as refused:
                 # a zombie: our lease was taken over while we were away; nothing was written
                 lost = ("; its heartbeat had found the lease lapsed too (lease.lost)"
                         if lease.lost else "")  # fmt: skip
                 backend.append_event(Log(
-                    run_id=run_id, agent_id=job.agent_id, level=LogLevel.WARN,
+                    run_id=lease.run_id, agent_id=job.agent_id, level=LogLevel.WARN,
                     msg=f"worker {worker} (pid {os.getpid()}): {REFUSED_MARK}: its "
                         f"{refused.what} for agent {job.name} with lease token {lease.token} "
                         f"(current token {refused.error.current}): LeaseLostError, nothing "
@@ -323,6 +338,7 @@ def _worker_main(url: str, prefix: str, run_id_text: str, worker: int, seed: int
             idle_since = time.monotonic()
     finally:
         backend.close()
+        main.close()
         time.sleep(3 * LISTENER_POLL_SECONDS)  # let the listener unsubscribe first
         client.close()
 
@@ -529,6 +545,13 @@ class Coordinator:
         self.pause_phase = min(2, args.phases - 1)
         self.plan = make_plan(args.seed, args.phases, args.agents)
         self.jobs = {j.agent_id: j for phase in self.plan for j in phase}
+        self.others: dict[uuid.UUID, list[Job]] = {  # other users' runs in the pool
+            uuid.uuid4(): [dataclasses.replace(j, fail_first=False)
+                           for j in make_plan(args.seed + n, 1, args.agents)[0]]
+            for n in range(1, args.runs)
+        }  # fmt: skip
+        self.side: RedisCheckpointBackend | None = None  # writes to the other runs
+        self.shares: dict[uuid.UUID, int] = {}  # claims of each other run (verify_others)
         self.client: redis.Redis = redis.Redis.from_url(target.url)
         self.backend = RedisCheckpointBackend(self.client, prefix=PREFIX)
         self.procs: list[multiprocessing.process.BaseProcess] = []
@@ -604,8 +627,10 @@ class Coordinator:
                                         tempfile.gettempdir() + f"/luft-demo-{self.run_id}",
                                         meta)  # fmt: skip
         try:  # from here on the run is cleaned up however the demo ends (a closed stdout too)
+            self.backend.join_pool(POOL, weight=MAIN_WEIGHT)
             self.display.say(f"run {self.run_id}: {args.phases} phases x {args.agents} agents, "
                              f"{args.workers} workers, seed {args.seed}")  # fmt: skip
+            self.start_others()
             self.display.say(f"follow it from another terminal: luft-redis --redis "
                              f"{self.cli_url()} watch {self.run_id}"
                              + self.password_note())  # fmt: skip
@@ -614,6 +639,7 @@ class Coordinator:
             self.start_workers()
             for p, jobs in enumerate(self.plan):
                 self.run_phase(p, jobs)
+            self.finish_others()
             cp = self.check_running("after its last phase")
             self.backend.append_event(RunDone(
                 run_id=self.run_id, status=RunStatus.COMPLETED, total_tokens=TokenUsage(),
@@ -659,6 +685,52 @@ class Coordinator:
             raise DemoError(f"the run was {self.stopped_by} by another process (luft-redis "
                             f"cancel?) {when}; the demo stops here")  # fmt: skip
         return self.checkpoint()
+
+    def start_others(self) -> None:
+        """Other users' runs join the pool, each with one phase of agents (weight 1)."""
+        if not self.others:
+            return
+        side = self.side = RedisCheckpointBackend(self.client, prefix=PREFIX, watch=False)
+        for n, (run_id, jobs) in enumerate(self.others.items(), 1):
+            side.init_run(run_id, f"another user's review ({n})",
+                          tempfile.gettempdir() + f"/luft-demo-{run_id}", pool=POOL)  # fmt: skip
+            side.append_event(RunStarted(run_id=run_id, task=f"review {n}", ts=_now()))
+            side.append_event(PhaseStarted(
+                run_id=run_id, phase_id=0, label=jobs[0].label, planned=len(jobs),
+                description=f"phase 0: {jobs[0].label}", role=jobs[0].role, ts=_now(),
+            ))  # fmt: skip
+            side.submit_agents([job.task() for job in jobs])
+        self.display.say(
+            f"pool {POOL}: {len(self.others) + 1} runs share the workers, this one with weight "
+            f"{MAIN_WEIGHT}, {len(self.others)} other users' runs of {self.args.agents} agents "
+            "with weight 1 (claim_agent(pool=...); luft-redis pool " + POOL + ")"
+        )  # fmt: skip
+
+    def finish_others(self) -> None:
+        """Wait for the other runs' agents (served alongside), then complete each run."""
+        side = self.side
+        if side is None:
+            return
+        deadline = time.monotonic() + self.phase_timeout
+        for run_id, jobs in self.others.items():
+            while True:
+                cp = side.open_run(run_id)  # (watch=False: read again each time)
+                if cp is None:
+                    raise DemoError(f"run {run_id} is gone")
+                tasks = side.agent_tasks()
+                if all(t.state is TaskState.DONE for t in tasks) and all(
+                        _ok(cp, j.agent_id) for j in jobs):  # fmt: skip
+                    break
+                if any(t.state is TaskState.DEAD for t in tasks):
+                    raise DemoError(f"run {run_id}: an agent is dead (too many failed attempts)")
+                if time.monotonic() > deadline or self.alive() == 0:
+                    raise DemoError(f"run {run_id}: its agents did not finish")
+                time.sleep(0.1)
+            side.append_event(PhaseDone(run_id=run_id, phase_id=0, ok=len(jobs), failed=0,
+                                        ts=_now()))  # fmt: skip
+            side.append_event(RunDone(run_id=run_id, status=RunStatus.COMPLETED,
+                                      total_tokens=TokenUsage(), ts=_now()))  # fmt: skip
+        self.display.say(f"the {len(self.others)} other runs of pool {POOL} completed")
 
     def run_phase(self, p: int, jobs: list[Job]) -> None:
         self.backend.append_event(PhaseStarted(
@@ -880,6 +952,7 @@ class Coordinator:
                 problems.append(f"worker {victim.worker}'s agent was never taken over")
         if self.paused is not None and self.paused.refusal is None:
             problems.append(f"worker {self.paused.worker}'s late write was not refused")
+        problems += self.verify_others()
         if problems:
             raise DemoError("invariants violated: " + "; ".join(problems))
         self.events = events
@@ -890,6 +963,26 @@ class Coordinator:
         self.display.say(f"invariants hold: {len(planned)} agents, each done with exactly one "
                          f"accepted ok agent_done and an ok result{victims}; total_tokens = "
                          "sum of agent_done tokens; the cache equals a fresh open_run")  # fmt: skip
+
+    def verify_others(self) -> list[str]:
+        """The other runs of the pool: completed, each agent done once with an ok result."""
+        problems: list[str] = []
+        with (
+            redis.Redis.from_url(self.target.url) as fresh_client,
+            RedisCheckpointBackend(fresh_client, prefix=PREFIX, watch=False) as fresh,
+        ):
+            for run_id, jobs in self.others.items():
+                cp = fresh.open_run(run_id)
+                if cp is None or cp.status is not CheckpointStatus.COMPLETED:
+                    problems.append(f"run {run_id} is {cp and cp.status}, not completed")
+                    continue
+                done = Counter(e.agent_id for e in fresh.get_event_log()
+                               if isinstance(e, AgentDone) and e.status is AgentStatus.OK)
+                if any(done[j.agent_id] != 1 for j in jobs) or not all(
+                        _ok(cp, j.agent_id) for j in jobs):  # fmt: skip
+                    problems.append(f"run {run_id}: not every agent done exactly once, ok")
+                self.shares[run_id] = sum(t.attempt for t in fresh.agent_tasks())
+        return problems
 
     def emit(self, *lines: str) -> None:
         """Print lines of the summary (the live line is gone by then)."""
@@ -929,6 +1022,11 @@ class Coordinator:
                       f"{self.paused.heir}; its late write was refused")  # fmt: skip
         if self.killed is None and self.paused is None:
             self.emit("  crash      none (--no-crash)")
+        if self.others:
+            others = ", ".join(f"{n}" for n in self.shares.values())
+            self.emit(f"  pool       {POOL}: {len(self.others) + 1} runs; this one {attempts} "
+                      f"claims (weight {MAIN_WEIGHT}), the others {others} (weight 1), all "
+                      "completed")  # fmt: skip
         self.emit(f"  tokens     total_tokens {cp.total_tokens:,}",
                   f"  findings   {len(cp.findings)}: {by_sev}",
                   f"  events     {len(self.events)} in the log",
@@ -971,7 +1069,7 @@ class Coordinator:
         url = self.cli_url()
         self.emit(f"Run id {self.run_id}, kept on {url}{self.password_note()}. Inspect it:")
         for command in (f"show {self.run_id}", f"agents {self.run_id}", f"events {self.run_id}",
-                        "runs"):  # fmt: skip
+                        "runs", f"pool {POOL}"):  # fmt: skip
             self.emit(f"  luft-redis --redis {url} {command}")
         for command in (f'HGETALL "{self.keys.run}"', f'XLEN "{self.keys.events}"',
                         f'XREVRANGE "{self.keys.events}" + - COUNT 5'):  # fmt: skip
@@ -987,6 +1085,12 @@ class Coordinator:
         if not self.keeps_run:
             with contextlib.suppress(Exception):
                 self.backend.delete_run(self.run_id)  # its keys and its run-index entry
+            for run_id in self.others:
+                with contextlib.suppress(Exception):
+                    self.backend.delete_run(run_id)
+        if self.side is not None:
+            with contextlib.suppress(Exception):
+                self.side.close()
         with contextlib.suppress(Exception):
             self.backend.close()
         # the listener thread unsubscribes within its poll interval; closing the client
@@ -1010,7 +1114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="luft-redis demo",
         description="A coordinator submits a simulated luft workflow's agents to one Redis "
-                    "run; W worker processes claim them with leases. One worker is killed "
+                    "run, in a pool with other users' runs; W worker processes claim from the "
+                    "pool with leases. One worker is killed "
                     "mid-agent and its agent is taken over when its lease lapses; one is "
                     "paused past its lease, and its late write is refused.",
     )  # fmt: skip
@@ -1025,6 +1130,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=_positive, default=4, help="worker processes (4)")
     parser.add_argument("--phases", type=_positive, default=3, help="phases (3)")
     parser.add_argument("--agents", type=_positive, default=8, help="agents per phase (8)")
+    parser.add_argument("--runs", type=_positive, default=3,
+                        help=f"runs in the pool {POOL}: this workflow's and the others' (3)")
     parser.add_argument("--seed", type=int, default=7, help="random seed of the plan (7)")
     parser.add_argument("--fast", action="store_true", help="short agent durations (tests)")
     parser.add_argument("--no-crash", action="store_true",
