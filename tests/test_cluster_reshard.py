@@ -59,7 +59,7 @@ from luft_redis import cluster as luft_cluster
 from luft_redis._sync import fcall as luft_fcall
 from luft_redis.asyncio import fcall as luft_async_fcall
 from luft_redis.errors import LuftRedisError
-from luft_redis.keys import run_keys
+from luft_redis.keys import limiter_key, pool_keys, run_keys
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy
 from luft_redis.tools.server import (
     LocalRedisCluster,
@@ -542,3 +542,84 @@ def test_a_slot_held_migrating_past_the_deadline_is_a_typed_error_and_writes_not
     finally:
         writer.close()
         client.close()
+
+
+def test_claims_from_a_pool_go_on_through_a_reshard_of_the_pool_and_limiter_slots(
+    grown_cluster: tuple[LocalRedisCluster, LocalRedisServer],
+) -> None:
+    """Workers claim from a pool (under its max_leases, its tasks under a rate limiter) while
+    the pool's slot, then the limiter's, move to the new primary: no error, and every agent
+    done exactly once."""
+    cluster, new = grown_cluster
+    clients: list[RedisCluster] = []
+    backends: list[RedisCheckpointBackend] = []
+
+    def backend() -> RedisCheckpointBackend:
+        client = cluster.client()
+        clients.append(client)
+        made = RedisCheckpointBackend(client, watch=False, retry=WRITER_RETRY)
+        backends.append(made)
+        return made
+
+    try:
+        setup = backend()
+        setup.set_rate_limit("rs-model", requests_per_minute=100_000)
+        setup.configure_pool("rs", max_leases=3)
+        agents: set[tuple[uuid.UUID, uuid.UUID]] = set()
+        for _ in range(4):
+            run_id = uuid.uuid4()
+            setup.init_run(run_id, "pooled", "/tmp/rs", pool="rs")
+            tasks = [AgentTask(uuid.uuid4(), 0, None) for _ in range(40)]
+            setup.submit_agents(tasks, limiter="rs-model", expected_tokens=1)
+            agents |= {(run_id, task.agent_id) for task in tasks}
+        done: list[tuple[uuid.UUID, uuid.UUID]] = []
+        tally = Tally("pool")
+        halt = threading.Event()
+
+        def work(worker: RedisCheckpointBackend, name: str) -> None:
+            while not halt.is_set() and len(done) < len(agents):
+                started = time.monotonic()
+                try:
+                    lease = worker.claim_agent(name, pool="rs", lease_for=30, timeout=0.5)
+                    if lease is None:
+                        continue
+                    time.sleep(WRITE_PAUSE)
+                    worker.append_event(AgentDone(run_id=lease.run_id, agent_id=lease.agent_id,
+                                                  status=AgentStatus.OK, tokens=TokenUsage(input=1),
+                                                  elapsed_ms=1), lease=lease)  # fmt: skip
+                    done.append((lease.run_id, lease.agent_id))
+                    tally.record(lease.run_id, started, None)
+                except Exception as exc:
+                    tally.record(uuid.UUID(int=0), started, exc)
+
+        threads = [threading.Thread(target=work, args=(backend(), f"w{i}"), daemon=True)
+                   for i in range(3)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        _wait_for(lambda: len(done) >= 20, 30, "the workers to warm up")
+        log: list[str] = []
+        for tag in ("{pool:rs}", "{limit:rs-model}"):
+            slot = key_slot(tag.encode())
+            source = cluster.primary_for_slot(slot)
+            _reshard(slot, source, new, [*cluster.primaries(), new], log)
+            _wait_for(lambda slot=slot: all(_owner_is(n, slot, new)  # type: ignore[misc]
+                                            for n in [*cluster.nodes, new]), 30,
+                      f"every node to agree on the new owner of {tag}")  # fmt: skip
+        _wait_for(lambda: len(done) >= len(agents), 60, "every agent to be done")
+        halt.set()
+        for thread in threads:
+            thread.join(30)
+        print(f"pool reshard: {'; '.join(log)}; slowest claim+done {tally.slowest:.2f}s")
+        assert tally.untyped == [], tally.untyped[:3]
+        assert tally.typed == [], tally.typed[:3]
+        assert sorted(done) == sorted(agents)  # each agent once
+        limiter = clients[0].hgetall(limiter_key("luft", "rs-model"))
+        assert int(limiter[b"admitted"]) == len(agents)
+        assert clients[0].zcard(pool_keys("luft", "rs").leases) == 0  # every lease ended
+    finally:
+        for made in backends:
+            with contextlib.suppress(Exception):
+                made.close()
+        for client in clients:
+            with contextlib.suppress(Exception):
+                client.close()
