@@ -25,7 +25,8 @@
           claim again at once; with max_leases live leases, the ms until the earliest ends), the delta a new version without records when tasks became
           done or dead, else one that changes nothing; on a run that is not running "" and
           "!<status>"; on a run whose total_tokens reached its max_tokens "" and "!budget".
-          A retry of the same operation (its reply lost) gets the same lease again.
+          A retry of the same operation (its reply lost) gets the same reply again: the
+          same lease, or the same marker (kept in the writers hash under "<writer> claim").
   Errors: LUFT_NO_RUN, LUFT_CORRUPT, LUFT_BAD_ARG, LUFT_STALE
 ]]
 --- @include "includes/call"
@@ -54,14 +55,22 @@ end
 
 local function main()
   local memo_field = WRITER .. ' claim'
+  -- A reply without a lease: its marker (the ms to wait, "@<limiter> <tokens>", "!<why>")
+  -- kept as this writer's claim memo, so that a retry after a lost reply gets it again
+  local function nothing(delta, marker)
+    redis.call('HSET', K_WRITERS, memo_field, WRITER_SEQ .. ' - ' .. marker)
+    return {delta, '', marker}
+  end
   -- no probes: every key this script writes (writers, run, queue, tasks) is read first with
   -- read_key, whose WRONGTYPE is the type check; the run's other keys are not touched
   local dup = dedup({})
   if dup then
-    local memo = read_key(9, 'hash', 'HGET', memo_field)
+    local memo = read_key(9, 'hash', 'HGET', memo_field) or ''
     local seq, aid, token, attempt, expires, inc =
-      string.match(memo or '', '^(%d+) (%S+) (%d+) (%d+) (%d+) (%S+)$')
+      string.match(memo, '^(%d+) (%S+) (%d+) (%d+) (%d+) (%S+)$')
     if seq == WRITER_SEQ then return lease_reply(dup, aid, token, attempt, expires, inc) end
+    local nseq, marker = string.match(memo, '^(%d+) %- (.*)$')
+    if nseq == WRITER_SEQ then return {dup, '', marker} end
     return {dup, '', ''}
   end
   local worker = ARGS[1]
@@ -71,14 +80,14 @@ local function main()
   if lease_ms < 1 or max < 1 then fail('BAD_ARG', 'lease duration and max_attempts must be >= 1') end
   local run = read_run('lease_token', 'max_leases', 'max_tokens', 'total_tokens', 'pool',
     'lapses', 'takeovers')
-  if run[1] ~= 'running' then return {unchanged(run, 'claim'), '', '!' .. run[1]} end
+  if run[1] ~= 'running' then return nothing(unchanged(run, 'claim'), '!' .. run[1]) end
   if ARGS[4] and ARGS[4] ~= '' and run[8] ~= ARGS[4] then -- a pool's stale index entry
-    return {unchanged(run, 'claim'), '', '!pool'}
+    return nothing(unchanged(run, 'claim'), '!pool')
   end
   local token = tonumber(run[4] and stored_uint(K_RUN, 'lease_token', run[4]) or '0')
   if run[6] and uint_ge(stored_uint(K_RUN, 'total_tokens', run[7] or '0'),
       stored_uint(K_RUN, 'max_tokens', run[6])) then -- over its token budget (docs/pools.md)
-    return {unchanged(run, 'claim'), '', '!budget'}
+    return nothing(unchanged(run, 'claim'), '!budget')
   end
   local clock = redis.call('TIME') -- one read of the clock: ms for leases, s for updated_at
   local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -87,7 +96,7 @@ local function main()
     if live >= tonumber(stored_uint(K_RUN, 'max_leases', run[5])) then
       local first = redis.call('ZRANGE', K_QUEUE, '(' .. now, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
         'WITHSCORES')
-      return {unchanged(run, 'claim'), '', first[2] and whole(tonumber(first[2]) - now) or '0'}
+      return nothing(unchanged(run, 'claim'), first[2] and whole(tonumber(first[2]) - now) or '0')
     end
   end
 
@@ -167,8 +176,8 @@ local function main()
   -- 2. writes
   for i = 1, #ended do write_task_end(ended[i][1], ended[i][2], ended[i][3]) end
   if not chosen then
-    if #ended == 0 then return {unchanged(run, 'claim'), '', wait} end
-    return {commit(run, clock[1], 'claim', counters), '', wait}
+    if #ended == 0 then return nothing(unchanged(run, 'claim'), wait) end
+    return nothing(commit(run, clock[1], 'claim', counters), wait)
   end
   local aid, attempt = chosen[1], whole(chosen[2] + 1)
   token = whole(token + 1)

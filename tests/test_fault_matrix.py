@@ -387,6 +387,14 @@ def _limited_claimed(ctx: Ctx) -> None:
     assert ctx.lease is not None
 
 
+def _pooled_busy(ctx: Ctx) -> None:
+    """Pool "fm"'s one run has its two tasks leased: a claim finds only leases to wait for."""
+    _pooled(ctx)
+    holder = ctx.make(watch=False)
+    for _ in range(2):
+        assert holder.claim_agent("holder", pool="fm", lease_for=60.0) is not None
+
+
 def _capped(ctx: Ctx) -> None:
     """Two tasks in pool "fm", whose max_leases is 1."""
     _pooled(ctx)
@@ -464,6 +472,8 @@ CASES: dict[str, Case] = {
     "pool_add_submit": Case("pool_add", _joined, lambda c: c.backend.submit_agents(
         [AgentTask(AGENTS[i], 1, {"i": i}) for i in range(3)])),
     "pool_add_leave": Case("pool_add", _pooled, lambda c: c.backend.join_pool("other")),
+    "claim_agent_pool_wait": Case("claim_agent", _pooled_busy, lambda c: _lease_view(
+        c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
     "pool_pick": Case("pool_pick", _pooled, lambda c: _lease_view(
         c.make(watch=False).claim_agent("worker-1", pool="fm", lease_for=60.0))),
     "pool_pick_empty": Case("pool_pick", _joined, lambda c: _lease_view(

@@ -68,7 +68,7 @@ from luft_redis import errors as luft_errors
 from luft_redis import types as t
 from luft_redis._sync import backend as sync_backend
 from luft_redis._sync.listener import ChangeListener
-from luft_redis.keys import run_keys
+from luft_redis.keys import limiter_key, pool_keys, run_keys
 from luft_redis.retry import DEFAULT_RETRY, RetryPolicy, is_transient
 from luft_redis.tools.server import LOOPBACK, LocalRedisServer, packaged_server
 
@@ -793,6 +793,58 @@ def test_lease_cycles_under_lost_and_late_replies(proxy: FaultProxy, direct: red
         assert {a: r.output for a, r in cp.agent_results.items()} == {
             a: {"by": "lease"} for a in agents}  # fmt: skip
         assert reader.version == 2 + n * 4  # init, submit, then claim + 3 writes per agent
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_pool_claims_under_lost_late_and_stalled_replies(
+    proxy: FaultProxy, direct: redis.Redis
+) -> None:
+    """Two workers claim 30 agents of 3 pooled runs (the pool's max_leases and a rate limiter
+    in play: picks, takes, claims, lease reports are all FCALLs) while a third of their FCALLs
+    lose the request, lose the reply, or stall past the client's timeout without the
+    connection closing: every agent is handed out once, the limiter admits each once, and the
+    pool's lease count ends empty."""
+    boss = RedisCheckpointBackend(direct, watch=False)
+    boss.set_rate_limit("faulty-model", requests_per_minute=100_000, tokens_per_minute=10**9)
+    boss.configure_pool("faulty", max_leases=4)
+    agents: set[tuple[uuid.UUID, uuid.UUID]] = set()
+    for _ in range(3):
+        run_id = uuid.uuid4()
+        boss.init_run(run_id, "pooled under faults", "/d", pool="faulty")
+        tasks = [AgentTask(uuid.uuid4(), 0, None, "faulty-model", 10) for _ in range(10)]
+        boss.submit_agents(tasks)
+        agents |= {(run_id, task.agent_id) for task in tasks}
+    proxy.late_by = 0.3
+    clients = [redis.Redis(host=LOOPBACK, port=proxy.port, retry=Retry(NoBackoff(), 0),
+                           socket_timeout=0.15, socket_connect_timeout=5)
+               for _ in range(2)]  # fmt: skip
+    try:
+        workers = [RedisCheckpointBackend(c, watch=False, retry=GENEROUS) for c in clients]
+        claimed: list[tuple[uuid.UUID, uuid.UUID, int]] = []
+        modes: list[FaultMode] = ["reply", "request", "late"]
+        rounds = 0
+        while len(claimed) < len(agents) and rounds < 3 * len(agents):
+            proxy.configure(modes[rounds % 3], 1 / 3)
+            rounds += 1
+            for i, worker in enumerate(workers):
+                lease = worker.claim_agent(f"w{i}", pool="faulty", lease_for=30.0)
+                if lease is None:
+                    continue
+                claimed.append((lease.run_id, lease.agent_id, lease.attempt))
+                worker.append_event(_lease_done(lease.run_id, lease.agent_id), lease=lease)
+                assert lease.finished and not lease.lost
+        proxy.configure("off")
+        print(f"\npool: {proxy.reply_faults} lost replies, {proxy.request_faults} lost "
+              f"requests, {proxy.late_faults} late replies, {proxy.fcall_seen} FCALL")  # fmt: skip
+        assert min(proxy.reply_faults, proxy.request_faults, proxy.late_faults) >= 3
+        assert sorted((r, a) for r, a, _ in claimed) == sorted(agents)  # each once
+        assert {attempt for _, _, attempt in claimed} == {1}
+        limiter = direct.hgetall(limiter_key("luft", "faulty-model"))
+        assert int(limiter[b"admitted"]) == len(agents)
+        assert int(limiter[b"tokens"]) == len(agents) * 1  # reserved 10, settled to 1 each
+        assert direct.zcard(pool_keys("luft", "faulty").leases) == 0
     finally:
         for client in clients:
             client.close()
