@@ -4,8 +4,9 @@
 
   KEYS[1..4] the pool's keys (see includes/pool.lua)
   KEYS[5] the claiming backend's pick memo  string  "<pick seq> <run> <weight> <priority> ..."
-          of its last pick, expiring after PICK_MEMO_MS: a retry of the same pick (its reply
-          lost) gets those runs again, and no pass advances twice
+          of its last pick ("<pick seq> ~ <ms> ..." when it picked none), expiring after
+          PICK_MEMO_MS: a retry of the same pick (its reply lost) gets the same reply, and no
+          correction or pass is applied twice
   KEYS[6] the pool's leases  zset  (only when the pool hash has max_leases) "<run> <agent>
           <token>" -> its lease's expiry (unix ms, written by pool_lease-2.lua after a
           claim), and "hold <KEYS[5]>" -> until when a backend's pick holds a place for the
@@ -71,7 +72,17 @@ local function main()
   if memo and string.match(memo, '^(%d+)') == seq then
     local out = {}
     for part in string.gmatch(string.sub(memo, #seq + 2), '%S+') do out[#out + 1] = part end
+    if out[1] == '~' then out[1] = '' end -- none picked: {"", ms or "", ["cap"]}
+    if out[1] == '' and out[2] == '~' then out[2] = '' end
     return out
+  end
+  -- A reply that picks none, kept as the memo too ("~" stands for "")
+  local function none(wait, capped)
+    local reply = {'', wait}
+    if capped then reply[3] = 'cap' end
+    redis.call('SET', KEYS[5], seq .. ' ~ ' .. (wait == '' and '~' or wait)
+      .. (capped and ' cap' or ''), 'PX', PICK_MEMO_MS)
+    return reply
   end
   -- checks first: nothing is written before every correction is known to be well formed
   for i = 0, n - 1 do
@@ -110,7 +121,7 @@ local function main()
     redis.call('ZREM', KEYS[6], 'hold ' .. KEYS[5])
     if redis.call('ZCARD', KEYS[6]) >= tonumber(cap) then
       local first = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-      return {'', tostring(math.max(0, math.floor(tonumber(first[2]) - now))), 'cap'}
+      return none(tostring(math.max(0, math.floor(tonumber(first[2]) - now))), true)
     end
     want = 1
   end
@@ -138,8 +149,8 @@ local function main()
   end
   if #out == 0 then
     local next = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-    if #next == 0 then return {'', ''} end
-    return {'', tostring(math.max(0, math.floor(tonumber(next[2]) - now)))}
+    if #next == 0 then return none('', cap ~= false) end
+    return none(tostring(math.max(0, math.floor(tonumber(next[2]) - now))), cap ~= false)
   end
   redis.call('HSET', KEYS[1], 'vt', tostring(vt))
   if cap then

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import functools
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -533,7 +534,8 @@ def _pools(direct: Any) -> dict[str, Any]:
         keys = pool_keys(PREFIX, name)
         index = {k: (v.split()[-1] if k.endswith(b":t") else v)
                  for k, v in direct.hgetall(keys.pool).items()}  # fmt: skip
-        picks = sorted(direct.get(k) for k in direct.scan_iter(match=keys.pick_memo("*")))
+        picks = sorted(re.sub(rb"^(\d+ ~ )\d+", rb"\1<ms>", direct.get(k))  # (a wait: time)
+                       for k in direct.scan_iter(match=keys.pick_memo("*")))  # fmt: skip
         leases = sorted(direct.zrange(keys.leases, 0, -1))  # (expiries: server times)
         out[name] = (index, direct.zrange(keys.ready, 0, -1, withscores=True),
                      direct.zrange(keys.sleep, 0, -1), sorted(direct.smembers(keys.members)),

@@ -325,9 +325,21 @@ def test_a_pick_racing_a_submit_loses_no_wake_up(redis_client: Any) -> None:
     assert pick(rid, "wait", "60000", "inc-2 1")[0] == rid.encode()
     reply = pick(rid, "wait", "60000", "inc-2 1")
     assert reply[0] == b"" and 59_000 <= int(reply[1]) <= 60_000  # sleeping until the lapse
+    assert pick(same=True) == reply  # a retry of a pick that picked none: its first reply
     assert redis_client.sismember(keys.members, rid)
     pick(rid, "gone", "", "")
     assert not redis_client.sismember(keys.members, rid)
+    # a pick whose corrections applied and that picked none, retried: applied once (an
+    # "unused" pick given back twice would move the run's pass back twice)
+    add("inc-3 1")
+    assert pick()[0] == rid.encode()  # its pass: 1000 past the virtual time
+    score = redis_client.zscore(keys.ready, rid)
+    redis_client.hset(keys.pool, "max_leases", "1")  # at the cap: the pick picks none
+    redis_client.zadd(keys.leases, {"someone": time.time() * 1000 + 60_000})
+    assert pick(rid, "unused", "", "")[:1] == [b""]
+    assert redis_client.zscore(keys.ready, rid) == score - 1000
+    assert pick(rid, "unused", "", "", same=True)[:1] == [b""]  # the same pick, retried
+    assert redis_client.zscore(keys.ready, rid) == score - 1000
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [
