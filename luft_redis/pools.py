@@ -348,8 +348,9 @@ class PoolRun:
 @dataclasses.dataclass(frozen=True)
 class PoolView:
     """A pool: its runs (members of its index, each read from its run hash and queue), its
-    ``max_leases`` (None: no limit) and the leases it counts against it now (``leases``:
-    live leases and picks' holds; 0 without a limit)."""
+    ``max_leases`` (None: no limit), the leases it counts against it now (``leases``: live
+    leases and picks' holds; 0 without a limit) and ``workers``: the distinct holders of its
+    runs' live leases."""
 
     name: str
     runs: tuple[PoolRun, ...]
@@ -357,13 +358,15 @@ class PoolView:
     sleeping_runs: int
     max_leases: int | None = None
     leases: int = 0
+    workers: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"pool": self.name, "runs": len(self.runs), "ready_runs": self.ready_runs,
                 "sleeping_runs": self.sleeping_runs,
                 "ready_tasks": sum(r.ready for r in self.runs),
                 "leased_tasks": sum(r.leased for r in self.runs),
-                "max_leases": self.max_leases, "leases": self.leases}  # fmt: skip
+                "max_leases": self.max_leases, "leases": self.leases,
+                "workers": self.workers}  # fmt: skip
 
 
 def pool_run_of(run_id: uuid.UUID, pool: str, fields: Sequence[Any], state: str, ready: int,

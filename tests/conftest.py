@@ -186,7 +186,8 @@ FULL_ONLY: Final = "full"
 #: The suites CI also runs on every extra server (``LUFT_REDIS_SERVER=... pytest --full -m
 #: matrix``): their tests get the ``matrix`` marker here, by module.
 MATRIX_MODULES: Final = frozenset(
-    {"test_backend.py", "test_coherence.py", "test_hostile.py", "test_leases.py", "test_pools.py"}
+    {"test_backend.py", "test_coherence.py", "test_hostile.py", "test_leases.py", "test_pools.py",
+     "test_limits.py"}
 )
 
 

@@ -192,6 +192,7 @@ def test_pools_and_pool_show_runs_states_tasks_and_budgets(
     pools = {row["pool"]: row for row in map(json.loads, listed.stdout.splitlines())}
     assert set(pools) == {"gpu", "cpu"}
     assert pools["gpu"]["runs"] == 3 and pools["gpu"]["leased_tasks"] == 1
+    assert pools["gpu"]["workers"] == 1  # w2 holds the one live lease
     assert pools["gpu"]["ready_tasks"] == 9 - 2
     assert pools["cpu"]["runs"] == 1 and pools["cpu"]["ready_tasks"] == 0
 
@@ -207,7 +208,7 @@ def test_pools_and_pool_show_runs_states_tasks_and_budgets(
     table = luft(*conn, "pool", "gpu")
     assert table.returncode == 0, table.stderr
     assert all(str(r) in table.stdout for r in runs)
-    assert "pool 'gpu': 3 run(s)" in table.stderr and "1 leased" in table.stderr
+    assert "pool 'gpu': 3 run(s)" in table.stderr and "1 leased by 1 worker(s)" in table.stderr
     text = luft(*conn, "pools")
     assert text.returncode == 0 and "gpu" in text.stdout and "2 pool(s)" in text.stderr
 

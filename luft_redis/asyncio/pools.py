@@ -41,7 +41,8 @@ async def list_pools(client: Any, prefix: str) -> list[str]:
 async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -> PoolView:
     """Pool ``name``: up to ``limit`` of its runs, each with its state in the index, its tasks
     ready and leased now (the client's clock decides "now"), its weight, priority and limits.
-    Two pipelined round trips: the pool's index, then the runs."""
+    Three pipelined round trips: the pool's index, the runs, then the holders (workers) of
+    their live leases."""
     keys = pool_keys(prefix, name)
     pipe = client.pipeline(transaction=False)
     pipe.smembers(keys.members)
@@ -67,19 +68,30 @@ async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -
         pipe.hmget(rk.run, list(RUN_VIEW_FIELDS))
         pipe.zcount(rk.queue, "-inf", f"({LEASE_SCORE}")
         pipe.zcount(rk.queue, f"({now_ms}", "+inf")
+        pipe.zrange(rk.queue, f"({now_ms}", "+inf", byscore=True)
     replies = await pipe.execute() if ids else []
     runs: list[PoolRun] = []
+    leased_agents: list[tuple[uuid.UUID, list[bytes]]] = []
     for i, (run_id, state) in enumerate(ids):
-        fields, n_ready, n_leased = replies[3 * i : 3 * i + 3]
+        fields, n_ready, n_leased, agents = replies[4 * i : 4 * i + 4]
         run = pool_run_of(run_id, name, fields, state, int(n_ready), int(n_leased),
                           run_keys(prefix, run_id).run)  # fmt: skip
         if run is not None:
             runs.append(run)
+            if agents:
+                leased_agents.append((run_id, [bytes(a) for a in agents]))
+    workers: set[bytes] = set()
+    if leased_agents:
+        pipe = client.pipeline(transaction=False)
+        for run_id, agents in leased_agents:
+            pipe.hmget(run_keys(prefix, run_id).tasks, [a + b":holder" for a in agents])
+        for holders in await pipe.execute():
+            workers.update(bytes(h) for h in holders if h is not None)
     runs.sort(key=lambda r: (-r.priority, str(r.run_id)))
     if cap is not None and not bytes(cap).isdigit():
         raise CorruptDataError(keys.pool, "max_leases", "is not a whole number")
     return PoolView(name, tuple(runs), len(ready_set), len(sleeping_set),
-                    None if cap is None else int(cap), int(leases))  # fmt: skip
+                    None if cap is None else int(cap), int(leases), len(workers))  # fmt: skip
 
 
 async def list_rate_limits(client: Any, prefix: str) -> list[RateLimit]:

@@ -407,6 +407,8 @@ def _cmd_pools(args: argparse.Namespace) -> int:
                     for name in pools_io.list_pools(client, prefix)]  # fmt: skip
 
         views = _redis_call(views_of)
+        limits = [] if args.json else _redis_call(
+            lambda: pools_io.list_rate_limits(client, prefix))
     if args.json:
         for view in views:
             print(dumps(view.to_json()))
@@ -414,14 +416,17 @@ def _cmd_pools(args: argparse.Namespace) -> int:
     if views:
         table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
         for name in ("pool", "runs", "ready runs", "sleeping runs", "ready tasks",
-                     "leased tasks", "leases / max"):  # fmt: skip
+                     "leased tasks", "workers", "leases / max"):  # fmt: skip
             table.add_column(name, justify="left" if name == "pool" else "right", no_wrap=True)
         for view in views:
             row = view.to_json()
             cap = "-" if view.max_leases is None else f"{view.leases} / {view.max_leases}"
             table.add_row(view.name, *(str(row[k]) for k in ("runs", "ready_runs",
-                          "sleeping_runs", "ready_tasks", "leased_tasks")), cap)  # fmt: skip
+                          "sleeping_runs", "ready_tasks", "leased_tasks", "workers")),
+                          cap)  # fmt: skip
         _print(table)
+    if limits:  # (a limiter is shared by every pool: luft-redis limits)
+        _print(limits_table(limits))
     print(f"{len(views)} pool(s) under prefix {args.prefix!r}", file=sys.stderr)
     return EXIT_OK
 
@@ -440,7 +445,7 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     print(f"pool {view.name!r}: {len(view.runs)} run(s), {view.ready_runs} ready, "
           f"{view.sleeping_runs} sleeping until a lease lapses, "
           f"{sum(r.ready for r in view.runs)} task(s) ready, "
-          f"{sum(r.leased for r in view.runs)} leased"
+          f"{sum(r.leased for r in view.runs)} leased by {view.workers} worker(s)"
           + ("" if view.max_leases is None else
              f", {view.leases} of its max_leases {view.max_leases} in use")
           + (f", {over} over their token budget" if over else ""), file=sys.stderr)  # fmt: skip

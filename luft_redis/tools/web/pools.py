@@ -102,7 +102,7 @@ def metrics_text(counts: Counts, views: Sequence[PoolView],
 
 
 _POOLS = ("pool", "runs", "ready runs", "sleeping runs", "ready tasks", "leased tasks",
-          "leases / max")  # fmt: skip
+          "workers", "leases / max")  # fmt: skip
 _LIMITS = ("limiter", "requests/min", "tokens/min", "burst s", "requests now", "tokens now",
            "admitted", "waits", "tokens")  # fmt: skip
 _RUNS = ("run", "status", "in pool", "weight", "priority", "ready", "leased", "tokens / budget",
@@ -149,7 +149,7 @@ def pool_routes(client: Any, prefix: str,
             rows = "".join(_row(_POOLS, [
                 f"<a href=\"/pools/{e(v.name)}\">{e(v.name)}</a>", len(v.runs), v.ready_runs,
                 v.sleeping_runs, sum(r.ready for r in v.runs), sum(r.leased for r in v.runs),
-                "-" if v.max_leases is None else f"{v.leases} / {v.max_leases}",
+                v.workers, "-" if v.max_leases is None else f"{v.leases} / {v.max_leases}",
             ]) for v in found)  # fmt: skip
             body = (f"<h1>Pools</h1>{_table('pools', _POOLS, rows)}"
                     + ("" if found else "<p class=\"note\">No pools here.</p>"))  # fmt: skip
