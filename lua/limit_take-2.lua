@@ -21,6 +21,7 @@
 --- @include "includes/fail"
 
 local MEMO_MS = 600000
+local AHEAD_US = 1e14 -- an arrival time at most this far ahead (3 years): stays a 15-digit number
 
 local function signed(s, what)
   if s == nil or not string.find(s, '^%-?%d+$') or #s > 16 then
@@ -71,7 +72,8 @@ local function main()
     local fields = {}
     for i, name in ipairs({'tat_requests', 'tat_tokens'}) do
       if rate[i] and cost[i] ~= 0 then
-        local moved = math.max(now, tat[i] + cost[i] * 60000000 / rate[i])
+        local moved = math.min(math.max(now, tat[i] + cost[i] * 60000000 / rate[i]),
+          now + AHEAD_US)
         fields[#fields + 1], fields[#fields + 2] = name, string.format('%d', math.floor(moved))
       end
     end

@@ -9,8 +9,9 @@
   ARGV[1] the pool's wake channel   ARGV[2] the operation, then its arguments:
   limit   ARGV[3] max_leases ("" none: no limit; the leases key is dropped)
   lease   ARGV[3] the lease "<run> <agent> <token>"   ARGV[4] its expiry (unix ms)
-          ARGV[5] the pick memo key whose hold it replaces ("" none): after a claim; after
-          each renew ("")
+          ARGV[5] the pick memo key whose hold it replaces: after a claim
+  renew   ARGV[3] the lease   ARGV[4] its new expiry: moved when it is there, never added
+          (it may have ended since the renew: a report arriving late adds no ghost)
   end     ARGV[3] the lease: it ended (finished, released); a blocked claim of the pool is
           woken (SPUBLISH ARGV[1])
 
@@ -36,17 +37,20 @@ local function main()
     end
     if cap == '' then
       redis.call('DEL', KEYS[2])
-      return redis.call('HDEL', KEYS[1], 'max_leases')
+      local removed = redis.call('HDEL', KEYS[1], 'max_leases')
+      if removed == 1 then redis.call('SPUBLISH', ARGV[1], '') end -- no limit: look again
+      return removed
     end
     if redis.call('HGET', KEYS[1], 'max_leases') == cap then return 0 end
     redis.call('HSET', KEYS[1], 'max_leases', cap)
     redis.call('SPUBLISH', ARGV[1], '') -- a raised limit: blocked claims look again
     return 1
-  elseif op == 'lease' then
+  elseif op == 'lease' or op == 'renew' then
     local member, expires, hold = lease_member(ARGV[3]), ARGV[4], ARGV[5]
     if not (expires and string.find(expires, '^%d+$') and hold) then
       fail('BAD_ARG', 'pool: a lease needs its expiry and the hold it replaces')
     end
+    if op == 'renew' then return redis.call('ZADD', KEYS[2], 'XX', 'CH', expires, member) end
     if hold ~= '' then redis.call('ZREM', KEYS[2], 'hold ' .. hold) end
     if redis.call('HEXISTS', KEYS[1], 'max_leases') == 0 then return 0 end -- no limit (now)
     return redis.call('ZADD', KEYS[2], 'CH', expires, member)
@@ -55,7 +59,7 @@ local function main()
     redis.call('SPUBLISH', ARGV[1], '')
     return 1
   end
-  fail('BAD_ARG', 'pool: expected "limit", "lease" or "end"')
+  fail('BAD_ARG', 'pool: expected "limit", "lease", "renew" or "end"')
 end
 
 --- @include "includes/main"

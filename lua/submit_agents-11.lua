@@ -49,7 +49,9 @@ local function main()
     local aid, phase, payload, limiter, expect = ARGS[at], ARGS[at + 1], ARGS[at + 2],
       ARGS[at + 3], ARGS[at + 4]
     arg_uint(phase, 'phase_id')
-    if expect ~= '' then arg_uint(expect, 'expected tokens') end
+    if expect ~= '' and (#arg_uint(expect, 'expected tokens') > 13 or tonumber(expect) > 1e12) then
+      fail('BAD_ARG', 'expected tokens must be at most 10^12')
+    end
     if not string.find(limiter, '^[%w_.:-]*$') or #limiter > 100 then
       fail('BAD_ARG', 'limiter name is malformed')
     end

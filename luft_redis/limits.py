@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_BURST",
     "LIMITED_TRIES",
     "LIMITER_FIELDS",
+    "MAX_TOKENS",
     "RateLimit",
     "limit_args",
     "rate_limit_of",
@@ -31,6 +32,9 @@ __all__ = [
 DEFAULT_BURST = 1.0
 """Seconds of its rates a limiter may run ahead of them (GCRA's tolerance): a limiter of 60
 requests per minute admits 2 requests at once, then one a second."""
+
+MAX_TOKENS = 10**12
+"""The most tokens one task may expect, or one lease report, for a rate limiter."""
 
 LIMITED_TRIES = 3
 """Takes one claim makes at most: a take is followed by a claim with it, which may meet a task
@@ -108,11 +112,15 @@ def rate_limit_of(name: str, values: Mapping[str, Any] | list[Any], key: str,
         return None
     burst_us, now_us = (burst_ms or 0) * 1000, now * 1e6
 
-    def available(rate: int | None, tat: int | None) -> float | None:
+    def room(rate: int | None, tat: int | None) -> float | None:
+        """Its budget's room now in its units (negative: it admits nothing now)."""
         if rate is None:
             return None
-        room = burst_us - max(0.0, (tat or 0) - now_us)
-        return max(0.0, room) * rate / 60e6
+        return (burst_us - max(0.0, (tat or 0) - now_us)) * rate / 60e6
 
+    # a limiter admits while its room is >= 0 (then spends): one request more than the room
+    requests, tokens_room = room(rpm, tat_r), room(tpm, tat_t)
     return RateLimit(name, rpm, tpm, (burst_ms or 0) / 1000, admitted or 0, waits or 0,
-                     tokens or 0, available(rpm, tat_r), available(tpm, tat_t))  # fmt: skip
+                     tokens or 0, None if requests is None else
+                     (float(int(requests) + 1) if requests >= 0 else 0.0),
+                     None if tokens_room is None else max(0.0, tokens_room))  # fmt: skip

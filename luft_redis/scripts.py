@@ -480,7 +480,8 @@ def _domain_error(code: str, message: str, run_id: object,
     if code == "TASK_MISMATCH":
         return errors.ValidationError(
             f"tasks[{message.strip()}]",
-            "this agent was submitted before with another phase or payload",
+            "this agent was submitted before with another phase, payload, limiter or "
+            "expected tokens",
         )
     if code == "NO_LIMITER":
         return errors.LimiterNotFoundError(message.strip())

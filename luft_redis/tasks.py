@@ -20,6 +20,7 @@ from . import codec
 from . import types as t
 from .errors import CorruptDataError, ValidationError
 from .keys import check_limiter_name
+from .limits import MAX_TOKENS
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -171,11 +172,13 @@ def submit_args(tasks: Iterable[AgentTask], max_payload_size: int, max_attempts:
             raise ValidationError(
                 f"{field}.payload", f"{len(blob)} bytes stored, more than {max_payload_size}")
         named = task.limiter if task.limiter is not None else limiter
-        expect = task.expected_tokens or expected_tokens
+        # the batch's expected tokens go with the batch's limiter
+        expect = task.expected_tokens if task.limiter is not None else (
+            task.expected_tokens or expected_tokens)
         if named is not None:
             check_limiter_name(named, f"{field}.limiter")
-        if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect <= t.U64_MAX:
-            raise ValidationError(f"{field}.expected_tokens", "expected an integer, 0 to 2^64-1")
+        if isinstance(expect, bool) or not isinstance(expect, int) or not 0 <= expect <= MAX_TOKENS:
+            raise ValidationError(f"{field}.expected_tokens", f"expected 0 to {MAX_TOKENS}")
         if expect and named is None:
             raise ValidationError(f"{field}.expected_tokens", "reserves tokens of no limiter")
         args += [str(task.agent_id), str(task.phase_id), blob, named or "",

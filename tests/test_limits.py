@@ -90,14 +90,21 @@ def test_tokens_a_claim_reserved_are_settled_by_what_its_agent_reports(
     assert _limiter(redis_client)["tokens"] == 500
     call(lease.report_tokens, 400)  # 700 used: 200 past the reservation
     assert _limiter(redis_client)["tokens"] == 700
-    backend.append_event(_done(lease, 650), lease=lease)  # settled exactly: 50 back
-    assert _limiter(redis_client)["tokens"] == 650
+    backend.append_event(_done(lease, 750), lease=lease)  # settled exactly: 50 more
+    assert _limiter(redis_client)["tokens"] == 750
     other = backend.claim_agent("w")
-    assert other is not None
-    call(other.release)  # handed back unreported: the reservation stays spent
-    assert _limiter(redis_client)["tokens"] == 1150
+    assert other is not None and other.charged == 500
+    call(other.report_tokens, 200)
+    # an agent_done that says less than it reported: what it reported stands (300 back)
+    backend.append_event(_done(other, 100), lease=other)
+    assert _limiter(redis_client)["tokens"] == 750 + 200
     with pytest.raises(ValidationError, match="tokens"):
         call(other.report_tokens, -1)
+    third = _bound(make_frontend_backend, 1, limiter="model", expected_tokens=500)
+    held = third.claim_agent("w")
+    assert held is not None
+    _on_loop(third)(held.release)  # handed back unreported: the reservation stays spent
+    assert _limiter(redis_client)["tokens"] == 750 + 200 + 500
 
 
 def test_a_run_waiting_on_its_limiter_lets_the_pool_serve_the_others(
@@ -167,7 +174,7 @@ def test_bad_rate_limit_arguments_are_refused_naming_them(
             backend.submit_agents([task])
         assert caught.value.field == field
     backend.submit_agents([AgentTask(aid, 0, limiter="model", expected_tokens=5)])
-    with pytest.raises(ValidationError, match="another phase or payload"):
+    with pytest.raises(ValidationError, match="another phase, payload, limiter or expected"):
         backend.submit_agents([AgentTask(aid, 0, limiter="model", expected_tokens=6)])
     assert [task.limiter for task in backend.agent_tasks()] == ["model"]
 
@@ -223,3 +230,82 @@ def test_workers_never_take_more_than_the_limiter_allows(
     span = (claimed[-1] - claimed[0]) if claimed else 0.0
     assert 1 <= len(claimed) <= 20 * span + 3 + 4, (len(claimed), span)
     assert stored["waits"] >= 1
+
+
+def test_a_take_that_another_worker_beat_to_its_task_becomes_the_next_tasks_reservation(
+    redis_client: Any,
+) -> None:
+    """Sync, every target: between this worker's take and its claim, another worker claims
+    the task it took for; its claim gets the next task of that limiter, whose expected tokens
+    become what it reserved (the difference settled at once)."""
+    from luft_redis import RedisCheckpointBackend
+
+    boss = RedisCheckpointBackend(redis_client, watch=False)
+    boss.set_rate_limit("model", tokens_per_minute=10**9)
+    boss.init_run(uuid.uuid4(), "raced", "/d")
+    first, second = uuid.uuid4(), uuid.uuid4()
+    boss.submit_agents([AgentTask(first, 0, None, "model", 1000),
+                        AgentTask(second, 0, None, "model", 100)])  # fmt: skip
+    worker = RedisCheckpointBackend(redis_client, watch=False)
+    other = RedisCheckpointBackend(redis_client, watch=False)
+    assert boss.run_id is not None
+    for backend in (worker, other):
+        backend.open_run(boss.run_id)
+    take = worker._limit_take
+    beaten: list[Any] = []
+
+    def take_then_lose_the_task(*args: Any) -> int:
+        wait = take(*args)
+        if not beaten:
+            beaten.append(other.claim_agent("other"))
+        return wait
+
+    worker._limit_take = take_then_lose_the_task  # type: ignore[method-assign,assignment]
+    lease = worker.claim_agent("w")
+    assert beaten[0] is not None and beaten[0].agent_id == first
+    assert lease is not None and lease.agent_id == second and lease.charged == 100
+    assert _limiter(redis_client)["tokens"] == 1000 + 100
+    assert _limiter(redis_client)["admitted"] == 2
+
+
+def test_a_take_is_given_back_when_the_claim_after_it_fails(redis_client: Any) -> None:
+    """Sync, every target: the run is deleted between the take and the claim: the claim
+    raises RunNotFoundError and the limiter gets its request and tokens back."""
+    from luft_redis import RedisCheckpointBackend, RunNotFoundError
+
+    boss = RedisCheckpointBackend(redis_client, watch=False)
+    boss.set_rate_limit("model", requests_per_minute=1000, tokens_per_minute=10**9)
+    boss.init_run(uuid.uuid4(), "doomed", "/d")
+    boss.submit_agents([AgentTask(uuid.uuid4(), 0, None, "model", 700)])
+    worker = RedisCheckpointBackend(redis_client, watch=False)
+    assert boss.run_id is not None
+    worker.open_run(boss.run_id)
+    take = worker._limit_take
+
+    def take_then_delete(*args: Any) -> int:
+        wait = take(*args)
+        if args[1] == "admit":
+            boss.delete_run()
+        return wait
+
+    worker._limit_take = take_then_delete  # type: ignore[method-assign,assignment]
+    with pytest.raises(RunNotFoundError):
+        worker.claim_agent("w")
+    stored = _limiter(redis_client)
+    assert (stored["admitted"], stored["tokens"]) == (0, 0)
+
+
+def test_what_a_limiter_would_admit_now_is_reported_as_it_admits(redis_client: Any) -> None:
+    from luft_redis import RedisCheckpointBackend
+    from luft_redis._sync.pools import list_rate_limits
+
+    boss = RedisCheckpointBackend(redis_client, watch=False)
+    boss.set_rate_limit("burst", requests_per_minute=60, burst=1.0)  # admits 2 at once
+    boss.set_rate_limit("paced", requests_per_minute=60, tokens_per_minute=600, burst=0)
+    found = {limit.name: limit for limit in list_rate_limits(redis_client, "luft")}
+    assert found["burst"].requests_available == 2.0 and found["burst"].tokens_available is None
+    assert found["paced"].requests_available == 1.0 and found["paced"].tokens_available == 0.0
+    with pytest.raises(ValidationError) as caught:
+        boss.init_run(uuid.uuid4(), "big", "/d")
+        boss.submit_agents([AgentTask(uuid.uuid4(), 0, None, "paced", 10**12 + 1)])
+    assert caught.value.field == "tasks[0].expected_tokens"

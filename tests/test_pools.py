@@ -578,7 +578,17 @@ def test_a_pools_max_leases_bounds_its_leases_across_runs(
     admin.configure_pool("cap", max_leases=10)  # a raised limit wakes a blocked claim
     blocked.join(10)
     assert got and got[0] is not None and time.monotonic() - start < 2
+    got.clear()  # at the limit again (10 leased), then the limit removed: woken too
+    admin.configure_pool("cap", max_leases=len([x for x in (first, second, third, fourth,
+                                                             fifth) if x]) + 1 - 2)
+    blocked = threading.Thread(target=lambda: got.append(
+        workers[0].claim_agent("w0", pool="cap", lease_for=60, timeout=10)))
+    blocked.start()
+    time.sleep(0.3)
+    start = time.monotonic()
     admin.configure_pool("cap", max_leases=None)  # no limit: the set is gone
+    blocked.join(10)
+    assert got and got[0] is not None and time.monotonic() - start < 2
     assert redis_client.exists(keys.leases) == 0
     assert redis_client.hget(keys.pool, "max_leases") is None
     with pytest.raises(ValidationError) as caught:
@@ -605,6 +615,16 @@ def test_a_renewed_lease_keeps_its_place_under_the_pools_limit(
         assert other.claim_agent("o", pool="held") is None
     view = redis_client.zrange(pool_keys("luft", "held").leases, 0, -1)
     assert view == [f"{lease.run_id} {lease.agent_id} {lease.token}".encode()]
+    _finish(holder, lease)  # ended: out of the count; a renew's report arriving late adds no
+    assert redis_client.zcard(pool_keys("luft", "held").leases) == 0  # ghost
+    late = getattr(holder, "event_loop_thread", None)
+    backend: Any = getattr(holder, "wrapped", holder)  # (the asyncio backend, on its loop)
+
+    def report() -> Any:
+        return backend._pool_lease(lease, expires_ms=int(time.time() * 1000) + 60_000)
+
+    late.call(report) if late is not None else report()
+    assert redis_client.zcard(pool_keys("luft", "held").leases) == 0
 
 
 def test_a_run_counts_its_lapses_and_takeovers(

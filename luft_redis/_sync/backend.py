@@ -60,7 +60,7 @@ from ..keys import (
     run_pattern,
     tombstone_key,
 )
-from ..limits import DEFAULT_BURST, LIMITED_TRIES, limit_args
+from ..limits import DEFAULT_BURST, LIMITED_TRIES, MAX_TOKENS, limit_args
 from ..links import DEFAULT_MAX_STALENESS
 from ..pools import (
     LEAVE_ARGS,
@@ -255,6 +255,7 @@ class RedisCheckpointBackend(FrontEnd):
         self._picked: dict[str, Picked] = {}  # per pool name: picks not tried yet (not a fork's)
         self._io_lock = Lock()  # one write at a time: operation numbers in order
         self._bind_lock = Lock()  # one init_run/open_run at a time
+        self._take_lock = Lock()  # one limiter take at a time (its memo holds the last)
         self._state_lock = StateLock()  # callbacks and waiters
         self._changed = Signal()  # wakes waiters: a change, a rebind
 
@@ -825,7 +826,8 @@ class RedisCheckpointBackend(FrontEnd):
             if lease.limiter is not None:  # what the claim reserved, settled
                 done = [e for e in events if isinstance(e, t.AgentDone)
                         and e.agent_id == lease.agent_id]  # fmt: skip
-                self._report_tokens(lease, done[-1].tokens.total(), True)
+                used = max(done[-1].tokens.total(), lease.reported)
+                self._report_tokens(lease, min(used, MAX_TOKENS), True)
         if finishes(events):
             self._index(binding)
 
@@ -877,8 +879,8 @@ class RedisCheckpointBackend(FrontEnd):
                             pool: str | None = None, limiter: str | None = None,
                             expected_tokens: int = 0) -> None:  # fmt: skip
         """Add agent tasks for workers to claim, atomically for the batch. Submitting an agent
-        again with the same phase and payload changes nothing; with another phase or payload
-        it is a :class:`~luft_redis.errors.ValidationError` (nothing changed). On a run that
+        again as it was changes nothing; with another phase, payload, limiter or expected
+        tokens it is a :class:`~luft_redis.errors.ValidationError` (nothing changed). On a run that
         is not running: :class:`~luft_redis.errors.RunNotRunningError`. Each new task keeps
         ``max_attempts`` (default: this backend's): whoever claims it, it is dead after that
         many failed attempts.
@@ -964,24 +966,34 @@ class RedisCheckpointBackend(FrontEnd):
         out of budget, a claim without a lease whose ``wait_ms`` is the limiter's. A take
         that no lease of its limiter follows is given back."""
         held: Claim | None = None  # the limiter taken from, and what was taken
-        for _ in range(LIMITED_TRIES):
+        for tries in range(LIMITED_TRIES):
             sent = time.monotonic()
             args = (worker, str(duration), str(self._max_attempts), pool,
                     held.limiter or "" if held is not None else "")  # fmt: skip
-            reply, delta = self._write_reply(self._scripts.claim_agent, args, binding)
+            try:
+                reply, delta = self._write_reply(self._scripts.claim_agent, args, binding)
+            except BaseException:
+                if held is not None and held.limiter is not None:  # not used: given back
+                    self._settle(held.limiter, -1, -held.expected_tokens)
+                raise
             _, claim = parse_claim(reply, binding.keys.tasks)
-            if held is not None and (claim.agent_id is None or claim.limiter != held.limiter):
-                assert held.limiter is not None
-                self._settle(held.limiter, -1, -held.expected_tokens)  # not used: back
+            if held is not None and held.limiter is not None:
+                if claim.agent_id is None or claim.limiter != held.limiter:
+                    self._settle(held.limiter, -1, -held.expected_tokens)  # not used
+                elif claim.expected_tokens != held.expected_tokens:
+                    # another task of that limiter (the first went to another worker): what
+                    # was taken becomes this task's reservation
+                    self._settle(held.limiter, 0,
+                                       claim.expected_tokens - held.expected_tokens)  # fmt: skip
             held = None
             if claim.agent_id is not None or claim.limiter is None:
                 return claim, delta, sent
+            if tries == LIMITED_TRIES - 1:
+                break
             wait = self._limit_take(claim.limiter, "admit", 1, claim.expected_tokens)
             if wait:
                 return Claim(None, wait_ms=wait, limiter=claim.limiter), delta, sent
             held = claim
-        if held is not None and held.limiter is not None:
-            self._settle(held.limiter, -1, -held.expected_tokens)
         return Claim(None, wait_ms=0), delta, sent  # (tasks of other limiters came first)
 
     def _follow(self, binding: Binding) -> None:
@@ -1170,10 +1182,12 @@ class RedisCheckpointBackend(FrontEnd):
         assert lease.pool is not None
         keys = pool_keys(self._prefix, lease.pool.pool)
         member = lease_member(lease.run_id, lease.agent_id, lease.token)
-        if expires_ms is None:
-            expires_ms = round(lease.expires_at * 1000)
-        args = ([keys.wake, "end", member] if end else
-                [keys.wake, "lease", member, str(expires_ms), hold])  # fmt: skip
+        if end:
+            args = [keys.wake, "end", member]
+        elif expires_ms is None:  # claimed: the lease replaces the pick's hold
+            args = [keys.wake, "lease", member, str(round(lease.expires_at * 1000)), hold]
+        else:  # renewed: moved, never added back (it may have ended meanwhile)
+            args = [keys.wake, "renew", member, str(expires_ms), ""]
         try:
             self._pool_call(self._scripts.pool_lease, keys.pool, args, keys.leases)
         except LuftRedisError as exc:
@@ -1269,12 +1283,13 @@ class RedisCheckpointBackend(FrontEnd):
     def _limit_take(self, name: str, mode: str, requests: int, tokens: int) -> int:
         """limit_take-2.lua: 0 when taken, else the ms until the limiter admits."""
         key = limiter_key(self._prefix, name)
-        self._pick_seq += 1  # one number for every retry of this take
-        args = [str(self._pick_seq), mode, str(requests), str(tokens)]
         keys = [key, limiter_take_memo(key, self._writer_id)]
         fn = self._scripts.limit_take
-        reply = self._retried(
-            lambda: call_function(self._client, fn, keys, args, cluster=self._cluster), None)
+        with self._take_lock:  # the memo keeps one take per backend: one at a time
+            self._pick_seq += 1  # one number for every retry of this take
+            args = [str(self._pick_seq), mode, str(requests), str(tokens)]
+            reply = self._retried(
+                lambda: call_function(self._client, fn, keys, args, cluster=self._cluster), None)
         text = bytes(reply).decode() if isinstance(reply, bytes) else str(reply)
         if not text.isdigit():
             raise BackendError(f"limit_take replied {text[:40]!r}")

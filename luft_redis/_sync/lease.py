@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from ..errors import LeaseLostError, LuftRedisError, ValidationError
 from ..forks import fork_generation
+from ..limits import MAX_TOKENS
 from ..pools import Membership
 from ..runtime import Signal, Worker
 from ..tasks import AgentTask, Claim
@@ -69,7 +70,8 @@ class AgentLease:
         self.charged = claim.expected_tokens
         """Tokens charged to :attr:`limiter` for this lease so far (the claim reserved the
         task's expected tokens)."""
-        self._used = 0
+        self.reported = 0
+        """Tokens the agent reported with :meth:`report_tokens` so far."""
         self.token = claim.token
         self.attempt = claim.attempt
         self.worker = worker
@@ -169,10 +171,12 @@ class AgentLease:
         rate limiter is charged what its use so far exceeds the claim's reservation, so
         other claims wait for the budget now, not after the agent ends. Its ``agent_done``
         settles the rest. Nothing happens for a task without a limiter."""
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-            raise ValidationError("tokens", "expected a whole number >= 0")
-        self._used += tokens
-        self._backend._report_tokens(self, self._used, False)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not (
+            0 <= tokens <= MAX_TOKENS
+        ):
+            raise ValidationError("tokens", f"expected a whole number from 0 to {MAX_TOKENS}")
+        self.reported = min(self.reported + tokens, MAX_TOKENS)
+        self._backend._report_tokens(self, self.reported, False)
 
     def _beat(self, wake: Signal) -> None:
         """The heartbeat: renew every third of the lease, retrying within the time left;
