@@ -24,6 +24,7 @@ __all__ = [
     "LIMITED_TRIES",
     "LIMITER_FIELDS",
     "MAX_TOKENS",
+    "MISSING_LIMITER_WAIT",
     "RateLimit",
     "limit_args",
     "rate_limit_of",
@@ -35,6 +36,10 @@ requests per minute admits 2 requests at once, then one a second."""
 
 MAX_TOKENS = 10**12
 """The most tokens one task may expect, or one lease report, for a rate limiter."""
+
+MISSING_LIMITER_WAIT = 10.0
+"""Seconds a pooled run whose next task names a limiter that does not exist sleeps in its
+pool (the error is logged): the pool's other runs go on. A bound claim raises instead."""
 
 LIMITED_TRIES = 3
 """Takes one claim makes at most: a take is followed by a claim with it, which may meet a task

@@ -309,3 +309,24 @@ def test_what_a_limiter_would_admit_now_is_reported_as_it_admits(redis_client: A
         boss.init_run(uuid.uuid4(), "big", "/d")
         boss.submit_agents([AgentTask(uuid.uuid4(), 0, None, "paced", 10**12 + 1)])
     assert caught.value.field == "tasks[0].expected_tokens"
+
+
+def test_a_pooled_run_whose_limiter_was_deleted_does_not_stop_the_pool(
+    redis_client: Any, make_frontend_backend: Make, caplog: pytest.LogCaptureFixture
+) -> None:
+    boss = make_frontend_backend(watch=False)
+    boss.set_rate_limit("gone", requests_per_minute=1000)
+    broken = _bound(make_frontend_backend, 2, limiter="gone")
+    broken.join_pool("mixed")
+    fine = _bound(make_frontend_backend, 3)
+    fine.join_pool("mixed")
+    boss.delete_rate_limit("gone")
+    worker = make_frontend_backend(watch=False)
+    with caplog.at_level("ERROR"):
+        got = [lease.run_id for _ in range(4)
+               if (lease := worker.claim_agent("w", pool="mixed")) is not None]  # fmt: skip
+    assert got == [fine.run_id] * 3  # the other run served; the broken one sleeps in the pool
+    assert "names a rate limiter that does not exist" in caplog.text
+    assert redis_client.zscore(pool_keys("luft", "mixed").sleep, str(broken.run_id)) is not None
+    with pytest.raises(LimiterNotFoundError):  # a bound claim of that run raises
+        broken.claim_agent("w")

@@ -60,7 +60,13 @@ from ..keys import (
     run_pattern,
     tombstone_key,
 )
-from ..limits import DEFAULT_BURST, LIMITED_TRIES, MAX_TOKENS, limit_args
+from ..limits import (
+    DEFAULT_BURST,
+    LIMITED_TRIES,
+    MAX_TOKENS,
+    MISSING_LIMITER_WAIT,
+    limit_args,
+)
 from ..links import DEFAULT_MAX_STALENESS
 from ..pools import (
     LEAVE_ARGS,
@@ -963,7 +969,9 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         """One claim in ``binding``'s run (claim_agent-11.lua) and when it was sent. When the
         task it meets names a rate limiter, take from the limiter first, then claim with it;
         out of budget, a claim without a lease whose ``wait_ms`` is the limiter's. A take
-        that no lease of its limiter follows is given back."""
+        that no lease of its limiter follows is given back. A limiter that does not exist
+        raises LimiterNotFoundError for a bound claim; for a claim from a pool it is logged
+        and the run waits MISSING_LIMITER_WAIT in the pool, so one run cannot stop a fleet."""
         held: Claim | None = None  # the limiter taken from, and what was taken
         for tries in range(LIMITED_TRIES):
             sent = time.monotonic()
@@ -989,7 +997,16 @@ class AsyncRedisCheckpointBackend(FrontEnd):
                 return claim, delta, sent
             if tries == LIMITED_TRIES - 1:
                 break
-            wait = await self._limit_take(claim.limiter, "admit", 1, claim.expected_tokens)
+            try:
+                wait = await self._limit_take(claim.limiter, "admit", 1, claim.expected_tokens)
+            except LimiterNotFoundError as exc:
+                if not pool:
+                    raise
+                logger.error("run %s in pool %s: its next task names a rate limiter that does "
+                             "not exist (%s); the pool serves its other runs, and tries it "
+                             "again in %g s", binding.run_id, pool, exc.key,
+                             MISSING_LIMITER_WAIT)  # fmt: skip
+                wait = round(MISSING_LIMITER_WAIT * 1000)
             if wait:
                 return Claim(None, wait_ms=wait, limiter=claim.limiter), delta, sent
             held = claim
