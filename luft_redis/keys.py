@@ -236,13 +236,18 @@ def pool_pattern(prefix: str) -> str:
     return f"{prefix}:{{pool:*}}:pool"
 
 
-def pool_name_from_key(prefix: str, key: str) -> str | None:
-    """The pool name of a key matched by :func:`pool_pattern`, or None."""
-    head, tail = f"{prefix}:{{pool:", "}:pool"
+def _tagged_name(prefix: str, key: str, kind: str) -> str | None:
+    """The name in ``<prefix>:{<kind>:<name>}:<kind>``, or None."""
+    head, tail = f"{prefix}:{{{kind}:", f"}}:{kind}"
     if key.startswith(head) and key.endswith(tail):
         name = key[len(head) : -len(tail)]
         return name if _POOL_NAME.fullmatch(name) else None
     return None
+
+
+def pool_name_from_key(prefix: str, key: str) -> str | None:
+    """The pool name of a key matched by :func:`pool_pattern`, or None."""
+    return _tagged_name(prefix, key, "pool")
 
 
 def check_limiter_name(name: object, field: str = "limiter") -> str:
@@ -273,8 +278,4 @@ def limiter_pattern(prefix: str) -> str:
 
 def limiter_name_from_key(prefix: str, key: str) -> str | None:
     """The limiter name of a key matched by :func:`limiter_pattern`, or None."""
-    head, tail = f"{prefix}:{{limit:", "}:limit"
-    if key.startswith(head) and key.endswith(tail):
-        name = key[len(head) : -len(tail)]
-        return name if _POOL_NAME.fullmatch(name) else None
-    return None
+    return _tagged_name(prefix, key, "limit")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CorruptDataError
@@ -27,15 +28,21 @@ from ..pools import LEASE_SCORE, RUN_VIEW_FIELDS, PoolRun, PoolView, pool_run_of
 __all__ = ["list_pools", "list_rate_limits", "read_pool"]
 
 
-async def list_pools(client: Any, prefix: str) -> list[str]:
-    """The names of the pools under ``prefix`` (SCAN of the keyspace), sorted."""
+async def _names(client: Any, prefix: str, pattern: str,
+                 name_of: Callable[[str, str], str | None]) -> list[str]:  # fmt: skip
+    """The names in the keys matching ``pattern`` (SCAN of the keyspace), sorted."""
     found: set[str] = set()
-    async for raw in client.scan_iter(match=pool_pattern(prefix), count=1000):
+    async for raw in client.scan_iter(match=pattern, count=1000):
         key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        name = pool_name_from_key(prefix, key)
+        name = name_of(prefix, key)
         if name is not None:
             found.add(name)
     return sorted(found)
+
+
+async def list_pools(client: Any, prefix: str) -> list[str]:
+    """The names of the pools under ``prefix`` (SCAN of the keyspace), sorted."""
+    return await _names(client, prefix, pool_pattern(prefix), pool_name_from_key)
 
 
 async def read_pool(client: Any, prefix: str, name: str, *, limit: int = 1000) -> PoolView:
@@ -98,13 +105,7 @@ async def list_rate_limits(client: Any, prefix: str) -> list[RateLimit]:
     """The rate limiters under ``prefix`` (SCAN of the keyspace), sorted by name, with what
     each would admit now (the server's clock). CorruptDataError names a field that is not a
     whole number."""
-    names: set[str] = set()
-    async for raw in client.scan_iter(match=limiter_pattern(prefix), count=1000):
-        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        name = limiter_name_from_key(prefix, key)
-        if name is not None:
-            names.add(name)
-    ordered = sorted(names)
+    ordered = await _names(client, prefix, limiter_pattern(prefix), limiter_name_from_key)
     if not ordered:
         return []
     seconds, micros = await client.time()
