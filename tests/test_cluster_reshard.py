@@ -208,6 +208,16 @@ def _reshard(slot: int, source: LocalRedisServer, target: LocalRedisServer,
     log.append(f"{time.monotonic():.3f} SETSLOT NODE")
 
 
+def _close_all(backends: list[RedisCheckpointBackend], clients: list[RedisCluster]) -> None:
+    """Close what a test made, backends first, whatever each raises."""
+    for made in backends:
+        with contextlib.suppress(Exception):
+            made.close()
+    for client in clients:
+        with contextlib.suppress(Exception):
+            client.close()
+
+
 # ------------------------------------------------------------------------------ writers
 
 
@@ -450,12 +460,7 @@ def test_live_reshard_onto_a_new_primary_costs_a_pause_not_an_error(
         assert _shard_subscribers(new, channel) == 1
         assert _shard_subscribers(source, channel) == 0
     finally:
-        for made in backends:
-            with contextlib.suppress(Exception):
-                made.close()
-        for client in clients:
-            with contextlib.suppress(Exception):
-                client.close()
+        _close_all(backends, clients)
 
 
 def _slowest(run_id: uuid.UUID, *tallies: Tally) -> float:
@@ -617,9 +622,4 @@ def test_claims_from_a_pool_go_on_through_a_reshard_of_the_pool_and_limiter_slot
         assert int(limiter[b"admitted"]) == len(agents)
         assert clients[0].zcard(pool_keys("luft", "rs").leases) == 0  # every lease ended
     finally:
-        for made in backends:
-            with contextlib.suppress(Exception):
-                made.close()
-        for client in clients:
-            with contextlib.suppress(Exception):
-                client.close()
+        _close_all(backends, clients)

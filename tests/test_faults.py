@@ -731,6 +731,13 @@ def _lease_token(direct: redis.Redis, run_id: uuid.UUID) -> int:
     return int(direct.hget(run_keys("luft", run_id).run, "lease_token") or 0)
 
 
+def _impatient_clients(proxy: FaultProxy, n: int) -> list[redis.Redis]:
+    """``n`` clients through the proxy that give up on a reply after 0.15 s (a late one is
+    a timeout) and leave every retry to the library."""
+    return [redis.Redis(host=LOOPBACK, port=proxy.port, retry=Retry(NoBackoff(), 0),
+                        socket_timeout=0.15, socket_connect_timeout=5) for _ in range(n)]
+
+
 def _submitted(direct: redis.Redis, n: int) -> tuple[uuid.UUID, list[uuid.UUID]]:
     run_id = uuid.uuid4()
     boss = RedisCheckpointBackend(direct, watch=False)
@@ -749,9 +756,7 @@ def test_lease_cycles_under_lost_and_late_replies(proxy: FaultProxy, direct: red
     n = 30
     run_id, agents = _submitted(direct, n)
     proxy.late_by = 0.3
-    clients = [redis.Redis(host=LOOPBACK, port=proxy.port, retry=Retry(NoBackoff(), 0),
-                           socket_timeout=0.15, socket_connect_timeout=5)
-               for _ in range(2)]  # fmt: skip
+    clients = _impatient_clients(proxy, 2)
     try:
         workers = [RedisCheckpointBackend(c, watch=False, retry=GENEROUS) for c in clients]
         for worker in workers:
@@ -817,9 +822,7 @@ def test_pool_claims_under_lost_late_and_stalled_replies(
         boss.submit_agents(tasks)
         agents |= {(run_id, task.agent_id) for task in tasks}
     proxy.late_by = 0.3
-    clients = [redis.Redis(host=LOOPBACK, port=proxy.port, retry=Retry(NoBackoff(), 0),
-                           socket_timeout=0.15, socket_connect_timeout=5)
-               for _ in range(2)]  # fmt: skip
+    clients = _impatient_clients(proxy, 2)
     try:
         workers = [RedisCheckpointBackend(c, watch=False, retry=GENEROUS) for c in clients]
         claimed: list[tuple[uuid.UUID, uuid.UUID, int]] = []

@@ -27,9 +27,9 @@ from ..tasks import TaskInfo, TaskState
 from ..wire import decode_entry, entry_id
 from .doctor import ServerReport
 
-__all__ = ["STATUS_STYLE", "decode_page", "dumps", "event_json", "event_line", "lease_left",
-           "limits_table", "one_line", "pool_table", "print_report", "render_run",
-           "run_row_json", "show_json", "task_table", "utc_time"]  # fmt: skip
+__all__ = ["LIMIT_COLUMNS", "STATUS_STYLE", "decode_page", "dumps", "event_json", "event_line",
+           "lease_left", "limit_cells", "limits_table", "one_line", "pool_table", "print_report",
+           "render_run", "run_row_json", "show_json", "task_table", "utc_time"]  # fmt: skip
 
 
 _FIRST: Final = ("status", "level", "msg", "label", "phase_id", "agent_id", "name", "role",
@@ -334,21 +334,31 @@ def pool_table(runs: Sequence[PoolRun]) -> Table:
     return table
 
 
-def limits_table(limits: Sequence[RateLimit]) -> Table:
-    """The rate limiters: rates, burst, what each would admit now, and its counters."""
-    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
-    table.add_column("limiter", no_wrap=True)
-    for name in ("requests/min", "tokens/min", "burst s", "requests now", "tokens now",
-                 "admitted", "waits", "tokens"):  # fmt: skip
-        table.add_column(name, justify="right", no_wrap=True)
+LIMIT_COLUMNS: Final = ("limiter", "requests/min", "tokens/min", "burst s", "requests now",
+                        "tokens now", "admitted", "waits", "tokens")  # fmt: skip
+"""The columns of a rate limiter's row (``luft-redis limits``, the web view's pools page)."""
+
+
+def limit_cells(limit: RateLimit) -> list[str]:
+    """A rate limiter's row as text, in LIMIT_COLUMNS' order ("-": not limited)."""
 
     def opt(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f}"
 
+    return [limit.name, opt(limit.requests_per_minute), opt(limit.tokens_per_minute),
+            f"{limit.burst:g}", opt(limit.requests_available), opt(limit.tokens_available),
+            str(limit.admitted), str(limit.waits), str(limit.tokens)]  # fmt: skip
+
+
+def limits_table(limits: Sequence[RateLimit]) -> Table:
+    """The rate limiters: rates, burst, what each would admit now, and its counters."""
+    table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold")
+    for i, name in enumerate(LIMIT_COLUMNS):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    waits = LIMIT_COLUMNS.index("waits")
     for limit in limits:
-        table.add_row(limit.name, opt(limit.requests_per_minute), opt(limit.tokens_per_minute),
-                      f"{limit.burst:g}", opt(limit.requests_available),
-                      opt(limit.tokens_available), str(limit.admitted),
-                      Text(str(limit.waits), style="yellow" if limit.waits else ""),
-                      str(limit.tokens))  # fmt: skip
+        text = limit_cells(limit)
+        cells: list[str | Text] = list(text)
+        cells[waits] = Text(text[waits], style="yellow" if limit.waits else "")
+        table.add_row(*cells)
     return table

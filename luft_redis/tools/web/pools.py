@@ -20,7 +20,7 @@ from ...index import Counts
 from ...keys import check_pool_name, run_keys
 from ...limits import RateLimit
 from ...pools import PoolView
-from ..render import dumps
+from ..render import LIMIT_COLUMNS, dumps, limit_cells
 from .hub import redis_problem
 
 __all__ = ["METRICS_RUNS", "metrics_text", "pool_routes"]
@@ -103,8 +103,6 @@ def metrics_text(counts: Counts, views: Sequence[PoolView],
 
 _POOLS = ("pool", "runs", "ready runs", "sleeping runs", "ready tasks", "leased tasks",
           "workers", "leases / max")  # fmt: skip
-_LIMITS = ("limiter", "requests/min", "tokens/min", "burst s", "requests now", "tokens now",
-           "admitted", "waits", "tokens")  # fmt: skip
 _RUNS = ("run", "status", "in pool", "weight", "priority", "ready", "leased", "tokens / budget",
          "max leases")  # fmt: skip
 
@@ -155,15 +153,9 @@ def pool_routes(client: Any, prefix: str,
                     + ("" if found else "<p class=\"note\">No pools here.</p>"))  # fmt: skip
             limits = await list_rate_limits(client, prefix)
             if limits:
-                def opt(value: float | None) -> str:
-                    return "-" if value is None else f"{value:.0f}"
-
-                rows = "".join(_row(_LIMITS, [
-                    e(lim.name), opt(lim.requests_per_minute), opt(lim.tokens_per_minute),
-                    f"{lim.burst:g}", opt(lim.requests_available), opt(lim.tokens_available),
-                    lim.admitted, lim.waits, lim.tokens,
-                ]) for lim in limits)  # fmt: skip
-                body += f"<h2>Rate limiters</h2>{_table('limits', _LIMITS, rows)}"
+                rows = "".join(_row(LIMIT_COLUMNS, [e(cell) for cell in limit_cells(lim)])
+                               for lim in limits)  # fmt: skip
+                body += f"<h2>Rate limiters</h2>{_table('limits', LIMIT_COLUMNS, rows)}"
             return HTMLResponse(page("Pools", body))
 
         return await guarded(make, json=False)
