@@ -36,6 +36,8 @@ FILES = {
     "asyncio/retention.py": "_sync/retention.py",
     "asyncio/interop.py": "_sync/interop.py",
     "asyncio/pools.py": "_sync/pools.py",
+    "asyncio/history.py": "_sync/history.py",
+    "asyncio/restore.py": "_sync/restore.py",
 }
 """Hand-written asyncio source -> generated sync module (paths under luft_redis/)."""
 
@@ -51,7 +53,8 @@ RENAMES: list[tuple[str, str]] = [
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\basync_(\w+)", r"sync_\1"),
     (r"_async_", "_sync_"),
-    (r"\bluft_redis\.asyncio\.(backend|listener|fcall|lease|index|retention|interop|pools)\b",
+    (r"\bluft_redis\.asyncio\."
+     r"(backend|listener|fcall|lease|index|retention|interop|pools|history|restore)\b",
      r"luft_redis._sync.\1"),
 ]
 """Regular expressions applied in order to every line (code, comments and docstrings)."""

@@ -20,6 +20,7 @@ from .asyncio import AsyncRedisCheckpointBackend
 from .errors import (
     ConfigurationError,
     CorruptDataError,
+    HistoryUnavailableError,
     LeaseLostError,
     LimiterNotFoundError,
     LuftRedisError,
@@ -33,6 +34,7 @@ from .errors import (
     RunNotRunningError,
     ValidationError,
 )
+from .history import Version
 from .limits import RateLimit
 from .retry import RetryPolicy
 from .stats import BackendStats
@@ -117,6 +119,7 @@ __all__ = [
     "FrozenDict",
     "FrozenList",
     "FrozenMap",
+    "HistoryUnavailableError",
     "LeaseLostError",
     "LimiterNotFoundError",
     "Location",
@@ -165,6 +168,7 @@ __all__ = [
     "Timestamp",
     "TokenUsage",
     "ValidationError",
+    "Version",
     "WorkflowDone",
     "WorkflowStarted",
     "__version__",

@@ -130,7 +130,7 @@ class RunState:
 
     @classmethod
     def from_load(cls, run_id: uuid.UUID, keys: RunKeys, reply: Sequence[Any]) -> RunState:
-        """Decode the reply of load-11.lua (or a Z record), checking every field
+        """Decode the reply of load-12.lua (or a Z record), checking every field
         (:class:`CorruptDataError` naming key and field).
 
         A big reply is decoded with the cyclic garbage collector paused (when it was on):
@@ -274,6 +274,13 @@ class RunState:
             self._unbuilt = (phases_changed, started_changed)
         return self
 
+    def rebuild(self) -> t.RunCheckpoint:
+        """Build ``snapshot`` anew from the state (after fields were set directly, as a
+        history fold sets ``version`` and ``updated_at``) and return it."""
+        self._unbuilt = None
+        self.snapshot = self._build()
+        return self.snapshot
+
     def _run_field(self, loader: _Loader, name: str, raw: bytes) -> Any:
         k = self.keys.run
         if name == "status":
@@ -370,7 +377,7 @@ def _decoded(col: list[bytes | None], many: Any, one: Any) -> list[Any] | None:
 
 
 def _whole_parts(delta: Delta, keys: RunKeys) -> list[Any]:
-    """The 7 counted parts of a Z record, shaped as load-11.lua's reply."""
+    """The 7 counted parts of a Z record, shaped as load-12.lua's reply."""
     parts = delta.records()
     if not parts or parts[0] != b"Z":
         raise CorruptDataError(keys.run, "", f"{delta.op!r} delta lacks the whole state")
@@ -666,7 +673,7 @@ _NOTHING: Mapping[Any, Any] = immutables.Map()
 
 
 class _Loader:
-    """Decodes load-11.lua's reply; every problem is a CorruptDataError naming key and field."""
+    """Decodes load-12.lua's reply; every problem is a CorruptDataError naming key and field."""
 
     def __init__(self, run_id: uuid.UUID, keys: RunKeys,
                  sent: Mapping[str | bytes, Any] | None = None) -> None:  # fmt: skip

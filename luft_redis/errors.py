@@ -21,6 +21,7 @@ __all__ = [
     "ConnectionError",
     "CorruptDataError",
     "ForkedError",
+    "HistoryUnavailableError",
     "LeaseLostError",
     "LimiterNotFoundError",
     "LuftRedisError",
@@ -161,6 +162,23 @@ class LimiterNotFoundError(LuftRedisError, LookupError):
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"no rate limiter at {key}: set it with set_rate_limit() first")
+
+
+class HistoryUnavailableError(LuftRedisError, LookupError):
+    """A point of a run that its history does not reach: before the history's first entry
+    (a run written before luft-redis kept a history, a rolling upgrade, or entries trimmed
+    with the log). ``first_version`` and ``first_id`` say where the history starts (``None``:
+    the run has none)."""
+
+    def __init__(self, run_id: object, at: object, first_version: int | None,
+                 first_id: str | None) -> None:  # fmt: skip
+        self.run_id = run_id
+        self.at = at
+        self.first_version = first_version
+        self.first_id = first_id
+        where = ("the run has no history" if first_version is None
+                 else f"its history starts at version {first_version} ({first_id})")  # fmt: skip
+        super().__init__(f"run {run_id}: no state at {at!r}: {where}")
 
 
 class CorruptDataError(LuftRedisError):

@@ -13,8 +13,8 @@ summarised in ``docs/interop.md``. The functions here copy one run at a time:
 
 An import is a restore, not an operation: the run's stored timestamps are kept. It streams the
 events into staging keys under the run's own hash tag (``<prefix>:{<run>}:import:<token>:*``,
-so Redis Cluster is fine), writes the state through ``save_checkpoint-11.lua`` on those keys,
-and swaps them in with ``restore_run-22.lua`` (RENAME within the slot), which also publishes a
+so Redis Cluster is fine), writes the state through ``save_checkpoint-12.lua`` on those keys,
+and swaps them in with ``restore_run-24.lua`` (RENAME within the slot), which also publishes a
 change notice of a new incarnation: a cache bound to the run reloads. Memory stays bounded by
 the checkpoint plus one batch of events, whatever the length of the log. On any error the
 staging keys are deleted and the run is as it was.

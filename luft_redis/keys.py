@@ -93,6 +93,7 @@ class RunKeys(NamedTuple):
     writers: str
     tasks: str
     queue: str
+    history: str
 
     @property
     def changes(self) -> str:
@@ -153,7 +154,7 @@ def tombstone_key(prefix: str, run_id: uuid.UUID) -> str:
 def staging_keys(prefix: str, run_id: uuid.UUID, token: str) -> RunKeys:
     """The staging keys of an import of ``run_id`` (``luft_redis.interop``):
     ``<prefix>:{<run-id>}:import:<token>:<name>``, in the run's slot, swapped in by
-    ``lua/restore_run-22.lua``. ``token`` is a fresh hex id per import."""
+    ``lua/restore_run-24.lua``. ``token`` is a fresh hex id per import."""
     if not token or any(c not in "0123456789abcdef" for c in token):
         raise ConfigurationError(f"staging token {token!r} is not a hex id")
     base = f"{prefix}:{{{run_id}}}:import:{token}:"

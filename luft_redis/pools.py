@@ -5,7 +5,7 @@ wakes a blocked claim from a pool.
 A run joins a pool (``join_pool``; ``init_run(..., pool=)``, ``submit_agents(..., pool=)``);
 a worker claims from the pool (``claim_agent(worker, pool=...)``): ``lua/pool_pick-6.lua``
 picks a run in the pool's slot (weighted fair shares, priority first), then
-``lua/claim_agent-11.lua`` claims in the run's slot as a bound claim does. A run found with
+``lua/claim_agent-12.lua`` claims in the run's slot as a bound claim does. A run found with
 nothing to claim is corrected in the pool's index by the next pick; a write that may give a
 run claimable work (a submit, a release, a failed or finished lease, a resume) wakes it in the
 index afterwards (``lua/pool_add-4.lua``), which publishes on the pool's wake channel.
@@ -95,14 +95,14 @@ class Membership:
         return self.max_tokens is not None and total_tokens >= self.max_tokens
 
     def join_args(self, keep: bool = False) -> tuple[str, ...]:
-        """ARGS of ``join_pool-11.lua`` (``keep``: a run in this pool already keeps its
+        """ARGS of ``join_pool-12.lua`` (``keep``: a run in this pool already keeps its
         fields as they are)."""
         return (self.pool, str(self.weight), str(self.priority), _opt(self.max_leases),
                 _opt(self.max_tokens), "keep" if keep else "")  # fmt: skip
 
 
 LEAVE_ARGS = ("", "1", "0", "n", "n", "")
-"""ARGS of ``join_pool-11.lua`` that take the run out of its pool."""
+"""ARGS of ``join_pool-12.lua`` that take the run out of its pool."""
 
 
 def _whole(value: object, name: str, low: int, high: int) -> None:
@@ -173,7 +173,7 @@ def membership_of_run(flat: Sequence[Any], key: str) -> Membership | None:
 
 
 def membership_of_join(reply: Any, key: str) -> Membership | None:
-    """The membership stored after ``join_pool-11.lua`` (its reply's last five items)."""
+    """The membership stored after ``join_pool-12.lua`` (its reply's last five items)."""
     return membership_of(reply[2:7], key)
 
 

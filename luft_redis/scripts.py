@@ -232,7 +232,7 @@ class Function:
     op: str
     """The operation (``append_events``)."""
     file: str
-    """Its file in ``lua/`` (``append_events-11.lua``)."""
+    """Its file in ``lua/`` (``append_events-12.lua``)."""
     name: str
     """The function's name in Redis (``append_events_<hash12>``)."""
     numkeys: int

@@ -3,7 +3,7 @@
 A fleet of workers shares one run: the process that plans a phase submits the agents to run
 (:class:`AgentTask`), workers claim them one at a time with a lease (see
 :mod:`luft_redis._sync.lease`), and the run's scripts keep every rule
-(``lua/claim_agent-11.lua`` and its siblings; docs/leases.md). This module builds their
+(``lua/claim_agent-12.lua`` and its siblings; docs/leases.md). This module builds their
 arguments and reads their replies.
 """
 
@@ -151,7 +151,7 @@ def attempts_arg(value: Any, field: str = "max_attempts") -> int:
 
 def submit_args(tasks: Iterable[AgentTask], max_payload_size: int, max_attempts: int,
                 limiter: str | None = None, expected_tokens: int = 0) -> list[Any]:  # fmt: skip
-    """Arguments of ``submit_agents-11.lua`` (ValidationError naming the task); ``limiter``
+    """Arguments of ``submit_agents-12.lua`` (ValidationError naming the task); ``limiter``
     and ``expected_tokens`` for the tasks that name none."""
     if isinstance(tasks, AgentTask) or not isinstance(tasks, Iterable):
         raise ValidationError("tasks", f"expected a sequence of AgentTask, got {tasks!r:.80}")
@@ -203,7 +203,7 @@ def _uint(key: str, field: str, raw: Any) -> int:
 
 
 def parse_claim(reply: Sequence[Any], key: str) -> tuple[bytes, Claim]:
-    """(the delta, the claim) of ``claim_agent-11.lua``'s reply."""
+    """(the delta, the claim) of ``claim_agent-12.lua``'s reply."""
     delta = bytes(reply[0])
     aid = _text(reply[1])
     if not aid:
@@ -237,7 +237,7 @@ def parse_claim(reply: Sequence[Any], key: str) -> tuple[bytes, Claim]:
 
 
 def parse_tasks(reply: Any, key: str) -> list[TaskInfo]:
-    """The tasks of ``agent_tasks-11.lua``'s reply, in submit order (CorruptDataError naming
+    """The tasks of ``agent_tasks-12.lua``'s reply, in submit order (CorruptDataError naming
     the field that cannot be read)."""
     if not reply:
         return []

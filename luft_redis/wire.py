@@ -115,7 +115,7 @@ class Encoder:
 
     def init_run(self, run_id: Any, task: Any, run_dir: Any, meta: Any, *,
                  with_meta: bool) -> tuple[uuid.UUID, list[Any]]:  # fmt: skip
-        """(run id, arguments) of init_run-11.lua; a new incarnation each call."""
+        """(run id, arguments) of init_run-12.lua; a new incarnation each call."""
         rid = check_uuid(run_id, "run_id")
         task = check_str(task, "task")
         run_dir = check_str(run_dir, "run_dir")
@@ -124,7 +124,7 @@ class Encoder:
         return rid, [str(rid), task, run_dir, opt(blob), SCHEMA_VERSION, uuid.uuid4().hex]
 
     def events(self, events: Any, run_id: uuid.UUID, sent: Sent | None = None) -> list[Any]:
-        """Arguments of append_events-11.lua for a batch (ValidationError naming the event);
+        """Arguments of append_events-12.lua for a batch (ValidationError naming the event);
         what they hold goes into ``sent`` too."""
         if type(events) is tuple or type(events) is list:
             batch = events
@@ -157,9 +157,9 @@ class Encoder:
             size = sum(len(v) if isinstance(v, bytes) else len(v.encode()) for v in entry)
             if size > self.max_payload_size:
                 raise PayloadTooLargeError(field, size, self.max_payload_size)
-        stored = entry  # the entry, as append_events-11.lua reads it: its length first
+        stored = entry  # the entry, as append_events-12.lua reads it: its length first
         stored.insert(0, str(len(entry)))
-        # the rule arguments, packed as append_events-11.lua reads them ("<a> <b>": one string
+        # the rule arguments, packed as append_events-12.lua reads them ("<a> <b>": one string
         # of space-separated ids, names and decimals, none of which holds a space)
         # an agent_done's output and findings are sent once, in the entry's data: the script
         # cuts them out (where they are, and the blob header to put before them)
@@ -201,7 +201,7 @@ class Encoder:
         return stored
 
     def result(self, cache: Any, sent: Sent | None = None) -> list[Any]:
-        """Arguments of upsert_agent_result-11.lua (what they hold goes into ``sent`` too)."""
+        """Arguments of upsert_agent_result-12.lua (what they hold goes into ``sent`` too)."""
         r = check_type(cache, t.AgentResultCache, "cache")
         return self._result_fields(r, "cache", sent)
 
@@ -224,7 +224,7 @@ class Encoder:
 
     @staticmethod
     def session(session: Any, sent: Sent | None = None) -> list[Any]:
-        """Arguments of upsert_agent_session-11.lua (its agent id goes into ``sent`` too)."""
+        """Arguments of upsert_agent_session-12.lua (its agent id goes into ``sent`` too)."""
         s = check_type(session, t.AgentSessionCheckpoint, "session")
         aid = str(s.agent_id)
         if sent is not None:
@@ -235,7 +235,7 @@ class Encoder:
         ]  # fmt: skip
 
     def save(self, checkpoint: Any, run_id: uuid.UUID | None) -> list[Any]:
-        """Arguments of save_checkpoint-11.lua for ``checkpoint`` of the bound run."""
+        """Arguments of save_checkpoint-12.lua for ``checkpoint`` of the bound run."""
         cp = check_type(checkpoint, t.RunCheckpoint, "checkpoint")
         if cp.run_id != run_id:
             raise RunMismatchError(

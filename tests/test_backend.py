@@ -680,7 +680,7 @@ def test_init_run_over_a_stray_key_of_the_wrong_type_names_it_and_writes_nothing
 def test_delete_run_clears_a_run_with_a_key_of_the_wrong_type(
     redis_client: Client, bound: Backend, run_id: uuid.UUID, make_backend: Factory, name: str
 ) -> None:
-    """delete_run is the way to clear a damaged run (lua/delete_run-12.lua): a key of the
+    """delete_run is the way to clear a damaged run (lua/delete_run-13.lua): a key of the
     wrong type is deleted like the others, not a CorruptDataError; every key of the run goes
     and the id can be created again."""
     bound.append_event(done(run_id, uuid.uuid4()))

@@ -348,7 +348,7 @@ def _fleet_through_failover(make: Callable[[], RedisCheckpointBackend],
     assert len(set(ok)) == len(ok)  # never two accepted ok agent_done for one agent
     # An agent without one is an agent whose worker wrote its ok result and then had its
     # agent_done refused (its lease lapsed in the failover): the next claim finds the ok
-    # result and ends the task as done without handing it out again (claim_agent-11.lua).
+    # result and ends the task as done without handing it out again (claim_agent-12.lua).
     assert set(ok) <= set(agents) and set(agents) - set(ok) <= refused
     cp = boss.sync()
     assert cp is not None and set(cp.agent_results) == set(agents)

@@ -172,11 +172,11 @@ def test_eval_form_and_function_give_the_same_reply() -> None:
 def test_keys_passed_must_match_the_file_name() -> None:
     fn = library().ops.append_events
     keys = list(run_keys("luft", uuid.uuid4()))
-    with pytest.raises(ConfigurationError, match=r"append_events-11\.lua takes 11 keys, 8 were"):
+    with pytest.raises(ConfigurationError, match=r"append_events-12\.lua takes 12 keys, 8 were"):
         fn.command(keys[:8], ("w", "1"))
-    with pytest.raises(ConfigurationError, match=r"takes 11 keys, 12 were"):
+    with pytest.raises(ConfigurationError, match=r"takes 12 keys, 13 were"):
         fn.command([*keys, "extra"], ())
-    assert fn.command(keys, ("w", "1"))[:3] == ("FCALL", fn.name, 11)
+    assert fn.command(keys, ("w", "1"))[:3] == ("FCALL", fn.name, 12)
 
 
 def test_a_script_reading_past_its_numkeys_is_refused() -> None:
@@ -386,7 +386,7 @@ def test_the_change_channel_is_an_argument_not_a_key() -> None:
     run_id = uuid.uuid4()
     keys = run_keys("luft", run_id)
     assert keys.changes == f"luft:{{{run_id}}}:changes" and keys.changes not in keys
-    assert len(keys) == 11 and keys._fields[-1] == "queue"
+    assert len(keys) == 12 and keys._fields[-1] == "history"
     slot = redis.crc.key_slot(keys.run.encode())
     assert redis.crc.key_slot(keys.changes.encode()) == slot
     lib = library()
@@ -396,7 +396,7 @@ def test_the_change_channel_is_an_argument_not_a_key() -> None:
             other = [f"luft:{{luft}}:k{i}" for i in range(fn.numkeys)]
             assert fn.command(other, ("a",))[3:] == (*other, "a")
             continue
-        run_keys_of_call = [*keys, *(f"luft:{{{run_id}}}:extra{i}" for i in range(fn.numkeys - 11))]
+        run_keys_of_call = [*keys, *(f"luft:{{{run_id}}}:extra{i}" for i in range(fn.numkeys - 12))]
         command = fn.command(run_keys_of_call, ("a", "b"))
         assert command[3 : 3 + fn.numkeys] == tuple(run_keys_of_call), op
         argv = command[3 + fn.numkeys :]

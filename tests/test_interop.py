@@ -84,10 +84,10 @@ def _all_keys(client: Client) -> list[bytes]:
 
 def _layout(client: Client, prefix: str = "luft") -> dict[str, Any]:
     """What is stored for RUN, except what a restore makes new (version, incarnation,
-    run_dir, the writers hash) and the stream entry ids."""
+    run_dir, the writers hash and the history) and the stream entry ids."""
     keys = run_keys(prefix, RUN)
     run = client.hgetall(keys.run)
-    for name in (b"version", b"incarnation", b"run_dir"):
+    for name in (b"version", b"incarnation", b"run_dir", b"history_version"):
         run.pop(name, None)
     return {
         "run": run,
@@ -196,9 +196,11 @@ def test_round_trip_is_byte_equal(redis_client: Client, tmp_path: Path) -> None:
     # nothing else: no staging key left, no TTL on the run's keys
     beside = {index.encode(), f"{index}:status".encode(), f"{index}:counts".encode()}
     assert [k for k in _all_keys(redis_client) if k not in beside] == sorted(
-        k.encode() for k in keys[:9] if redis_client.exists(k)
+        k.encode() for k in (*keys[:9], keys.history) if redis_client.exists(k)
     )
-    assert all(redis_client.ttl(k) == -1 for k in keys[:9])
+    assert all(redis_client.ttl(k) == -1 for k in (*keys[:9], keys.history))
+    assert [v.op for v in RedisCheckpointBackend(redis_client, watch=False).history(RUN)] == [
+        "restore"]  # its history starts at the import, with a base
     interop.export_run_dir(redis_client, RUN, tmp_path / "two")
     for name in ("checkpoint.json", "events.jsonl"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()

@@ -221,7 +221,7 @@ def test_claim_checks_its_input(worker: RedisCheckpointBackend) -> None:
         worker.claim_agent("w", timeout=-1)
 
 
-CLAIM_KEYS = {"run", "writers", "queue", "tasks", "results"}
+CLAIM_KEYS = {"run", "writers", "queue", "tasks", "results", "history"}
 """The keys a claim of a ready task reads (each read is its type check) or writes."""
 
 

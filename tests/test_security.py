@@ -58,7 +58,7 @@ ACL_COMMANDS = (
     "+hset +hsetnx +hdel +hexists +hlen +del +exists +type +llen +lrange +lrem +rpush +xadd "
     "+xtrim +pttl +pexpire +persist +expire +rename +spublish +ssubscribe +sunsubscribe +ping "
     "+xread +zadd +zrem +zcard +zrange +zrevrangebyscore +hincrby +zcount +zscore +sadd +srem "
-    "+sismember +srandmember +get +set +zremrangebyscore"
+    "+sismember +srandmember +get +set +zremrangebyscore +xdel"
 )
 ACL_LINE = f"ACL SETUSER luft on >CHANGE-ME ~luft:* resetchannels &luft:* -@all {ACL_COMMANDS}"
 #: What docs/security.md adds to the user for each option that needs more.

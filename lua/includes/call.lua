@@ -2,7 +2,7 @@
   This call's keys and arguments: every script of a run includes it (the others through the
   includes they use).
 
-  Every script of a run receives the eleven keys of one run, in this order (see
+  Every script of a run receives the twelve keys of one run, in this order (see
   luft_redis/keys.py and docs/redis-layout.md):
     KEYS[1]  run            hash    status, task, totals, timestamps, version
     KEYS[2]  events         stream  the event log
@@ -17,6 +17,7 @@
     KEYS[11] queue          zset    agent_id -> its submit order (ready) or lease expiry in ms
                                     (leased): the oldest ready task, then the lease that
                                     lapsed longest ago, sort first
+    KEYS[12] history        stream  one entry per version: what it changed (includes/history.lua)
 
   Every writing script takes ARGV[1] = the run's change channel, the sharded pub/sub channel
   of its change notices (<prefix>:{<run>}:changes, in the run's slot; a channel is not a key,
@@ -32,7 +33,7 @@
 -- library load (FUNCTION LOAD) and its state is per call.
 local K_RUN, K_EVENTS, K_PHASES, K_RESULTS
 local K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER
-local K_WRITERS, K_TASKS, K_QUEUE
+local K_WRITERS, K_TASKS, K_QUEUE, K_HISTORY
 local CHANNEL, WRITER, WRITER_SEQ
 local ARGS
 
@@ -41,7 +42,7 @@ local ARGS
 local function begin_call()
   K_RUN, K_EVENTS, K_PHASES, K_RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   K_SESSIONS, K_STARTED, K_FINDINGS, K_FINDINGS_ORDER = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-  K_WRITERS, K_TASKS, K_QUEUE = KEYS[9], KEYS[10], KEYS[11]
+  K_WRITERS, K_TASKS, K_QUEUE, K_HISTORY = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
   CHANNEL, WRITER, WRITER_SEQ = ARGV[1], ARGV[2], ARGV[3]
   local n = #ARGV
   if n <= 4000 then

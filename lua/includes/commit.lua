@@ -12,6 +12,7 @@
 --- @include "includes/numbers"
 --- @include "includes/keytypes"
 --- @include "includes/delta"
+--- @include "includes/history"
 
 -- A "replay" delta when this writer's operation WRITER_SEQ was already applied, else nil.
 -- The wrong-type check of the run's keys comes first: by default every key is probed
@@ -76,8 +77,8 @@ local function notify(payload)
 end
 
 -- Finish a change of `run` (read_run's values): stamp updated_at with `now`, set `fields`,
--- bump the version (a run written by 0.1.0 gets its incarnation here), publish the delta and
--- return it. With `whole`, the delta carries the whole state (Z) instead of the records;
+-- bump the version (a run written by 0.1.0 gets its incarnation here), add the version's
+-- history entry (includes/history.lua), publish the delta and return it. With `whole`, the delta carries the whole state (Z) instead of the records;
 -- `memo` is passed on to remember.
 local function commit(run, now, op, fields, whole, memo)
   local version, inc_before = run[2], run[3] or ''
@@ -92,7 +93,9 @@ local function commit(run, now, op, fields, whole, memo)
   if fields then
     for i = 1, #fields do all[#all + 1] = fields[i] end
   end
-  redis.call('HSET', K_RUN, unpack(all))
+  local restart = HISTORY_RESTART
+  local base = whole or restart or not history_reaches(version)
+  redis.call('HSET', K_RUN, 'history_version', new_version, unpack(all))
   if whole then
     rec_whole_state()
   else
@@ -101,5 +104,6 @@ local function commit(run, now, op, fields, whole, memo)
   local payload = delta_bytes(inc_before, version, inc_after, new_version, op, DELTA)
   notify(payload)
   remember(inc_before, version, inc_after, new_version, memo)
+  add_history(new_version, op, now, base, whole, restart)
   return payload
 end

@@ -89,41 +89,52 @@ local function rec_entity(tag, key, id, attrs)
   rec_attrs(tag, id, out)
 end
 
+-- Records as bytes: the index of the lengths of parts[1..n] (a netstring of decimals separated
+-- by single spaces), then the parts back to back (a delta's body; a history entry's d and z).
+local function records_bytes(parts, n)
+  local lengths = LENGTHS
+  for i = 1, n do
+    local len = #parts[i]
+    lengths[i] = DECIMAL[len] or decimal(len)
+  end
+  local index = table.concat(lengths, ' ', 1, n)
+  return decimal(#index) .. ':' .. index .. table.concat(parts, '', 1, n)
+end
+
 -- A delta's bytes: its header, then, with `records`, the parts DELTA[1..DN] behind their
 -- index of lengths (format L3, see the header).
 local function delta_bytes(inc_before, v_before, inc_after, v_after, op, records)
   local head = '2:' .. FORMAT .. decimal(#inc_before) .. ':' .. inc_before
     .. decimal(#v_before) .. ':' .. v_before .. decimal(#inc_after) .. ':' .. inc_after
     .. decimal(#v_after) .. ':' .. v_after .. decimal(#op) .. ':' .. op
-  local n = DN
-  if not records or n == 0 then return head end
-  local parts, lengths = DELTA, LENGTHS
-  for i = 1, n do
-    local len = #parts[i]
-    lengths[i] = DECIMAL[len] or decimal(len)
-  end
-  local index = table.concat(lengths, ' ', 1, n)
-  return head .. decimal(#index) .. ':' .. index .. table.concat(parts, '', 1, n)
+  if not records or DN == 0 then return head end
+  return head .. records_bytes(DELTA, DN)
 end
 
--- The whole state, as a Z record (init_run and save_checkpoint): the delta's only record.
-local function rec_whole_state()
+-- The whole state as a Z record's parts in out[1..n] (returns n): 'Z', then the 7 parts of
+-- load's reply, each counted.
+local function whole_state_parts(out)
   local parts = {
     redis.call('HGETALL', K_RUN), redis.call('HGETALL', K_PHASES),
     redis.call('HGETALL', K_RESULTS), redis.call('HGETALL', K_SESSIONS),
     redis.call('HGETALL', K_STARTED), redis.call('HGETALL', K_FINDINGS),
     redis.call('LRANGE', K_FINDINGS_ORDER, 0, -1),
   }
-  local delta, n = DELTA, 1
-  delta[1] = 'Z'
+  local n = 1
+  out[1] = 'Z'
   for i = 1, #parts do
     local part = parts[i]
     local count = #part
-    delta[n + 1] = decimal(count)
-    for j = 1, count do delta[n + 1 + j] = part[j] end
+    out[n + 1] = decimal(count)
+    for j = 1, count do out[n + 1 + j] = part[j] end
     n = n + 1 + count
   end
-  DN = n
+  return n
+end
+
+-- The whole state, as a Z record (init_run and save_checkpoint): the delta's only record.
+local function rec_whole_state()
+  DN = whole_state_parts(DELTA)
 end
 
 -- Start this call's delta empty (the @each-call statement, after begin_call()).

@@ -29,9 +29,9 @@ local function read_key(i, kind, cmd, ...)
   return found
 end
 
--- The type every key of a run must have (KEYS[1..11]).
+-- The type every key of a run must have (KEYS[1..12]).
 local RUN_KEY_TYPES = {'hash', 'stream', 'hash', 'hash', 'hash', 'hash', 'hash', 'list', 'hash',
-  'hash', 'zset'}
+  'hash', 'zset', 'stream'}
 
 -- Probe KEYS[i] with a command that reads only a `kind` key and answers an integer: cheaper
 -- than TYPE, whose status reply becomes a table. Its WRONGTYPE error is the sign of a stray

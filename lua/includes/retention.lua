@@ -16,7 +16,7 @@
 --- @defines-only
 --- @include "includes/options"
 
-local RETAIN_KEYS = 11 -- KEYS[1..11], every key of the run
+local RETAIN_KEYS = 12 -- KEYS[1..12], every key of the run
 local RETAIN_FINAL = {completed = true, failed = true, cancelled = true}
 
 -- Apply the retention rule (see the header) to the run, whose status is now `status`.
@@ -44,10 +44,11 @@ end
 
 -- Trim the event log (KEYS[2]) to about max_events entries (XTRIM MAXLEN ~, once per batch,
 -- after its XADDs: Redis drops whole stream nodes only, so the log keeps at least max_events
--- entries). True when entries were removed and the run hash does not say so yet: the caller
--- then sets the run field log_trimmed = 1 (it stays 1: the log never becomes whole again).
+-- entries). Two booleans: whether entries were removed, and whether the run hash does not say
+-- so yet: the caller then sets the run field log_trimmed = 1 (it stays 1: the log never
+-- becomes whole again).
 local function trim_log()
-  if RETAIN_MAX_EVENTS <= 0 then return false end
+  if RETAIN_MAX_EVENTS <= 0 then return false, false end
   local removed = redis.call('XTRIM', KEYS[2], 'MAXLEN', '~', RETAIN_MAX_EVENTS)
-  return removed > 0 and redis.call('HGET', KEYS[1], 'log_trimmed') ~= '1'
+  return removed > 0, removed > 0 and redis.call('HGET', KEYS[1], 'log_trimmed') ~= '1'
 end

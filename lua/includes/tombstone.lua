@@ -2,7 +2,7 @@
   The tombstone of a deleted run (delete_run, gc_run): a hash <writer id> -> "<op seq> <reply>"
   that outlives the run for a while (its TTL), so that a delete retried after its reply was
   lost gets its first answer instead of "there was nothing to delete". Not one of the run's
-  keys: each script that uses it takes it as KEYS[12].
+  keys: each script that uses it takes it as KEYS[13].
 ]]
 --- @defines-only
 --- @include "includes/call"

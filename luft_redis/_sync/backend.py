@@ -45,6 +45,7 @@ from ..frontend import (
     Binding,
     FrontEnd,
 )
+from ..history import HistoryPoint, Version
 from ..index import finishes, score_of
 from ..keys import (
     DEFAULT_POOL,
@@ -133,8 +134,10 @@ from .fcall import (
     index_remove,
     raise_lost_redirect,
 )
+from .history import read_history, state_at
 from .lease import AgentLease
 from .listener import ChangeListener, Refresher, weak_work
+from .restore import import_checkpoint
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -967,7 +970,7 @@ class RedisCheckpointBackend(FrontEnd):
 
     def _claim_limited(self, binding: Binding, worker: str, duration: int,
                              pool: str) -> tuple[Claim, Delta, float]:  # fmt: skip
-        """One claim in ``binding``'s run (claim_agent-11.lua) and when it was sent. When the
+        """One claim in ``binding``'s run (claim_agent-12.lua) and when it was sent. When the
         task it meets names a rate limiter, take from the limiter first, then claim with it;
         out of budget, a claim without a lease whose ``wait_ms`` is the limiter's. A take
         that no lease of its limiter follows is given back. A limiter that does not exist
@@ -1050,7 +1053,7 @@ class RedisCheckpointBackend(FrontEnd):
         self._join(binding, Membership(pool, weight, priority, max_leases, max_tokens))
 
     def _join(self, binding: Binding, member: Membership, *, keep: bool = False) -> None:
-        """join_pool-11.lua, then the old pool's index and the new one's (``keep``: a run in
+        """join_pool-12.lua, then the old pool's index and the new one's (``keep``: a run in
         that pool already keeps its weight, priority and limits)."""
         reply, delta = self._write_reply(self._scripts.join_pool, member.join_args(keep),
                                                binding)  # fmt: skip
@@ -1485,6 +1488,103 @@ class RedisCheckpointBackend(FrontEnd):
                 idle_since = time.monotonic()
             elif not follow:
                 return
+
+    # -- history: past states and forks (luft_redis.history) -------------------------------
+
+    def _run_arg(self, run_id: uuid.UUID | None, operation: str) -> uuid.UUID:
+        """``run_id`` checked, or the bound run's id (RunNotBoundError when there is none)."""
+        rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
+        if rid is None:
+            raise RunNotBoundError(operation)
+        return rid
+
+    @traced("history", run_arg=True)
+    def history(self, run_id: uuid.UUID | None = None, *, start: str = "-",
+                      end: str = "+", count: int = 100,
+                      reverse: bool = False) -> list[Version]:  # fmt: skip
+        """Up to ``count`` versions of a run (default: the bound one), each with its history
+        id, time, operation, event id and what changed: oldest first from the history id
+        ``start`` (``"(<id>"``: after it) to ``end``, or newest first with ``reverse``
+        (``start`` is then the upper bound). A page continues from the last id shown."""
+        self._check_fork()
+        rid = self._run_arg(run_id, "history")
+        keys = run_keys(self._prefix, rid)
+        if reverse:
+            start, end = (end if end != "+" else "-"), (start if start != "-" else "+")
+        return read_history(self._client, keys, rid, start=start, end=end, count=count,
+                                  reverse=reverse)  # fmt: skip
+
+    @traced("checkpoint_at", run_arg=True)
+    def checkpoint_at(self, run_id: uuid.UUID | None = None, *,
+                            at: HistoryPoint) -> t.RunCheckpoint:  # fmt: skip
+        """The run's checkpoint (default: the bound run's) exactly as ``get_checkpoint()``
+        returned it at ``at``: a version (``int``), an event id (``"<ms>-<seq>"``: the
+        version that appended it) or a time (``datetime``, ISO 8601 text: the last version
+        made at or before it). :class:`HistoryUnavailableError` for a point before the run's
+        history starts (it says where); ValidationError for one after its last version."""
+        self._check_fork()
+        rid = self._run_arg(run_id, "checkpoint_at")
+        past = state_at(self._client, run_keys(self._prefix, rid), rid, at)
+        return past.checkpoint
+
+    @traced("fork_run", run_arg=True)
+    def fork_run(self, run_id: uuid.UUID | None = None, *, at: HistoryPoint,
+                       new_run_id: uuid.UUID | None = None,
+                       task: str | None = None) -> uuid.UUID:  # fmt: skip
+        """A new run whose state is the run's (default: the bound run's) at ``at`` (as
+        :meth:`checkpoint_at` reads it) and whose log is the run's events up to that point;
+        returns its id (``new_run_id``, else a new one). ``task``: its task text (default:
+        the parent's). The run field ``parent`` (``"<run id> <version>"``) records where it
+        came from. The parent's agent tasks whose agent has no ``ok`` result at that point
+        are submitted to the new run, ready to be claimed again; a parent in a pool puts the
+        new run in the same pool, with the same weight and priority. The parent is only
+        read. RunExistsError when ``new_run_id`` exists."""
+        self._check_fork()
+        parent = self._run_arg(run_id, "fork_run")
+        child = uuid.uuid4() if new_run_id is None else check_uuid(new_run_id, "new_run_id")
+        if child == parent:
+            raise ValidationError("new_run_id", "is the id of the run forked")
+        keys = run_keys(self._prefix, parent)
+        past = state_at(self._client, keys, parent, at)
+        cp = past.checkpoint._replace(run_id=child,
+                                      task=past.checkpoint.task if task is None else task)
+        values = self._read(parent, keys.run, self._client.hmget, keys.run,
+                                  ["run_dir", *MEMBERSHIP_FIELDS])  # fmt: skip
+        member = membership_of(values[1:], keys.run)
+        events: list[tuple[str, t.AgentEvent]] = []
+        if past.last_event is not None:
+            page = self._read(parent, keys.events, self._client.xrange, keys.events,
+                                    min="-", max=past.last_event)  # fmt: skip
+            for raw_id, fields in page:
+                event = decode_entry(parent, keys.events, entry_id(raw_id), fields)
+                if getattr(event, "run_id", None) == parent:
+                    event = event._replace(run_id=child)
+                events.append((entry_id(raw_id), event))
+        tasks = self._call(self._scripts.agent_tasks, (), list(keys), parent)
+        again = [AgentTask(i.agent_id, i.phase_id, i.payload, i.limiter)
+                 for i in parse_tasks(tasks, keys.tasks)
+                 if (r := cp.agent_results.get(i.agent_id)) is None
+                 or r.status != t.ResultStatus.OK.value]  # fmt: skip
+        run_dir = values[0].decode() if isinstance(values[0], bytes) else (values[0] or "")
+        import_checkpoint(self._client, cp, events, prefix=self._prefix, run_dir=run_dir,
+                                replace=False, max_payload_size=self._encoder.max_payload_size,
+                                progress=None, total=len(events),
+                                parent=f"{parent} {past.entry.version}")  # fmt: skip
+        if again or member is not None:
+            fork = type(self)(self._client, prefix=self._prefix, watch=False, retry=self._retry)
+            try:
+                fork.open_run(child)
+                if member is not None:
+                    fork.join_pool(member.pool, weight=member.weight,
+                                         priority=member.priority, max_leases=member.max_leases,
+                                         max_tokens=member.max_tokens)  # fmt: skip
+                if again:
+                    fork.submit_agents(again)
+            finally:
+                fork.close()
+        logger.info("run %s: forked from run %s at version %d (%d events, %d tasks again)",
+                    child, parent, past.entry.version, len(events), len(again))  # fmt: skip
+        return child
 
 
 def _woken(watch: PoolWatch, wakes: int) -> Callable[[], bool]:

@@ -210,7 +210,7 @@ async def collect_garbage(
     """Delete the finished runs (status in ``statuses``) last updated more than
     ``older_than`` ago, ``batch_size`` runs per batch.
 
-    Each delete is one script (``lua/gc_run-12.lua``) that checks again, atomically, that the
+    Each delete is one script (``lua/gc_run-13.lua``) that checks again, atomically, that the
     run is still finished and still that old, then deletes every key of the run and tells the
     processes watching it (as ``delete_run`` does): a run resumed meanwhile is skipped, never
     deleted. ``dry_run=True`` deletes nothing and reports what would go.

@@ -43,7 +43,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import redis
@@ -59,10 +59,10 @@ from .._sync.backend import RedisCheckpointBackend
 from ..errors import AccessError, LuftRedisError, RunNotFoundError
 from ..keys import run_keys
 from ..retention import LOG_TRIMMED_NOTE
-from ..retry import NO_RETRY, exception_chain, is_access_error
+from ..retry import exception_chain, is_access_error
 from ..scripts import translate_error
 from ..tasks import TaskState
-from . import cli_interop, cli_retention, live
+from . import cli_history, cli_interop, cli_retention, live
 from .cli_common import (
     DEFAULT_URL,
     EXIT_FAILURE,
@@ -73,6 +73,7 @@ from .cli_common import (
     CommandFailed,
     add_connection,
     connect,
+    open_backend,
     parse_run_id,
     redact_url,
     server_failure,
@@ -104,26 +105,6 @@ _PIPE_WIDTH: Final = 240
 
 
 # ---------------------------------------------------------------------------- plumbing
-
-
-@contextlib.contextmanager
-def _backend(
-    args: argparse.Namespace, *, watch: bool = False
-) -> Iterator[RedisCheckpointBackend]:
-    """A backend on its own client, closed on exit.
-
-    No retries: an operator wants one quick, clear answer, and can simply run the command
-    again. No change listener unless ``watch`` (``luft-redis watch``: the listener keeps the
-    cache current from the run's notices).
-    """
-    client = connect(args)
-    try:
-        with RedisCheckpointBackend(
-            client, prefix=args.prefix, watch=watch, retry=NO_RETRY
-        ) as backend:
-            yield backend
-    finally:
-        client.close()
 
 
 def _open_run(backend: RedisCheckpointBackend, args: argparse.Namespace) -> t.RunCheckpoint:
@@ -277,14 +258,22 @@ def _last_events(
 
 def _cmd_show(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         cp = _open_run(backend, args)
+        keys = run_keys(args.prefix, run_id)
         try:
-            count: int | None = backend.client.xlen(run_keys(args.prefix, run_id).events)
+            count: int | None = backend.client.xlen(keys.events)
+            raw_parent = backend.client.hget(keys.run, "parent")
         except redis.exceptions.RedisError:
+            count, raw_parent = None, None
+        parent = raw_parent.decode("utf-8", "replace") if raw_parent else None
+        if args.at is not None:  # a past state: its summary, no events
+            cp = backend.checkpoint_at(run_id, at=args.at)
             count = None
-        summary = show_json(cp, count, backend.log_trimmed)
-        events = _last_events(backend, run_id, args.events)
+        summary = show_json(cp, count, backend.log_trimmed, parent=parent)
+        if args.at is not None:
+            summary["at"] = str(args.at)
+        events = _last_events(backend, run_id, 0 if args.at is not None else args.events)
     if args.json:
         print(dumps(summary))
     else:
@@ -325,7 +314,7 @@ def _event_type(text: str) -> str:
 
 def _cmd_events(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         _open_run(backend, args)
         if backend.log_trimmed:  # nothing may pretend the log is whole (stderr: not data)
             print(f"note: run {run_id}: {LOG_TRIMMED_NOTE}", file=sys.stderr, flush=True)
@@ -343,7 +332,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    with _backend(args, watch=True) as backend:
+    with open_backend(args, watch=True) as backend:
         _open_run(backend, args)
         try:
             final = live.watch_run(backend, _console())
@@ -369,7 +358,7 @@ def _server_time(backend: RedisCheckpointBackend) -> float:
 
 def _cmd_agents(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         _open_run(backend, args)
         tasks = backend.agent_tasks()
         now = _server_time(backend)
@@ -399,7 +388,7 @@ def _redis_call(call: Callable[[], Any]) -> Any:
 
 
 def _cmd_pools(args: argparse.Namespace) -> int:
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         client, prefix = backend.client, args.prefix
 
         def views_of() -> list[Any]:
@@ -432,7 +421,7 @@ def _cmd_pools(args: argparse.Namespace) -> int:
 
 
 def _cmd_pool(args: argparse.Namespace) -> int:
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         view = _redis_call(lambda: pools_io.read_pool(backend.client, args.prefix, args.name,
                                                       limit=args.limit))  # fmt: skip
     if args.json:
@@ -453,7 +442,7 @@ def _cmd_pool(args: argparse.Namespace) -> int:
 
 
 def _cmd_limits(args: argparse.Namespace) -> int:
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         limits = _redis_call(lambda: pools_io.list_rate_limits(backend.client, args.prefix))
     if args.json:
         for limit in limits:
@@ -472,7 +461,7 @@ def _cmd_limits(args: argparse.Namespace) -> int:
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         cp = _open_run(backend, args)
         backend.cancel()
         after = backend.get_checkpoint()
@@ -501,7 +490,7 @@ def _confirm(question: str) -> bool:
 
 def _cmd_delete(args: argparse.Namespace) -> int:
     run_id: uuid.UUID = args.run_id
-    with _backend(args) as backend:
+    with open_backend(args) as backend:
         if not args.yes and sys.stdin is not None and sys.stdin.isatty():
             keys = run_keys(args.prefix, run_id)
             try:
@@ -644,6 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true",
                       help="JSON lines: the summary, then the last events")  # fmt: skip
+    show.add_argument("--at", type=cli_history.parse_point, default=None, metavar="POINT",
+                      help="the run's state at a past point (no events): a version (57), an "
+                           "event id (1796183810669-0) or a time (2026-12-05T21:00:00Z); see "
+                           "`luft-redis history`")  # fmt: skip
 
     events = _add_command(
         sub, "events", "a run's event log, one line per event; --follow tails it",
@@ -751,6 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # -- more subcommands register here: add_commands(sub) from their own modules
     cli_retention.add_commands(sub)  # gc
+    cli_history.add_commands(sub)  # history, fork
     cli_interop.add_commands(sub)  # export, import, import-sqlite, export-sqlite
 
     sub.add_parser(

@@ -9,10 +9,12 @@ modules -> ``cli_common``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
 import uuid
+from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,9 +24,10 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .._sync.backend import RedisCheckpointBackend
 from ..errors import ConnectionError as LuftConnectionError
 from ..keys import DEFAULT_PREFIX
-from ..retry import exception_chain
+from ..retry import NO_RETRY, exception_chain
 
 __all__ = [
     "DEFAULT_URL",
@@ -38,6 +41,7 @@ __all__ = [
     "add_connection",
     "client_kwargs",
     "connect",
+    "open_backend",
     "parse_run_id",
     "redact_url",
     "server_failure",
@@ -243,3 +247,23 @@ def add_connection(
     parser.add_argument(
         "-v", "--verbose", action="store_true", default=default(False), help="log debug messages"
     )
+
+
+@contextlib.contextmanager
+def open_backend(
+    args: argparse.Namespace, *, watch: bool = False
+) -> Iterator[RedisCheckpointBackend]:
+    """A backend on its own client, closed on exit.
+
+    No retries: an operator wants one quick, clear answer, and can simply run the command
+    again. No change listener unless ``watch`` (``luft-redis watch``: the listener keeps the
+    cache current from the run's notices).
+    """
+    client = connect(args)
+    try:
+        with RedisCheckpointBackend(
+            client, prefix=args.prefix, watch=watch, retry=NO_RETRY
+        ) as backend:
+            yield backend
+    finally:
+        client.close()

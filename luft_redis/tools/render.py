@@ -21,6 +21,7 @@ from rich.text import Text
 
 from .. import index
 from .. import types as t
+from ..history import Version
 from ..limits import RateLimit
 from ..pools import PoolRun
 from ..tasks import TaskInfo, TaskState
@@ -29,7 +30,8 @@ from .doctor import ServerReport
 
 __all__ = ["LIMIT_COLUMNS", "STATUS_STYLE", "decode_page", "dumps", "event_json", "event_line",
            "lease_left", "limit_cells", "limits_table", "one_line", "pool_table", "print_report",
-           "render_run", "run_row_json", "show_json", "task_table", "utc_time"]  # fmt: skip
+           "render_run", "run_row_json", "show_json", "task_table", "utc_time", "version_json",
+           "version_line"]  # fmt: skip
 
 
 _FIRST: Final = ("status", "level", "msg", "label", "phase_id", "agent_id", "name", "role",
@@ -258,9 +260,11 @@ def print_report(report: ServerReport, out: TextIO) -> None:
         print("\nsafe" + (f" ({', '.join(notes)})" if notes else ""), file=out)
 
 
-def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dict[str, Any]:
+def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool, *,
+              parent: str | None = None) -> dict[str, Any]:  # fmt: skip
     """A run as ``show --json`` prints it (also the web view's ``state`` message):
-    ``events`` is the length of its log (None when unknown)."""
+    ``events`` is the length of its log (None when unknown); ``parent``: the run field of a
+    fork, ``"<run id> <version>"`` (shown only when there is one)."""
     statuses = dict(Counter(result.status for result in cp.agent_results.values()))
     return {
         "run_id": str(cp.run_id),
@@ -278,7 +282,25 @@ def show_json(cp: t.RunCheckpoint, events: int | None, log_trimmed: bool) -> dic
         "can_resume": cp.can_resume(),
         "events": events,
         "log_trimmed": log_trimmed,  # retention: the log lost its oldest events
+        **({"parent": parent} if parent else {}),
     }
+
+
+def version_json(version: Version) -> dict[str, Any]:
+    """One version of a run as ``history --json`` prints it (and the web view's history)."""
+    return {
+        "version": version.version, "id": version.id,
+        "time": version.time.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "op": version.op, "event_id": version.event_id, "base": version.base,
+        "changes": list(version.changes),
+    }  # fmt: skip
+
+
+def version_line(version: Version) -> str:
+    """One version of a run as ``history`` prints it: version, time, operation, changes."""
+    row = version_json(version)
+    changes = ", ".join(version.changes) or "-"
+    return f"v{row['version']:<6} {row['time']}  {version.op:<8} {changes}"
 
 
 def run_row_json(row: index.IndexRow) -> dict[str, Any]:

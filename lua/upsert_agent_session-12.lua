@@ -1,7 +1,7 @@
 --[[
   upsert_agent_session: insert or replace agent_sessions[agent_id] (contract §4).
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
           first (includes/options.lua)

@@ -2,7 +2,7 @@
   cancel: running -> cancelled (contract §5). A completed, failed or already cancelled run is
   left as it is, without error and without a new version.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
           first (includes/options.lua)

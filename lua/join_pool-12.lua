@@ -4,7 +4,7 @@
   two absent when unlimited). The pool's own index (pool_add-3.lua, in the pool's slot) is
   written by the client after this script, so a claim from the pool finds the run.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] pool name ("" leaves the pool)   ARGS[2] weight (1..1000)   ARGS[3] priority (0..9)

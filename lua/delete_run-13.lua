@@ -2,8 +2,8 @@
   delete_run: delete every key of a run (its state, its event log, its writers, its agent tasks) and tell the
   processes watching it; exactly once per writer operation.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
-  KEYS[12]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
+  KEYS[1..12] the run's keys (see includes/call.lua)
+  KEYS[13]    the run's tombstone hash: <writer id> -> "<op seq> <reply>", expiring after
               ARGS[1] seconds (a retried delete whose reply was lost gets its first answer)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
@@ -22,7 +22,7 @@
 --- @include "includes/commit"
 --- @include "includes/tombstone"
 
-local K_TOMBSTONE = KEYS[12]
+local K_TOMBSTONE = KEYS[13]
 
 local function main()
   local ttl = arg_uint(ARGS[1], 'tombstone ttl')
@@ -31,7 +31,7 @@ local function main()
   local run = redis.pcall('HMGET', K_RUN, 'version', 'incarnation')
   local existed = redis.call('EXISTS', K_RUN)
   redis.call('DEL', K_RUN, K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
-    K_FINDINGS_ORDER, K_WRITERS, K_TASKS, K_QUEUE)
+    K_FINDINGS_ORDER, K_WRITERS, K_TASKS, K_QUEUE, K_HISTORY)
   if existed == 1 then
     local version, inc = '0', ''
     if type(run) == 'table' and not run.err then

@@ -5,7 +5,7 @@
   an ok result meanwhile (written with or without a lease) becomes done and is skipped; a
   lapsed task at max_attempts failures becomes dead. Times are the server's clock.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] worker (the holder's name)   ARGS[2] lease duration in ms   ARGS[3] max_attempts for
@@ -61,9 +61,10 @@ local function main()
     redis.call('HSET', K_WRITERS, memo_field, WRITER_SEQ .. ' - ' .. marker)
     return {delta, '', marker}
   end
-  -- no probes: every key this script writes (writers, run, queue, tasks) is read first with
-  -- read_key, whose WRONGTYPE is the type check; the run's other keys are not touched
-  local dup = dedup({})
+  -- one probe, the history (written by commit, never read): every other key this script
+  -- writes (writers, run, queue, tasks) is read first with read_key, whose WRONGTYPE is the
+  -- type check; the run's other keys are not touched
+  local dup = dedup({12, 'stream'})
   if dup then
     local memo = read_key(9, 'hash', 'HGET', memo_field) or ''
     local seq, aid, token, attempt, expires, inc =

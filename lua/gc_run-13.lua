@@ -3,8 +3,8 @@
   luft_redis.retention.collect_garbage). The check and the delete are one atomic step, so a
   run resumed or updated after gc found it is never deleted; exactly once per writer operation.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
-  KEYS[12]    the run's tombstone hash (includes/tombstone.lua): a retried gc whose reply was
+  KEYS[1..12] the run's keys (see includes/call.lua)
+  KEYS[13]    the run's tombstone hash (includes/tombstone.lua): a retried gc whose reply was
               lost gets its first answer
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
@@ -14,7 +14,7 @@
 
   Reply:  1 when the run was deleted, 0 when it is gone, running, of another status or newer;
           a retry of the same operation gets the first attempt's reply and changes nothing
-  Notice: (only when deleted) the delete notice of delete_run-12.lua: a delta header with op
+  Notice: (only when deleted) the delete notice of delete_run-13.lua: a delta header with op
           "delete" from the run's last (incarnation, version), no records
   Errors: LUFT_BAD_ARG when the age or the TTL is not a decimal number, or a status is
           "running"
@@ -26,7 +26,7 @@
 --- @include "includes/commit"
 --- @include "includes/tombstone"
 
-local K_TOMBSTONE = KEYS[12]
+local K_TOMBSTONE = KEYS[13]
 
 local function main()
   local age = ARGS[2]
@@ -47,7 +47,7 @@ local function main()
   local now = tonumber(redis.call('TIME')[1])
   if tonumber(run[2]) > now - tonumber(age) then return 0 end
   redis.call('DEL', K_RUN, K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
-    K_FINDINGS_ORDER, K_WRITERS, K_TASKS, K_QUEUE)
+    K_FINDINGS_ORDER, K_WRITERS, K_TASKS, K_QUEUE, K_HISTORY)
   notify(delta_bytes(run[4] or '', run[3] or '0', run[4] or '', run[3] or '0', 'delete'))
   tombstone_keep(K_TOMBSTONE, 1, ttl)
   return 1

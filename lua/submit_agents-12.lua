@@ -4,7 +4,7 @@
   nothing (its state and attempts stay); with any of them other, the whole batch is refused. An agent that
   already has an ok result is done at once and never handed out.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
           first (includes/options.lua)

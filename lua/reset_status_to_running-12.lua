@@ -2,7 +2,7 @@
   reset_status_to_running: failed/cancelled/running -> running (contract §5, decided: a
   completed run is not resumable).
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
           first (includes/options.lua)

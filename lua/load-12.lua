@@ -2,7 +2,7 @@
   load: read a run's whole state in one atomic step (for open_run and cache resyncs); the
   event log is not read.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV    none
 
   Reply:  0 when the run does not exist, else

@@ -2,7 +2,7 @@
   save_checkpoint: replace the run's whole state (not its event log) atomically
   (contract §4). updated_at becomes the server time; run_dir and the event log are kept.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[#ARGV - 1], ARGV[#ARGV] the fence and retention option slots, always there, taken off
           first (includes/options.lua)

@@ -2,7 +2,7 @@
   agent_tasks: every agent task of the run, as stored, with the server's clock and whether each
   agent has an ok result (read-only: FCALL_RO).
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
 
   Reply:  0 when the run does not exist; else an array: now (unix ms, server clock), the
           flat HGETALL of the tasks hash, then the agent ids (of tasks) whose result is ok

@@ -3,7 +3,7 @@
   renews fine: its holder is still alone. Not a change of the checkpoint: no version, no
   notice, nothing remembered (a renew is idempotent: a retry extends the lease once more).
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel   ARGV[2] writer id   ARGV[3] operation sequence (unused)
   ARGS[1] agent_id   ARGS[2] token   ARGS[3] incarnation   ARGS[4] lease duration in ms
 

@@ -2,7 +2,7 @@
   append_events: append a batch of events (one or more) to the run's log and apply the state
   rules of contract §5 to each, in order, as one atomic change (one version, one notice).
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
               max_events > 0: the log is trimmed to about max_events entries, and the
               first trim sets the run field log_trimmed = 1 (an R record)
   ARGV[1] the run's change channel (see includes/call.lua)
@@ -91,9 +91,9 @@ end
 local function main()
   -- the wrong-type check: the keys read below before the first write (run, writers,
   -- started, results, phases, tasks) fail with LUFT_CORRUPT as they are read (read_key); of
-  -- the keys written without a read, the log is probed here, the finding hash and list when
+  -- the keys written without a read, the log and the history are probed here, the finding hash and list when
   -- an event writes findings and the queue when the batch ends a lease (probe_once)
-  local dup = dedup({2, 'stream'})
+  local dup = dedup({2, 'stream', 12, 'stream'})
   if dup then return dup end
   local run = read_run('current_phase', 'total_tokens', 'phases', 'agents', 'agents_ok',
     'agents_failed')
@@ -379,7 +379,7 @@ local function main()
   -- 2. writes
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
   for i = 1, #entries do
-    redis.call('XADD', K_EVENTS, '*', unpack(ARGS, entries[i][1], entries[i][2]))
+    HISTORY_EVENT = redis.call('XADD', K_EVENTS, '*', unpack(ARGS, entries[i][1], entries[i][2]))
   end
   -- one HSET per hash and one RPUSH for the whole batch (a later value of a field in the same
   -- HSET wins, as it would in separate calls)
@@ -420,7 +420,10 @@ local function main()
   if run_changed.phases then fields[#fields + 1] = 'phases'; fields[#fields + 1] = phase_count end
   if agents then fields[#fields + 1] = 'agents'; fields[#fields + 1] = agents end
   if counted then for i = 1, 4 do fields[#fields + 1] = counted[i] end end
-  if trim_log() then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
+  local trimmed, first_trim = trim_log()
+  -- a trim restarts the history at this version once it holds twice max_events entries
+  HISTORY_RESTART = trimmed and redis.call('XLEN', K_HISTORY) > 2 * RETAIN_MAX_EVENTS
+  if first_trim then fields[#fields + 1] = 'log_trimmed'; fields[#fields + 1] = '1' end
   if status == 'running' and run[1] == 'running' then
     -- no retention rule to apply (no PTTL read): a running run holds no TTL, since every
     -- script that leaves a run running (or makes it so) clears it (includes/retention)

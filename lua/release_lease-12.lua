@@ -3,7 +3,7 @@
   attempt not counted as failed; failed = 1 (the holder's code raised): a failed attempt,
   ready again until max_attempts failures, then dead.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] agent_id   ARGS[2] token   ARGS[3] incarnation   ARGS[4] failed: "0" or "1"

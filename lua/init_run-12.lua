@@ -2,7 +2,7 @@
   init_run: create a new run (contract §4): status running, phase 0, empty collections,
   created_at = updated_at = server time, version 1, a new incarnation.
 
-  KEYS[1..11] the run's keys (see includes/call.lua)
+  KEYS[1..12] the run's keys (see includes/call.lua)
   ARGV[1] the run's change channel (see includes/call.lua)
   ARGV[2] writer id   ARGV[3] operation sequence   then ARGS:
   ARGS[1] run id (canonical)   ARGS[2] task   ARGS[3] run_dir
@@ -20,6 +20,7 @@
 --- @include "includes/time"
 --- @include "includes/delta"
 --- @include "includes/commit"
+--- @include "includes/history"
 
 local function main()
   local dup = dedup()
@@ -33,12 +34,13 @@ local function main()
   local now = now_seconds()
   -- Leftovers of a run whose main hash was deleted must not leak into the new run.
   redis.call('DEL', K_EVENTS, K_PHASES, K_RESULTS, K_SESSIONS, K_STARTED, K_FINDINGS,
-    K_FINDINGS_ORDER)
+    K_FINDINGS_ORDER, K_HISTORY)
   local fields = {
     'schema', ARGS[5], 'run_id', ARGS[1], 'task', ARGS[2], 'run_dir', ARGS[3],
     'status', 'running', 'current_phase', '0', 'total_tokens', '0', 'phases', '0', 'agents', '0',
     'agents_ok', '0', 'agents_failed', '0',
     'created_at', now, 'updated_at', now, 'version', '1', 'incarnation', inc,
+    'history_version', '1',
   }
   if meta then
     fields[#fields + 1] = 'workflow_meta'
@@ -49,6 +51,7 @@ local function main()
   local payload = delta_bytes(inc, '0', inc, '1', 'init', DELTA)
   redis.call('SPUBLISH', CHANNEL, payload)
   remember(inc, '0', inc, '1')
+  add_history('1', 'init', nil, true, true, false)
   return payload
 end
 

@@ -1,0 +1,425 @@
+"""A run's history: ``history``, ``checkpoint_at`` and ``fork_run``.
+
+The property: whatever mix of writes several backends make to a run, ``checkpoint_at`` of every
+version equals what ``get_checkpoint()`` returned right after the write that made it. It runs
+on every target (fakeredis, a real server, a cluster) and both front ends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.cluster import RedisCluster
+
+from luft_redis import (
+    AgentDone,
+    AgentSessionCheckpoint,
+    AgentStarted,
+    AgentStatus,
+    AgentTask,
+    CheckpointStatus,
+    CorruptDataError,
+    Finding,
+    HistoryUnavailableError,
+    Log,
+    LogLevel,
+    PhaseDone,
+    PhaseStarted,
+    RunDone,
+    RunNotFoundError,
+    RunStatus,
+    Severity,
+    TokenUsage,
+    ValidationError,
+)
+from luft_redis import types as t
+from luft_redis.errors import LuftRedisError
+from luft_redis.keys import run_keys
+
+Client: TypeAlias = "redis.Redis | RedisCluster"
+
+OPS = ("append", "batch", "result", "session", "cancel", "reset", "save", "submit", "claim",
+       "done", "release", "pool", "leave")  # fmt: skip
+
+
+def _lease_call(backend: Any, lease: Any, name: str, **kwargs: Any) -> Any:
+    """``lease.<name>(**kwargs)`` on either front end (an asyncio lease on its backend's loop)."""
+    loop = getattr(backend, "event_loop_thread", None)
+    if loop is None:
+        return getattr(lease, name)(**kwargs)
+    return loop.call(getattr(lease, name), **kwargs)
+
+
+class Mix:
+    """Random writes to one run by several backends; ``seen`` maps each version to the
+    checkpoint its writer's ``get_checkpoint()`` returned right after the write."""
+
+    def __init__(self, backends: list[Any], run_id: uuid.UUID, rng: random.Random) -> None:
+        self.backends = backends
+        self.run_id = run_id
+        self.rng = rng
+        self.agents = [uuid.uuid4() for _ in range(6)]
+        self.leases: list[tuple[Any, Any]] = []
+        self.seen: dict[int, t.RunCheckpoint] = {}
+
+    def record(self, backend: Any) -> None:
+        self.seen[backend.version] = backend.get_checkpoint()
+
+    def event(self) -> t.AgentEvent:
+        rng, rid = self.rng, self.run_id
+        agent = rng.choice(self.agents)
+        kind = rng.randrange(6)
+        if kind == 0:
+            return AgentStarted(run_id=rid, phase_id=rng.randrange(3), agent_id=agent,
+                                prompt_preview="p",
+                                description=rng.choice([None, "d"]))  # fmt: skip
+        if kind == 1:
+            findings = tuple(Finding(kind="bug", severity=Severity.LOW, title=f"f{i}", detail="x")
+                             for i in range(rng.randrange(3)))  # fmt: skip
+            return AgentDone(run_id=rid, agent_id=agent,
+                             status=rng.choice([AgentStatus.OK, AgentStatus.ERROR]),
+                             tokens=TokenUsage(input=rng.randrange(100), output=3),
+                             elapsed_ms=5, output=rng.choice([None, {"n": rng.randrange(9)}]),
+                             findings=findings)  # fmt: skip
+        if kind == 2:
+            return PhaseStarted(run_id=rid, phase_id=rng.randrange(3), label="ph", planned=4)
+        if kind == 3:
+            return PhaseDone(run_id=rid, phase_id=rng.randrange(3), ok=1, failed=0)
+        if kind == 4:
+            return RunDone(run_id=rid, status=rng.choice([RunStatus.COMPLETED, RunStatus.FAILED]),
+                           total_tokens=TokenUsage(input=1))  # fmt: skip
+        return Log(run_id=rid, level=LogLevel.INFO, msg="m")
+
+    def step(self, op: str) -> None:
+        rng, rid = self.rng, self.run_id
+        b = rng.choice(self.backends)
+        before = b.version
+        try:
+            if op == "append":
+                b.append_event(self.event())
+            elif op == "batch":
+                b.append_events([self.event() for _ in range(rng.randrange(1, 4))])
+            elif op == "result":
+                b.upsert_agent_result(t.AgentResultCache(
+                    agent_id=rng.choice(self.agents), phase_id=rng.randrange(3),
+                    status=rng.choice(["ok", "error", "timed_out"]), output={"r": 1},
+                    findings=(), tokens=rng.randrange(50), completed_at=7,
+                    description=rng.choice([None, "desc"])))  # fmt: skip
+            elif op == "session":
+                b.upsert_agent_session(AgentSessionCheckpoint(
+                    agent_id=rng.choice(self.agents), session_id=f"s{rng.randrange(3)}",
+                    status="active", updated_at=rng.randrange(99), resumable=True))  # fmt: skip
+            elif op == "cancel":
+                b.cancel()
+            elif op == "reset":
+                b.reset_status_to_running()
+            elif op == "save":
+                cp = b.get_checkpoint()
+                b.save_checkpoint(cp._replace(task=f"saved {rng.randrange(9)}",
+                                              total_tokens=cp.total_tokens + 1))  # fmt: skip
+            elif op == "submit":
+                b.submit_agents([AgentTask(uuid.uuid4(), 0, {"i": 1})])
+            elif op == "claim":
+                lease = b.claim_agent("w", lease_for=30)
+                if lease is not None:
+                    self.leases.append((b, lease))
+            elif op == "done" and self.leases:
+                owner, lease = self.leases.pop(rng.randrange(len(self.leases)))
+                owner.append_event(AgentDone(run_id=rid, agent_id=lease.agent_id,
+                                             status=AgentStatus.OK, tokens=TokenUsage(input=2),
+                                             elapsed_ms=1), lease=lease)  # fmt: skip
+                b = owner
+            elif op == "release" and self.leases:
+                owner, lease = self.leases.pop(rng.randrange(len(self.leases)))
+                _lease_call(owner, lease, "release", failed=rng.random() < 0.5)
+                b = owner
+            elif op == "pool":
+                b.join_pool("hist", weight=rng.randrange(1, 4))
+            elif op == "leave":
+                b.leave_pool()
+        except LuftRedisError:
+            pass  # refused (a finished run, a lost lease): no version to record
+        b.sync()
+        if b.version != before:
+            self.record(b)
+
+
+def _check(backend: Any, mix: Mix) -> None:
+    versions = sorted(mix.seen)
+    for version in versions:
+        assert backend.checkpoint_at(mix.run_id, at=version) == mix.seen[version], version
+    listed = backend.history(mix.run_id, count=10_000)
+    assert [v.version for v in listed] == list(range(1, versions[-1] + 1))
+    assert listed[0].op == "init" and listed[0].base
+
+
+PROPERTY = settings(max_examples=max(2, 8 * settings().max_examples // 100), deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+"""8 examples under the ``ci`` profile (``pytest --full``), 2 in the everyday loop."""
+
+
+@PROPERTY
+@given(ops=st.lists(st.sampled_from(OPS), min_size=5, max_size=40), seed=st.integers(0, 2**16))
+def test_checkpoint_at_every_version_is_what_get_checkpoint_returned(
+    make_frontend_backend: Callable[..., Any], ops: list[str], seed: int,
+) -> None:  # fmt: skip
+    """Several backends write a random mix of every writing operation; checkpoint_at of each
+    version equals the writer's get_checkpoint() right after that write."""
+    backends = [make_frontend_backend() for _ in range(2)]
+    run_id = uuid.uuid4()
+    backends[0].init_run(run_id, "task", "/runs/x")
+    backends[1].open_run(run_id)
+    mix = Mix(backends, run_id, random.Random(seed))
+    mix.record(backends[0])
+    for op in ops:
+        mix.step(op)
+    _check(backends[1], mix)
+
+
+def test_history_lists_versions_with_their_changes(
+    make_frontend_backend: Callable[..., Any],
+) -> None:
+    b = make_frontend_backend()
+    run_id = uuid.uuid4()
+    b.init_run(run_id, "task", "/r")
+    agent = uuid.uuid4()
+    b.append_event(AgentStarted(run_id=run_id, phase_id=0, agent_id=agent, prompt_preview="p"))
+    b.append_event(AgentDone(run_id=run_id, agent_id=agent, status=AgentStatus.OK,
+                             tokens=TokenUsage(input=4), elapsed_ms=1))  # fmt: skip
+    b.cancel()
+    versions = b.history()
+    assert [(v.version, v.op) for v in versions] == [
+        (1, "init"), (2, "append"), (3, "append"), (4, "cancel")]
+    assert versions[1].changes == (f"started {str(agent)[:8]}",)
+    assert f"result {str(agent)[:8]} ok" in versions[2].changes
+    assert versions[3].changes == ("status cancelled",)
+    events = b.get_event_log()
+    assert versions[2].event_id is not None and versions[0].event_id is None
+    assert all(abs((v.time - dt.datetime.now(dt.UTC)).total_seconds()) < 60 for v in versions)
+    # paging: newest first, and continuing after an id
+    newest = b.history(count=2, reverse=True)
+    assert [v.version for v in newest] == [4, 3]
+    rest = b.history(start="(" + versions[1].id, count=10)
+    assert [v.version for v in rest] == [3, 4]
+    assert len(events) == 2
+
+
+def test_checkpoint_at_an_event_id_and_a_time(make_frontend_backend: Callable[..., Any],
+                                              redis_client: Client) -> None:  # fmt: skip
+    b = make_frontend_backend()
+    run_id = uuid.uuid4()
+    b.init_run(run_id, "task", "/r")
+    agents = [uuid.uuid4() for _ in range(3)]
+    states = []
+    for agent in agents:
+        b.append_event(AgentStarted(run_id=run_id, phase_id=0, agent_id=agent,
+                                    prompt_preview="p"))  # fmt: skip
+        states.append(b.get_checkpoint())
+        b.upsert_agent_session(AgentSessionCheckpoint(agent_id=agent, session_id="s",
+                                                      status="a", updated_at=1))  # fmt: skip
+        time.sleep(0.003)
+    log: Any = redis_client.xrange(run_keys("luft", run_id).events)
+    ids = [raw.decode() for raw, _ in log]
+    for event_id, state in zip(ids, states, strict=True):
+        assert b.checkpoint_at(at=event_id) == state
+    history = b.history(count=100)
+    for version in history:
+        got = b.checkpoint_at(at=version.time + dt.timedelta(microseconds=999))
+        assert got.updated_at == b.checkpoint_at(at=version.version).updated_at
+    assert b.checkpoint_at(at=history[-1].time.isoformat()) == b.get_checkpoint()
+    assert b.checkpoint_at(at=str(history[2].version)) == b.checkpoint_at(at=history[2].version)
+
+
+def test_points_outside_the_history_are_typed_errors(make_frontend_backend: Callable[..., Any],
+                                                      redis_client: Client) -> None:  # fmt: skip
+    b = make_frontend_backend()
+    run_id = uuid.uuid4()
+    b.init_run(run_id, "task", "/r")
+    b.cancel()
+    with pytest.raises(ValidationError, match="after the run's last version 2"):
+        b.checkpoint_at(at=3)
+    with pytest.raises(ValidationError, match="no event 1-0 in the run's log"):
+        b.checkpoint_at(at="1-0")
+    with pytest.raises(ValidationError, match="not a version, an event id"):
+        b.checkpoint_at(at="yesterday")
+    with pytest.raises(ValidationError, match="between 1 and"):
+        b.checkpoint_at(at=0)
+    with pytest.raises(HistoryUnavailableError, match="starts at version 1"):
+        b.checkpoint_at(at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    with pytest.raises(RunNotFoundError):
+        b.checkpoint_at(uuid.uuid4(), at=1)
+    with pytest.raises(RunNotFoundError):
+        b.history(uuid.uuid4())
+
+
+def test_a_run_written_before_the_history_has_one_from_its_next_write(
+    make_frontend_backend: Callable[..., Any], redis_client: Client,
+) -> None:  # fmt: skip
+    """A run without a history (written before it, or by an older luft-redis) gets a base at
+    its next write: later versions are read back, earlier ones are a typed error naming
+    where the history starts."""
+    b = make_frontend_backend()
+    run_id = uuid.uuid4()
+    keys = run_keys("luft", run_id)
+    b.init_run(run_id, "task", "/r")
+    b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="old"))
+    redis_client.delete(keys.history)
+    redis_client.hdel(keys.run, "history_version")
+    with pytest.raises(HistoryUnavailableError, match="the run has no history") as info:
+        b.checkpoint_at(at=2)
+    assert info.value.first_version is None
+    assert b.history() == []
+    b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="new"))
+    b.cancel()
+    assert b.checkpoint_at(at=4) == b.get_checkpoint()
+    assert b.checkpoint_at(at=3).status is CheckpointStatus.RUNNING
+    with pytest.raises(HistoryUnavailableError, match="starts at version 3") as info:
+        b.checkpoint_at(at=2)
+    assert info.value.first_version == 3
+    # an older writer in between (a version without an entry): the next write is a base again
+    b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="x"))
+    redis_client.hset(keys.run, "history_version", "1")
+    b.reset_status_to_running()
+    versions = b.history()
+    assert versions[-1].base and versions[-1].op == "reset"
+    assert b.checkpoint_at(at=versions[-1].version) == b.get_checkpoint()
+
+
+def test_a_corrupt_history_entry_is_reported(make_frontend_backend: Callable[..., Any],
+                                              redis_client: Client) -> None:  # fmt: skip
+    b = make_frontend_backend()
+    run_id = uuid.uuid4()
+    keys = run_keys("luft", run_id)
+    b.init_run(run_id, "task", "/r")
+    b.cancel()
+    bad = redis_client.xadd(keys.history, {"v": "3", "op": "cancel", "d": b"9:garbage!!"})
+    with pytest.raises(CorruptDataError, match="field 'd': unreadable"):
+        b.checkpoint_at(at=3)
+    with pytest.raises(CorruptDataError, match="field 'd': unreadable"):
+        b.history()
+    redis_client.xdel(keys.history, bad)
+    bad = redis_client.xadd(keys.history, {"v": "x", "op": "cancel"})
+    with pytest.raises(CorruptDataError, match="field 'v': is not a version"):
+        b.history()
+    redis_client.xdel(keys.history, bad)
+    bad = redis_client.xadd(keys.history, {"v": "3", "op": "cancel", "zz": "1"})
+    with pytest.raises(CorruptDataError, match="field 'zz': not a field of a history entry"):
+        b.checkpoint_at(at=3)
+    redis_client.xdel(keys.history, bad)
+    redis_client.xadd(keys.history, {"v": "9", "op": "cancel"})
+    with pytest.raises(CorruptDataError, match="version 9 follows"):
+        b.checkpoint_at(at=9)
+
+
+def test_history_restarts_when_the_log_is_trimmed(make_frontend_backend: Callable[..., Any],
+                                                  redis_client: Client) -> None:  # fmt: skip
+    """With max_events, the history keeps at most about twice as many versions: a trim of the
+    log past that writes a base and drops the entries before it."""
+    b = make_frontend_backend(max_events=10)
+    run_id = uuid.uuid4()
+    b.init_run(run_id, "task", "/r")
+    seen = {}
+    for i in range(400):
+        b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}"))
+        seen[b.version] = b.get_checkpoint()
+    keys = run_keys("luft", run_id)
+    assert redis_client.xlen(keys.history) < 200
+    first = b.history(count=1)[0]
+    assert first.base and first.op == "append" and first.version > 2
+    with pytest.raises(HistoryUnavailableError) as info:
+        b.checkpoint_at(at=2)
+    assert info.value.first_version == first.version
+    for version in range(first.version, b.version + 1):
+        assert b.checkpoint_at(at=version) == seen[version]
+
+
+def _dump(client: Client, run_id: uuid.UUID) -> dict[str, Any]:
+    """Every key of the run as DUMP bytes with its TTL."""
+    return {key: (client.dump(key), client.pttl(key)) for key in run_keys("luft", run_id)}
+
+
+def test_a_fork_of_a_cancelled_run_runs_to_the_end_under_leases(
+    make_frontend_backend: Callable[..., Any], redis_client: Client,
+) -> None:  # fmt: skip
+    """Phase 0 went well, phase 1 went wrong and the run was cancelled: a fork at the end of
+    phase 0 gets phase 0's state and log, its phase-1 agents ready again in the parent's pool,
+    and workers claiming from the pool finish it. The parent is not changed at all."""
+    coordinator, worker = make_frontend_backend(), make_frontend_backend()
+    run_id = uuid.uuid4()
+    coordinator.init_run(run_id, "review", "/runs/r")
+    coordinator.join_pool("fleet", weight=2)
+    phases = [[uuid.uuid4() for _ in range(3)] for _ in range(2)]
+
+    def run_phase(backend: Any, rid: uuid.UUID, phase: int, fail: bool) -> None:
+        backend.append_event(PhaseStarted(run_id=rid, phase_id=phase, label=f"p{phase}",
+                                          planned=3))  # fmt: skip
+        while (lease := worker.claim_agent("w", pool="fleet", lease_for=30)) is not None:
+            status = AgentStatus.ERROR if fail else AgentStatus.OK
+            worker.append_event(AgentStarted(run_id=lease.run_id, phase_id=phase,
+                                             agent_id=lease.agent_id, prompt_preview="p"),
+                                lease=lease)  # fmt: skip
+            worker.append_event(AgentDone(run_id=lease.run_id, agent_id=lease.agent_id,
+                                          status=status, tokens=TokenUsage(input=10),
+                                          elapsed_ms=1, output={"phase": phase}),
+                                lease=lease)  # fmt: skip
+
+    coordinator.submit_agents([AgentTask(a, 0, {"n": i}) for i, a in enumerate(phases[0])])
+    run_phase(coordinator, run_id, 0, fail=False)
+    coordinator.sync()
+    coordinator.append_event(PhaseDone(run_id=run_id, phase_id=0, ok=3, failed=0))
+    good = coordinator.version
+    good_state = coordinator.get_checkpoint()
+    coordinator.submit_agents([AgentTask(a, 1, {"n": i}) for i, a in enumerate(phases[1])],
+                              max_attempts=1)  # fmt: skip
+    run_phase(coordinator, run_id, 1, fail=True)
+    coordinator.cancel()
+    parent_before = _dump(redis_client, run_id)
+
+    child = coordinator.fork_run(run_id, at=good, task="review, again")
+    assert _dump(redis_client, run_id) == parent_before
+    fork = make_frontend_backend()
+    cp = fork.open_run(child)
+    assert cp is not None
+    assert cp._replace(run_id=run_id, task="review", updated_at=0) == \
+        good_state._replace(updated_at=0)  # fmt: skip
+    assert redis_client.hget(run_keys("luft", child).run, "parent") == f"{run_id} {good}".encode()
+    assert [e.to_json() for e in fork.get_event_log()] == \
+        [e._replace(run_id=child).to_json() if hasattr(e, "run_id") else e.to_json()
+         for e in coordinator.get_event_log()[: len(fork.get_event_log())]]  # fmt: skip
+    tasks = fork.agent_tasks()
+    assert sorted(task.agent_id for task in tasks) == sorted(phases[1])
+    membership = fork.pool_membership()
+    assert membership is not None and membership.weight == 2
+    run_phase(fork, child, 1, fail=False)
+    fork.sync()
+    fork.append_event(PhaseDone(run_id=child, phase_id=1, ok=3, failed=0))
+    fork.append_event(RunDone(run_id=child, status=RunStatus.COMPLETED,
+                              total_tokens=TokenUsage(input=60)))  # fmt: skip
+    done = fork.get_checkpoint()
+    assert done.status is CheckpointStatus.COMPLETED
+    assert all(done.agent_results[a].status == "ok" for phase in phases for a in phase)
+    assert _dump(redis_client, run_id) == parent_before
+    assert fork.history(count=1)[0].op == "restore"
+
+
+def test_fork_refuses_an_existing_id_and_its_own(make_frontend_backend: Callable[..., Any]) -> None:
+    b = make_frontend_backend()
+    run_id, other = uuid.uuid4(), uuid.uuid4()
+    b.init_run(run_id, "task", "/r")
+    b.init_run(other, "task", "/r")
+    with pytest.raises(ValidationError, match="new_run_id"):
+        b.fork_run(run_id, at=1, new_run_id=run_id)
+    with pytest.raises(LuftRedisError, match="exists"):
+        b.fork_run(run_id, at=1, new_run_id=other)
+    child = b.fork_run(run_id, at=1)
+    assert b.checkpoint_at(child, at=1).run_id == child
+
