@@ -19,11 +19,11 @@ import datetime as dt
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import types as t
 from .cache import RunState
-from .delta import Delta, split_indexed
+from .delta import split_indexed
 from .errors import CorruptDataError, ValidationError
 from .keys import RunKeys
 
@@ -39,7 +39,7 @@ __all__ = [
     "stream_id_ms",
 ]
 
-DEFAULT_HISTORY_PAGE = 500
+DEFAULT_HISTORY_PAGE = 1000
 """Entries read per XRANGE/XREVRANGE of the history stream."""
 
 _STREAM_ID = re.compile(r"(0|[1-9][0-9]{0,19})-(0|[1-9][0-9]{0,19})")
@@ -69,8 +69,7 @@ class Version:
     ``updated_at``, as a claim's)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """One history entry as stored (checked): what :func:`fold` applies."""
 
     version: int
@@ -112,75 +111,189 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
+_OPS: dict[bytes, str] = {}
+"""Operation names seen, decoded once."""
+
+
 def parse_entry(key: str, raw_id: Any, fields: Any) -> Entry:
     """A history entry from an XRANGE reply's ``(id, fields)``: CorruptDataError naming the
     key and the field when it is not one this version wrote."""
-    entry_id = _text(raw_id)
-    if isinstance(fields, dict):
+    entry_id = raw_id.decode() if type(raw_id) is bytes else _text(raw_id)
+    if type(fields) is dict and all(type(k) is bytes for k in fields):
+        values: dict[bytes, Any] = fields
+    elif isinstance(fields, dict):
         values = {k if isinstance(k, bytes) else str(k).encode(): v for k, v in fields.items()}
     else:
         flat = list(fields)
         values = dict(zip(flat[::2], flat[1::2], strict=True))
-    where = f"{key} {entry_id}"
+    get = values.get
+    raw_v: Any = get(b"v")
+    raw_op, d, z = get(b"op"), get(b"d"), get(b"z")
+    op = _OPS.get(raw_op) if type(raw_op) is bytes else None
+    if (len(values) > 3 or not values.keys() <= _FIELDS or op is None
+            or type(raw_v) is not bytes or not raw_v.isdigit() or len(raw_v) > 20
+            or (d is not None and z is not None)):  # fmt: skip
+        op = _check_entry(f"{key} {entry_id}", values)
+    raw_t, raw_e = get(b"t"), get(b"e")
+    return Entry(int(raw_v), entry_id, op, z if z is not None else d, z is not None,
+                 int(raw_t) if raw_t is not None else None,
+                 _text(raw_e) if raw_e is not None else None)  # fmt: skip
+
+
+def _check_entry(where: str, values: dict[bytes, Any]) -> str:
+    """The operation of an entry off the fast path, every field checked (CorruptDataError)."""
     unknown = set(values) - _FIELDS
     if unknown:
         raise CorruptDataError(where, _text(min(unknown)), "not a field of a history entry")
     raw_v, raw_op = values.get(b"v"), values.get(b"op")
     if not isinstance(raw_v, bytes) or not raw_v.isdigit() or len(raw_v) > 20:
         raise CorruptDataError(where, "v", "is not a version")
-    if not isinstance(raw_op, bytes) or not raw_op or not raw_op.isascii():
+    if (not isinstance(raw_op, bytes) or not raw_op or len(raw_op) > 32
+            or not raw_op.replace(b"_", b"").isalpha() or not raw_op.isascii()):  # fmt: skip
         raise CorruptDataError(where, "op", "is not an operation name")
-    d, z = values.get(b"d"), values.get(b"z")
-    if d is not None and z is not None:
+    if values.get(b"d") is not None and values.get(b"z") is not None:
         raise CorruptDataError(where, "z", "an entry holds d or z, not both")
     raw_t, raw_e = values.get(b"t"), values.get(b"e")
     if raw_t is not None and (not raw_t.isdigit() or len(raw_t) > 20):
         raise CorruptDataError(where, "t", "is not unix seconds")
     if raw_e is not None and _STREAM_ID.fullmatch(_text(raw_e)) is None:
         raise CorruptDataError(where, "e", "is not a stream id")
-    return Entry(int(raw_v), entry_id, raw_op.decode(), z if z is not None else d,
-                 z is not None, int(raw_t) if raw_t is not None else None,
-                 _text(raw_e) if raw_e is not None else None)  # fmt: skip
+    if len(_OPS) < 256:
+        _OPS[raw_op] = raw_op.decode()
+    return raw_op.decode()
 
 
-def _delta(entry: Entry) -> Delta:
-    op = b"save" if entry.base else b"change"  # a base is read as a whole-state delta
-    return Delta("", entry.version - 1, "", entry.version, op, entry.body or b"", 0)
+class _Stored:
+    """A run's keys as stored at one version, as bytes: what ``load`` would have read then.
+
+    A change's records say what its script stored (``R`` a run field, ``E`` an entity's
+    attributes as stored after the write, ``S`` a started agent's value, ``F``/``X`` a finding
+    segment set or removed: includes/delta.lua), so the state of a version is its base with
+    the records of the changes after it applied to the stored bytes, in order; it is decoded
+    once, at the end, by the decoder of ``open_run``."""
+
+    __slots__ = ("entities", "findings", "order", "run", "started")
+
+    def __init__(self, parts: list[Any]) -> None:
+        flat = parts[0]
+        self.run: dict[bytes, bytes] = dict(zip(flat[::2], flat[1::2], strict=True))
+        self.entities: dict[bytes, dict[bytes, dict[bytes, bytes]]] = {
+            section: _grouped(parts[i]) for section, i in ((b"ph", 1), (b"res", 2), (b"ses", 3))
+        }
+        self.started: dict[bytes, bytes] = dict(zip(parts[4][::2], parts[4][1::2], strict=True))
+        self.findings: dict[bytes, bytes] = dict(zip(parts[5][::2], parts[5][1::2], strict=True))
+        self.order: list[bytes] = list(parts[6])
+
+    def apply(self, parts: list[bytes]) -> None:
+        """The records of one change (ValueError/IndexError/KeyError when malformed)."""
+        blobs: dict[bytes, bytes] = {}
+        i, n = 0, len(parts)
+        while i < n:
+            tag = parts[i]
+            if tag == b"R":
+                self.run[parts[i + 1]] = parts[i + 2]
+                i += 3
+            elif tag == b"E":
+                section, entity, count = parts[i + 1], parts[i + 2], int(parts[i + 3])
+                end = i + 4 + 2 * count
+                if end > n or count < 0:
+                    raise ValueError("truncated entity record")
+                attrs = dict(zip(parts[i + 4 : end : 2], parts[i + 5 : end : 2], strict=True))
+                if section == b"res" and attrs.get(b"findings") == b"":
+                    attrs[b"findings"] = blobs[entity]  # the blob of this change's F record
+                if attrs:
+                    self.entities[section][entity] = attrs
+                else:
+                    self.entities[section].pop(entity, None)
+                i = end
+            elif tag == b"S":
+                self.started[parts[i + 1]] = parts[i + 2]
+                i += 3
+            elif tag == b"F":
+                segment = parts[i + 1]
+                if segment not in self.findings:
+                    self.order.append(segment)
+                self.findings[segment] = blobs[segment] = parts[i + 2]
+                i += 3
+            elif tag == b"X":
+                if self.findings.pop(parts[i + 1], None) is not None:
+                    self.order.remove(parts[i + 1])
+                i += 2
+            else:
+                raise ValueError(f"unknown record {tag[:8]!r}")
+
+    def reply(self) -> list[list[bytes]]:
+        """The seven parts of ``load``'s reply."""
+        entities = [_flat_grouped(self.entities[s]) for s in (b"ph", b"res", b"ses")]
+        return [_flat(self.run), *entities, _flat(self.started), _flat(self.findings),
+                self.order]  # fmt: skip
+
+
+def _grouped(flat: Sequence[bytes]) -> dict[bytes, dict[bytes, bytes]]:
+    """``<id>:<attr>`` fields of a hash as {id: {attr: value}}."""
+    out: dict[bytes, dict[bytes, bytes]] = {}
+    for i in range(0, len(flat), 2):
+        entity, _, attr = flat[i].partition(b":")
+        out.setdefault(entity, {})[attr] = flat[i + 1]
+    return out
+
+
+def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
+    return [part for pair in fields.items() for part in pair]
+
+
+def _flat_grouped(entities: dict[bytes, dict[bytes, bytes]]) -> list[bytes]:
+    return [part for entity, attrs in entities.items() for attr, value in attrs.items()
+            for part in (entity + b":" + attr, value)]  # fmt: skip
+
+
+def _base(keys: RunKeys, entry: Entry) -> _Stored:
+    where = f"{keys.history} {entry.id}"
+    try:
+        parts = split_indexed(entry.body or b"", 0)
+        if not parts or parts[0] != b"Z":
+            raise ValueError("not a Z record")
+        out: list[Any] = []
+        i = 1
+        for _ in range(7):
+            count = int(parts[i])
+            out.append(parts[i + 1 : i + 1 + count])
+            i += 1 + count
+        if i != len(parts):
+            raise ValueError("trailing parts")
+        stored = _Stored(out)
+    except (ValueError, IndexError) as exc:
+        raise CorruptDataError(where, "z", f"unreadable: {exc}") from None
+    if stored.run.get(b"version") != str(entry.version).encode():
+        raise CorruptDataError(where, "v", f"the base holds version {stored.run.get(b'version')!r}")
+    return stored
 
 
 def fold(run_id: uuid.UUID, keys: RunKeys, entries: Sequence[Entry]) -> t.RunCheckpoint:
     """The checkpoint after the last of ``entries``: a base, then the changes after it, one
-    version each, in order (CorruptDataError naming the history key otherwise)."""
+    version each, in order (CorruptDataError naming the history key otherwise), decoded as
+    ``open_run`` decodes a load (:meth:`luft_redis.cache.RunState.from_load`)."""
     if not entries or not entries[0].base:
         raise CorruptDataError(keys.history, "", "a fold starts at a base")
-    key = keys.history
-    try:
-        state = RunState.from_whole(run_id, keys, _delta(entries[0]))
-    except (ValueError, IndexError) as exc:
-        raise CorruptDataError(f"{key} {entries[0].id}", "z", f"unreadable: {exc}") from None
-    if state.version != entries[0].version:
-        raise CorruptDataError(f"{key} {entries[0].id}", "v",
-                               f"the base holds version {state.version}")  # fmt: skip
-    version = state.version
+    stored = _base(keys, entries[0])
+    version = entries[0].version
     for entry in entries[1:]:
         if entry.version != version + 1:
-            raise CorruptDataError(f"{key} {entry.id}", "v",
+            raise CorruptDataError(f"{keys.history} {entry.id}", "v",
                                    f"version {entry.version} follows {version}")  # fmt: skip
-        if entry.base:
-            state = RunState.from_whole(run_id, keys, _delta(entry))
-            if state.version != entry.version:
-                raise CorruptDataError(f"{key} {entry.id}", "v",
-                                       f"the base holds version {state.version}")  # fmt: skip
-        elif entry.body is not None:
-            try:
-                state = state.apply(_delta(entry), build=False)
-            except (ValueError, IndexError) as exc:
-                raise CorruptDataError(f"{key} {entry.id}", "d", f"unreadable: {exc}") from None
-        if not entry.base:
-            state.version = entry.version
-            state.updated_at = entry.seconds
         version = entry.version
-    return state.rebuild()
+        if entry.base:
+            stored = _base(keys, entry)
+            continue
+        if entry.body is not None:
+            try:
+                stored.apply(split_indexed(entry.body, 0))
+            except (ValueError, IndexError, KeyError) as exc:
+                raise CorruptDataError(f"{keys.history} {entry.id}", "d",
+                                       f"unreadable: {exc!r}") from None  # fmt: skip
+        stored.run[b"version"] = str(version).encode()
+        stored.run[b"updated_at"] = str(entry.seconds).encode()
+    return RunState.from_load(run_id, keys, stored.reply()).snapshot
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
