@@ -268,6 +268,42 @@ def test_cancel_exit_codes(redis_url: str, three_runs: list[uuid.UUID]) -> None:
     assert result.returncode == 0 and "already" in result.stdout
 
 
+def test_history_show_at_and_fork(redis_url: str) -> None:
+    """`history` lists versions newest first (pages with --before/--after, --oldest, --json);
+    `show --at` prints a past state; `fork` makes a new run that `show` names the parent of;
+    a point the history lacks is exit 1 with the reason, a malformed one a usage error."""
+    client = redis.Redis.from_url(redis_url)
+    with RedisCheckpointBackend(client, watch=False) as backend:
+        run_id = uuid.uuid4()
+        backend.init_run(run_id, "history task", "/tmp/h")
+        backend.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="one"))
+        backend.cancel()
+    client.close()
+    result = luft("--redis", redis_url, "history", str(run_id))
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and [line.split()[:1] for line in lines] == [["v3"], ["v2"],
+                                                                             ["v1"]]  # fmt: skip
+    assert "cancel" in lines[0] and "status cancelled" in lines[0] and "whole state" in lines[2]
+    rows = [json.loads(line) for line in luft("--redis", redis_url, "history", str(run_id),
+                                              "--json", "--oldest").stdout.splitlines()]
+    assert [r["op"] for r in rows] == ["init", "append", "cancel"]
+    after = luft("--redis", redis_url, "history", str(run_id), "--oldest", "--after",
+                 rows[0]["id"], "--limit", "1", "--json").stdout  # fmt: skip
+    assert [json.loads(line)["version"] for line in after.splitlines()] == [2]
+    shown = luft("--redis", redis_url, "show", str(run_id), "--at", "2", "--json")
+    summary = json.loads(shown.stdout.splitlines()[0])
+    assert shown.returncode == 0 and summary["status"] == "running" and summary["at"] == "version 2"
+    made = luft("--redis", redis_url, "fork", str(run_id), "--at", "2", "--task", "again")
+    assert made.returncode == 0, made.stderr
+    child = made.stdout.split()[1].rstrip(":")
+    summary = json.loads(luft("--redis", redis_url, "show", child, "--json").stdout.splitlines()[0])
+    assert summary["parent"] == f"{run_id} 2" and summary["task"] == "again"
+    missing = luft("--redis", redis_url, "show", str(run_id), "--at", "9")
+    assert missing.returncode == 1 and "after the run's last version 3" in missing.stderr
+    bad = luft("--redis", redis_url, "fork", str(run_id), "--at", "soon")
+    assert bad.returncode == 2 and "not a version, an event id" in bad.stderr
+
+
 def test_delete_from_a_script_does_not_ask(redis_url: str, three_runs: list[uuid.UUID]) -> None:
     result = luft("--redis", redis_url, "delete", str(three_runs[0]))
     assert result.returncode == 0, result.stderr

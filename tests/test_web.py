@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -159,18 +160,19 @@ def _agent(writer: RedisCheckpointBackend, run_id: uuid.UUID, *, model: str = "m
 
 def _request(server: WebServer, method: str, path: str, *,
              headers: dict[str, str] | None = None, host: str | None = None,
-             read: bool = True) -> tuple[int, dict[str, str], str]:  # fmt: skip
+             read: bool = True, body: bytes | None = None,
+             ) -> tuple[int, dict[str, str], str]:  # fmt: skip
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     try:
         all_headers = {"Host": host or f"127.0.0.1:{server.port}", **(headers or {})}
-        conn.request(method, path, headers=all_headers)
+        conn.request(method, path, body=body, headers=all_headers)
         response = conn.getresponse()
         if response.status == 200 and response.getheader("content-type", "").startswith(
                 "text/event-stream"):  # fmt: skip
-            body = response.fp.readline().decode() if read else ""
+            text = response.fp.readline().decode() if read else ""
         else:
-            body = response.read().decode() if read else ""
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+            text = response.read().decode() if read else ""
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, text
     finally:
         conn.close()
 
@@ -493,6 +495,77 @@ def test_the_cancel_button_with_allow_cancel(
     reader = backend()
     checkpoint = reader.open_run(run_id)
     assert checkpoint is not None and checkpoint.status is t.CheckpointStatus.CANCELLED
+
+
+def test_history_api_and_the_fork_guard(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+) -> None:  # fmt: skip
+    """/history pages a run's versions newest first; /fork is refused without --allow-fork
+    and without the page's CSRF token, and with both makes the fork and names it."""
+    run_id = _new_run(backend, "history and fork")
+    writer = backend()
+    writer.open_run(run_id)
+    _agent(writer, run_id)
+    writer.cancel()
+    read_only = start_web()
+    status, _, body = _request(read_only, "GET", f"/api/runs/{run_id}/history?count=2")
+    page = json.loads(body)
+    assert status == 200 and page["more"] is True
+    assert [v["op"] for v in page["versions"]] == ["cancel", "result"]  # (_agent upserts last)
+    status, _, body = _request(read_only, "GET", f"/api/runs/{run_id}/history?count=50&before="
+                               + page["versions"][-1]["id"])  # fmt: skip
+    older = json.loads(body)["versions"]
+    assert older[-1]["op"] == "init" and older[0]["version"] == page["versions"][-1]["version"] - 1
+    assert _request(read_only, "GET", f"/api/runs/{run_id}/history?before=x")[0] == 400
+    assert _request(read_only, "POST", f"/api/runs/{run_id}/fork")[0] == 403
+    server = start_web("--allow-fork")
+    assert _request(server, "POST", f"/api/runs/{run_id}/cancel")[0] == 403  # not allowed
+    assert _request(server, "POST", f"/api/runs/{run_id}/fork")[0] == 403  # no CSRF token
+    html = _request(server, "GET", f"/runs/{run_id}")[2]
+    csrf = re.search(r'name="luft-csrf" content="([0-9a-f]+)"', html)
+    assert csrf is not None and 'name="luft-actions" content="fork"' in html
+    headers = {"X-CSRF-Token": csrf.group(1), "Content-Type": "application/json"}
+    status, _, body = _request(server, "POST", f"/api/runs/{run_id}/fork", headers=headers,
+                               body=b'{"at": 1000}')  # fmt: skip
+    assert status == 400 and "after the run's last version" in body
+    status, _, body = _request(server, "POST", f"/api/runs/{run_id}/fork", headers=headers,
+                               body=json.dumps({"at": older[0]["version"]}).encode())
+    assert status == 201, body
+    child = uuid.UUID(json.loads(body)["run_id"])
+    fork = backend()
+    cp = fork.open_run(child)
+    assert cp is not None and cp.status is t.CheckpointStatus.RUNNING
+    state = json.loads(_request(server, "GET", f"/api/runs/{child}")[2])
+    assert state["parent"] == f"{run_id} {older[0]['version']}"
+
+
+@pytest.mark.slow
+@pytest.mark.full  # a real browser: pytest --full (CI); the API tests run every day
+def test_fork_from_here_in_the_history_opens_the_new_run(
+    start_web: Callable[..., WebServer], backend: Callable[[], RedisCheckpointBackend],
+    page: Any,
+) -> None:  # fmt: skip
+    expect = _expect()
+    run_id = _new_run(backend, "fork me from the page")
+    writer = backend()
+    writer.open_run(run_id)
+    _agent(writer, run_id)
+    writer.cancel()
+    server = start_web("--allow-fork")
+    page.goto(f"{server.base}/runs/{run_id}")
+    expect(page.locator("#status")).to_have_text("cancelled", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#cancel")).to_have_count(0)  # --allow-fork does not allow cancel
+    page.locator("#history-more").click()
+    versions = page.locator("#history li")
+    expect(versions.first).to_contain_text("cancel", timeout=LIVE_WAIT_MS)
+    before_cancel = versions.nth(1)
+    expect(before_cancel).to_contain_text("result")
+    before_cancel.locator("button").click()
+    expect(page.locator("#status")).to_have_text("running", timeout=LIVE_WAIT_MS)
+    expect(page.locator("#head")).to_contain_text(f"forked from{run_id}")
+    child = uuid.UUID(page.url.rsplit("/", 1)[1])
+    cp = backend().open_run(child)
+    assert cp is not None and cp.status is t.CheckpointStatus.RUNNING
 
 
 @pytest.mark.slow

@@ -1503,14 +1503,13 @@ class RedisCheckpointBackend(FrontEnd):
                       end: str = "+", count: int = 100,
                       reverse: bool = False) -> list[Version]:  # fmt: skip
         """Up to ``count`` versions of a run (default: the bound one), each with its history
-        id, time, operation, event id and what changed: oldest first from the history id
-        ``start`` (``"(<id>"``: after it) to ``end``, or newest first with ``reverse``
-        (``start`` is then the upper bound). A page continues from the last id shown."""
+        id, time, operation, event id and what changed, between the history ids ``start``
+        and ``end`` (``"(<id>"``: after, or before, that id; ``"-"``/``"+"``: no bound):
+        oldest first, or newest first with ``reverse``. The next page starts after the last
+        id shown (``start="(<id>"``, or ``end="(<id>"`` with ``reverse``)."""
         self._check_fork()
         rid = self._run_arg(run_id, "history")
         keys = run_keys(self._prefix, rid)
-        if reverse:
-            start, end = (end if end != "+" else "-"), (start if start != "-" else "+")
         return read_history(self._client, keys, rid, start=start, end=end, count=count,
                                   reverse=reverse)  # fmt: skip
 

@@ -726,8 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Serve a live web view of the runs under the prefix: the runs page (from the run\n"
         "index) and one page per run, updated by server-sent events driven by the run's\n"
         "change notices. Binds 127.0.0.1 by default; any other address needs --token (or env\n"
-        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel. Needs the 'web' extra: from a\n"
-        "checkout of luft-redis (it is not on PyPI yet), pip install '.[web]'.", _cmd_web,
+        f"{_WEB_TOKEN_ENV}). Read-only unless --allow-cancel or --allow-fork. Needs the 'web'\n"
+        "extra: from a checkout of luft-redis (it is not on PyPI yet), pip install '.[web]'.",
+        _cmd_web,
     )  # fmt: skip
     web.add_argument("--host", default="127.0.0.1",
                      help="address to bind (default 127.0.0.1; others need --token)")
@@ -738,6 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "an address other than loopback")  # fmt: skip
     web.add_argument("--allow-cancel", action="store_true",
                      help="show a Cancel button on running runs (POST, CSRF token)")
+    web.add_argument("--allow-fork", action="store_true",
+                     help="show a 'fork from here' button on each version of a run's history "
+                          "(POST, CSRF token)")  # fmt: skip
     web.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                      help="another name the browser may use for this server (Host header "
                           "check); repeat for several")  # fmt: skip

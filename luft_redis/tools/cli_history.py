@@ -43,15 +43,9 @@ def _positive(text: str) -> int:
 
 def _cmd_history(args: argparse.Namespace) -> int:
     with open_backend(args) as backend:
-        if args.oldest:
-            start = "(" + args.after if args.after else "-"
-            end = "(" + args.before if args.before else "+"
-            versions = backend.history(args.run_id, start=start, end=end, count=args.limit)
-        else:  # newest first: start is the upper bound
-            start = "(" + args.before if args.before else "+"
-            end = "(" + args.after if args.after else "-"
-            versions = backend.history(args.run_id, start=end, end=start, count=args.limit,
-                                       reverse=True)  # fmt: skip
+        versions = backend.history(args.run_id, start="(" + args.after if args.after else "-",
+                                   end="(" + args.before if args.before else "+",
+                                   count=args.limit, reverse=not args.oldest)  # fmt: skip
     for version in versions:
         if args.json:
             print(json.dumps(version_json(version), ensure_ascii=False, separators=(",", ":")))

@@ -9,6 +9,9 @@ Routes::
     GET  /api/runs/{id}/events      text/event-stream: ``event`` and ``state`` messages
     GET  /api/runs/{id}/log         older events, paged (``?before=ID&count=N``)
     POST /api/runs/{id}/cancel      only with --allow-cancel and the page's CSRF token
+    GET  /api/runs/{id}/history     the run's versions, newest first (``?before=ID&count=N``)
+    POST /api/runs/{id}/fork        ``{"at": POINT}``: a new run from a past point; only with
+                                    --allow-fork and the page's CSRF token
     GET  /static/...                web.js, web.css (shipped in the wheel)
 
 Guards (:class:`Guard`, on every request, the event stream included): the ``Host`` header
@@ -26,6 +29,7 @@ import hashlib
 import hmac
 import html
 import logging
+import re
 import secrets
 import time
 import uuid
@@ -51,9 +55,15 @@ from starlette.staticfiles import StaticFiles
 
 from ... import index
 from ...asyncio import index as index_io
-from ...errors import CorruptDataError, LuftRedisError
+from ...errors import (
+    CorruptDataError,
+    HistoryUnavailableError,
+    LuftRedisError,
+    ValidationError,
+)
+from ...history import parse_at
 from ...keys import run_keys
-from ..render import decode_page, dumps, one_line, run_row_json, utc_time
+from ..render import decode_page, dumps, one_line, run_row_json, utc_time, version_json
 from .hub import PAGE_BYTES, TASK_BYTES, Hubs, RunHub, cut, event_text, redis_problem
 from .pools import pool_routes
 
@@ -80,6 +90,7 @@ SHUTDOWN_TIMEOUT: Final = 5.0
 """Seconds the web view gives its run views (their backends, the counts being read) to close
 when it stops; then it stops without them."""
 _READ_ONLY: Final = "read-only: start luft-redis web with --allow-cancel to cancel runs"
+_STREAM_ID: Final = re.compile(r"\d{1,20}-\d{1,20}")
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -101,6 +112,7 @@ class WebConfig:
     port: int = 8470
     token: str | None = None
     allow_cancel: bool = False
+    allow_fork: bool = False
     allowed_hosts: Sequence[str] = ()
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
@@ -193,7 +205,8 @@ class Guard:
                                               "</p>"), 401)  # fmt: skip
             await response(scope, receive, secured)
             return
-        if scope["method"] not in ("GET", "HEAD") and not self.config.allow_cancel:
+        if scope["method"] not in ("GET", "HEAD") and not (self.config.allow_cancel
+                                                           or self.config.allow_fork):
             await JSONResponse({"error": _READ_ONLY}, 403)(scope, receive, secured)
             return
         await self.app(scope, receive, secured)
@@ -481,8 +494,11 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
         task, status = _text(raw_task), _text(raw_status)
         task_shown = cut(task, TASK_BYTES, "luft-redis show --json")  # (as the state has it)
         meta = f"<meta name=\"luft-run\" content=\"{run_id}\">"
-        if config.allow_cancel:
+        if config.allow_cancel or config.allow_fork:
             meta += f"<meta name=\"luft-csrf\" content=\"{config.csrf_token()}\">"
+            allowed = " ".join(name for name, on in (("cancel", config.allow_cancel),
+                                                     ("fork", config.allow_fork)) if on)
+            meta += f"<meta name=\"luft-actions\" content=\"{allowed}\">"
         body = f"""
 <div class="banner hidden" id="banner"></div>
 <h1 id="title">{_e(one_line(task, 120)) or '(no task)'}</h1>
@@ -503,6 +519,9 @@ when it first finished">(each agent once)</span></h2><div id="chart-agents"></di
 <span id="agents-page"></span><button id="agents-next" type="button">next →</button></nav>
 </section>
 <section><h2>Findings</h2><div id="findings"><p class="note">none yet</p></div></section>
+<section><h2>History</h2><p class="note">Every version of the run: what changed, and when.
+</p><ol class="log" id="history"></ol><button id="history-more" type="button">show
+versions</button></section>
 <section><h2>Event log</h2><p class="note hidden" id="trimmed"></p>
 <button id="log-older" type="button">older events</button>
 <ol class="log" id="log"></ol></section>
@@ -584,15 +603,74 @@ when it first finished">(each agent once)</span></h2><div id="chart-agents"></di
         return Response(f'{{"events":[{",".join(reversed(texts))}],"more":{dumps(more)}}}',
                         media_type="application/json")  # (oldest first)
 
-    async def api_cancel(request: Request) -> Response:
-        if not config.allow_cancel:
-            return JSONResponse({"error": _READ_ONLY}, 403)
+    def refused(request: Request, allowed: bool, why: str) -> Response | None:
+        """The answer to a write the page may not make (its flag, CSRF token, origin)."""
+        if not allowed:
+            return JSONResponse({"error": why}, 403)
         given = request.headers.get("x-csrf-token", "")
         if not hmac.compare_digest(given.encode(), config.csrf_token().encode()):
             return JSONResponse({"error": "missing or wrong CSRF token"}, 403)
         origin = request.headers.get("origin")
         if origin is not None and _host_of(origin.split("://", 1)[-1]) not in host_names:
             return JSONResponse({"error": "cross-origin request refused"}, 403)
+        return None
+
+    async def api_history(request: Request) -> Response:
+        hub = await hub_of(request)
+        if isinstance(hub, Response):
+            return hub
+        before = request.query_params.get("before", "")
+        try:
+            count = max(1, min(int(request.query_params.get("count", "50")), 500))
+            if before and not _STREAM_ID.fullmatch(before):
+                raise ValueError(before)
+        except ValueError:
+            hub.released()
+            return JSONResponse({"error": "before is a history id, count a number"}, 400)
+        try:
+            versions = await hub.backend.history(hub.run_id, start="-", count=count + 1,
+                                                 end="(" + before if before else "+",
+                                                 reverse=True)  # fmt: skip
+        except LuftRedisError as exc:
+            return JSONResponse({"error": str(exc)}, 500)
+        except Exception as exc:
+            return JSONResponse({"error": redis_problem(exc)}, 503)
+        finally:
+            hub.released()
+        return Response(dumps({"versions": [version_json(v) for v in versions[:count]],
+                               "more": len(versions) > count}), media_type="application/json")
+
+    async def api_fork(request: Request) -> Response:
+        no = refused(request, config.allow_fork,
+                     "read-only: start luft-redis web with --allow-fork to fork runs")
+        if no is not None:
+            return no
+        try:
+            body = await request.json()
+            raw: Any = body["at"] if isinstance(body, dict) else None
+            at = parse_at(raw)
+        except (ValueError, KeyError, LuftRedisError) as exc:
+            return JSONResponse({"error": f"give {{\"at\": version, event id or time}}: {exc}"},
+                                400)  # fmt: skip
+        hub = await hub_of(request)
+        if isinstance(hub, Response):
+            return hub
+        try:
+            child = await hub.backend.fork_run(hub.run_id, at=at)
+        except HistoryUnavailableError as exc:
+            return JSONResponse({"error": str(exc)}, 409)
+        except ValidationError as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        except Exception as exc:
+            return JSONResponse({"error": f"fork failed: {exc}"}, 503)
+        finally:
+            hub.released()
+        return JSONResponse({"run_id": str(child), "parent": str(hub.run_id), "at": str(at)}, 201)
+
+    async def api_cancel(request: Request) -> Response:
+        no = refused(request, config.allow_cancel, _READ_ONLY)
+        if no is not None:
+            return no
         hub = await hub_of(request)
         if isinstance(hub, Response):
             return hub
@@ -631,6 +709,8 @@ when it first finished">(each agent once)</span></h2><div id="chart-agents"></di
             Route("/api/runs/{run_id}/events", api_events, methods=["GET"]),
             Route("/api/runs/{run_id}/log", api_log, methods=["GET"]),
             Route("/api/runs/{run_id}/cancel", api_cancel, methods=["POST"]),
+            Route("/api/runs/{run_id}/history", api_history, methods=["GET"]),
+            Route("/api/runs/{run_id}/fork", api_fork, methods=["POST"]),
             *pool_routes(async_client, config.prefix, _page),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ],

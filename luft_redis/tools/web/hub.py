@@ -400,7 +400,9 @@ class RunHub:
         pipe = self.hubs.client.pipeline(transaction=False)
         pipe.ttl(keys.run)
         pipe.xlen(keys.events)
-        ttl, length = await pipe.execute()
+        pipe.hget(keys.run, "parent")
+        ttl, length, parent = await pipe.execute()
+        self._parent = parent.decode("utf-8", "replace") if parent else None
         tasks: list[TaskInfo] = []
         with contextlib.suppress(LuftRedisError):
             tasks = await self.backend.agent_tasks()
@@ -422,7 +424,8 @@ class RunHub:
             self._base = {"run_id": str(self.run_id), "gone": True, "view": live}
             self._rows = []
             return
-        base = show_json(cp, length, self.backend.log_trimmed)
+        base = show_json(cp, length, self.backend.log_trimmed,
+                         parent=getattr(self, "_parent", None))  # fmt: skip
         base["task"] = cut(cp.task, TASK_BYTES, "luft-redis show --json")
         final = cp.status is not t.CheckpointStatus.RUNNING
         by_task = {info.agent_id: info for info in tasks}

@@ -23,6 +23,13 @@ __all__ = ["is_loopback", "serve"]
 logger = logging.getLogger(__name__)
 
 
+def _allowed(config: WebConfig) -> str:
+    """What the view may change: ``cancel and fork allowed``, or ``read-only``."""
+    names = [name for name, on in (("cancel", config.allow_cancel), ("fork", config.allow_fork))
+             if on]  # fmt: skip
+    return " and ".join(names) + " allowed" if names else "read-only"
+
+
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and ``localhost``."""
     if host.lower() == "localhost":
@@ -49,7 +56,7 @@ def serve(args: argparse.Namespace, *, token: str | None) -> int:
               "127.0.0.1.", file=sys.stderr)  # fmt: skip
         return EXIT_UNREACHABLE
     config = WebConfig(prefix=args.prefix, host=host, port=args.port, token=token,
-                       allow_cancel=args.allow_cancel,
+                       allow_cancel=args.allow_cancel, allow_fork=args.allow_fork,
                        allowed_hosts=tuple(args.allowed_host))  # fmt: skip
     return asyncio.run(_main(args, config))
 
@@ -99,7 +106,7 @@ async def _main(args: argparse.Namespace, config: WebConfig) -> int:
                 for bound in listener.sockets:
                     port = bound.getsockname()[1]
             print(f"luft-redis web: serving prefix {config.prefix!r} "
-                  f"({'cancel allowed' if config.allow_cancel else 'read-only'}); open "
+                  f"({_allowed(config)}); open "
                   f"{_url(config.host, port, config.token)}", flush=True)  # fmt: skip
         await task
     finally:

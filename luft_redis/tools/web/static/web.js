@@ -10,6 +10,7 @@
   const runId = meta("luft-run");
   if (!runId) return;
   const csrf = meta("luft-csrf");
+  const allowed = (meta("luft-actions") || "").split(" ");
   const SVG = "http://www.w3.org/2000/svg";
   const MAX_LOG = 1000;
   const $ = (id) => document.getElementById(id);
@@ -80,6 +81,7 @@
       ["expires", v.ttl_s === null || v.ttl_s === undefined ? "no TTL" : "in " + secs(v.ttl_s)],
       ["created", s.created_at], ["updated", s.updated_at],
     ];
+    if (s.parent) rows.push(["forked from", s.parent]);
     for (const [k, val, cls] of rows) {
       head.appendChild(el("dt", null, k));
       const dd = el("dd", cls || null, val);
@@ -88,7 +90,7 @@
     }
     const actions = $("actions");
     clear(actions);
-    if (csrf && s.status === "running") {
+    if (csrf && allowed.includes("cancel") && s.status === "running") {
       const b = el("button", "danger", "Cancel run");
       b.id = "cancel";
       b.type = "button";
@@ -345,6 +347,47 @@
     if (!r.ok && b) { b.disabled = false; b.textContent = "Cancel failed (" + r.status + ")"; }
   }
 
+  // ---------------------------------------------------------------- history
+  let historyBefore = null;
+  async function loadHistory() {
+    const more = $("history-more");
+    more.disabled = true;
+    const q = "?count=20" + (historyBefore ? "&before=" + encodeURIComponent(historyBefore) : "");
+    const r = await fetch("/api/runs/" + runId + "/history" + q, { credentials: "same-origin" });
+    const body = r.ok ? await r.json() : null;
+    more.disabled = false;
+    if (!body) { more.textContent = "history unavailable (" + r.status + "): retry"; return; }
+    const list = $("history");
+    for (const v of body.versions) list.appendChild(versionLine(v));
+    if (body.versions.length) historyBefore = body.versions[body.versions.length - 1].id;
+    more.textContent = "older versions";
+    more.classList.toggle("hidden", !body.more);
+  }
+  function versionLine(v) {
+    const li = el("li", null, "v" + v.version + "  " + v.time + "  " + v.op + "  " +
+      (v.changes.join(", ") || "-"));
+    li.dataset.version = String(v.version);
+    if (csrf && allowed.includes("fork")) {
+      const b = el("button", null, "fork from here");
+      b.type = "button";
+      b.addEventListener("click", () => forkAt(v.version, b));
+      li.appendChild(b);
+    }
+    return li;
+  }
+  async function forkAt(version, b) {
+    b.disabled = true;
+    const r = await fetch("/api/runs/" + runId + "/fork", {
+      method: "POST", credentials: "same-origin",
+      headers: { "X-CSRF-Token": csrf, "Content-Type": "application/json" },
+      body: JSON.stringify({ at: version }),
+    });
+    const body = await r.json().catch(() => ({}));
+    if (r.ok && body.run_id) { window.location.href = "/runs/" + body.run_id; return; }
+    b.disabled = false;
+    b.textContent = "fork failed (" + r.status + "): " + (body.error || "");
+  }
+
   // ---------------------------------------------------------------- the stream
   function onState(s) {
     state = s;
@@ -386,6 +429,7 @@
   $("agents-prev").addEventListener("click", () => { agentsPage = Math.max(0, agentsPage - 1); connect(); });
   $("agents-next").addEventListener("click", () => { agentsPage += 1; connect(); });
   $("log-older").addEventListener("click", olderEvents);
+  $("history-more").addEventListener("click", loadHistory);
   setInterval(renderAge, 1000);
   connect();
 })();
