@@ -286,6 +286,32 @@ def test_lease_benchmark_smoke(redis_server_binary: str, tmp_path: Path) -> None
     assert "placement:" in proc.stdout
 
 
+HISTORY_ROWS = {
+    "checkpoint_at_last": True,
+    "checkpoint_at_middle": True,
+    "history_bytes_per_event": True,
+    "history_against_run": False,
+}
+
+
+@pytest.mark.server
+def test_history_benchmark_smoke(redis_server_binary: str, tmp_path: Path) -> None:
+    """``benchmarks.history --smoke`` (checkpoint_at against open_run, the demo's memory)
+    prints every row with a number, and a baseline and ratio where it has a target."""
+    out = tmp_path / "history.json"
+    proc = _run(["benchmarks.history", "--smoke", "--json", str(out),
+                 "--redis-server", redis_server_binary], timeout=300)  # fmt: skip
+    report = json.loads(out.read_text())
+    rows = {row["key"]: row for row in report["rows"]}
+    assert set(rows) == set(HISTORY_ROWS)
+    for key, targeted in HISTORY_ROWS.items():
+        row = rows[key]
+        assert row["metric"] in proc.stdout and _finite(row["value"]), row
+        assert _finite(row["baseline"]) and _finite(row["ratio"]), row
+        assert row["status"] in (("PASS", "MISS") if targeted else ("info",)), row
+    assert report["raw"]["memory"]["versions"] > report["raw"]["memory"]["events"] > 0
+
+
 @pytest.mark.server
 def test_fleet_smoke(redis_server_binary: str) -> None:
     """benchmarks.fleet, tiny: one round of 1 and 2 writer processes (and the watcher, the

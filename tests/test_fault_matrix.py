@@ -351,6 +351,26 @@ def _imported(ctx: Ctx) -> Any:
     return (got.run_id, got.events, got.replaced)
 
 
+FORK = uuid.UUID("0193a1b2-0000-7000-8000-00000000f0c2")
+
+
+def _forked(ctx: Ctx) -> Any:
+    """fork_run of the pooled run at its last version (both tasks ready), then the fork as a
+    fresh reader finds it: state, log, tasks, pool and parent."""
+    from luft_redis import RedisCheckpointBackend
+
+    ctx.backend.fork_run(at=3, new_run_id=FORK)
+    reader = RedisCheckpointBackend(ctx.direct, watch=False, prefix=PREFIX)
+    try:
+        cp = reader.open_run(FORK)
+        return (_masked_checkpoint(cp), [e.to_json() for e in reader.get_event_log()],
+                [dataclasses.replace(task, expires_at=None) for task in reader.agent_tasks()],
+                reader.pool_membership(), ctx.direct.hget(run_keys(PREFIX, FORK).run, "parent"),
+                reader.version)  # fmt: skip
+    finally:
+        reader.close()
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One use of a writing function: ``setup`` (no fault), then ``act``, whose first command
@@ -464,6 +484,10 @@ CASES: dict[str, Case] = {
     "gc_run": Case("gc_run", _finished, _gc),
     "restore_run": Case("restore_run", _finished, _imported),
     "restore_run_staging": Case("save_checkpoint", _finished, _imported),
+    "fork_run_restore": Case("restore_run", _pooled, _forked),
+    "fork_run_staging": Case("save_checkpoint", _pooled, _forked),
+    "fork_run_join": Case("join_pool", _pooled, _forked),
+    "fork_run_submit": Case("submit_agents", _pooled, _forked),
     "index_status": Case("index_status", Ctx.bound, lambda c: c.backend.cancel()),
     "index_status_delete": Case("index_status", Ctx.bound, lambda c: c.backend.delete_run()),
     "join_pool": Case("join_pool", Ctx.bound,
