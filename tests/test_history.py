@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import pytest
@@ -34,6 +38,7 @@ from luft_redis import (
     LogLevel,
     PhaseDone,
     PhaseStarted,
+    RedisCheckpointBackend,
     RunDone,
     RunNotFoundError,
     RunStatus,
@@ -423,3 +428,56 @@ def test_fork_refuses_an_existing_id_and_its_own(make_frontend_backend: Callable
     child = b.fork_run(run_id, at=1)
     assert b.checkpoint_at(child, at=1).run_id == child
 
+
+
+OLDER = "2e6466f"
+"""The last luft-redis before the history (its scripts take eleven keys and write none)."""
+
+
+@pytest.mark.server
+@pytest.mark.full  # a second checkout in a subprocess: pytest --full (CI)
+def test_a_rolling_upgrade_an_older_writer_leaves_a_gap_the_next_write_closes(
+    redis_url: str, tmp_path: Path,
+) -> None:  # fmt: skip
+    """An older luft-redis (a separate process, its own Functions library) writes a version
+    without a history entry: the next write by this version is a base, the versions before
+    the gap and after it read back, the one in the gap is a typed error naming where the
+    history starts again."""
+    root = Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None or subprocess.run(
+            ["git", "-C", str(root), "cat-file", "-e", f"{OLDER}^{{commit}}"],
+            capture_output=True, check=False).returncode != 0:  # fmt: skip
+        pytest.skip(f"needs git and commit {OLDER} (a clone of the repository)")
+    archive = subprocess.run(["git", "-C", str(root), "archive", OLDER, "luft_redis", "lua"],
+                             capture_output=True, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive, check=True)
+    client = redis.Redis.from_url(redis_url)
+    new = RedisCheckpointBackend(client)
+    run_id = uuid.uuid4()
+    new.init_run(run_id, "upgrade", "/runs/u")
+    new.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="new"))
+    before_gap = new.get_checkpoint()
+    older = f"""
+import sys, uuid
+sys.path.insert(0, {str(tmp_path)!r})
+import redis, luft_redis
+assert luft_redis.__file__.startswith({str(tmp_path)!r}), luft_redis.__file__
+b = luft_redis.RedisCheckpointBackend(redis.Redis.from_url({redis_url!r}), watch=False)
+b.open_run(uuid.UUID({str(run_id)!r}))
+b.append_event(luft_redis.Log(run_id=b.run_id, level=luft_redis.LogLevel.INFO, msg="old"))
+print(b.version)
+"""
+    done = subprocess.run([sys.executable, "-c", older], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr
+    new.cancel()
+    assert new.version == 4
+    versions = new.history()
+    assert [v.version for v in versions] == [1, 2, 4] and versions[-1].base
+    assert new.checkpoint_at(at=4) == new.get_checkpoint()
+    assert new.checkpoint_at(at=2) == before_gap
+    with pytest.raises(HistoryUnavailableError, match="starts at version 4") as info:
+        new.checkpoint_at(at=3)
+    assert info.value.first_version == 4
+    new.close()
+    client.close()

@@ -147,6 +147,7 @@ def state_at(client: Any, keys: RunKeys, run_id: uuid.UUID,
         found = lambda entry: True  # noqa: E731
     chain: list[Entry] = []
     newest = True
+    later: Entry | None = None  # the entry after the target's place (a version target)
     while True:
         got = _xrange(client, run_id, key, "-", hi, page, reverse=True)
         for raw_id, fields in got:
@@ -158,8 +159,12 @@ def state_at(client: Any, keys: RunKeys, run_id: uuid.UUID,
                         f"{entry.version}")  # fmt: skip
                 newest = False
                 if not found(entry):
+                    later = entry
                     continue
                 if point.version is not None and entry.version != point.version:
+                    if later is not None and later.base:  # a gap (an older writer): the
+                        raise HistoryUnavailableError(  # history starts again after it
+                            run_id, str(point), later.version, later.id)
                     raise _unavailable(client, keys, run_id, point, page)
             chain.append(entry)
             if entry.base:
