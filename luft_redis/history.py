@@ -44,6 +44,8 @@ DEFAULT_HISTORY_PAGE = 1000
 
 _STREAM_ID = re.compile(r"(0|[1-9][0-9]{0,19})-(0|[1-9][0-9]{0,19})")
 _FIELDS = frozenset({b"v", b"op", b"d", b"z", b"t", b"e"})
+_FAST_FIELDS = frozenset({b"v", b"op", b"d", b"z"})
+"""The fields of an entry read without further checks (t and e are checked each time)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,7 +132,7 @@ def parse_entry(key: str, raw_id: Any, fields: Any) -> Entry:
     raw_v: Any = get(b"v")
     raw_op, d, z = get(b"op"), get(b"d"), get(b"z")
     op = _OPS.get(raw_op) if type(raw_op) is bytes else None
-    if (len(values) > 3 or not values.keys() <= _FIELDS or op is None
+    if (len(values) > 3 or not values.keys() <= _FAST_FIELDS or op is None
             or type(raw_v) is not bytes or not raw_v.isdigit() or len(raw_v) > 20
             or (d is not None and z is not None)):  # fmt: skip
         op = _check_entry(f"{key} {entry_id}", values)
@@ -366,10 +368,9 @@ def _changes(entry: Entry, key: str) -> tuple[str, ...]:
     if entry.body is None:
         return ()
     try:
-        parts = split_indexed(entry.body, 0)
-    except ValueError as exc:
+        return tuple(_describe(split_indexed(entry.body, 0)))
+    except (ValueError, IndexError, KeyError, UnicodeDecodeError) as exc:
         raise CorruptDataError(f"{key} {entry.id}", "d", f"unreadable: {exc}") from None
-    return tuple(_describe(parts))
 
 
 def _describe(parts: list[bytes]) -> Iterable[str]:

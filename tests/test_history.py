@@ -320,6 +320,11 @@ def test_a_corrupt_history_entry_is_reported(make_frontend_backend: Callable[...
     with pytest.raises(CorruptDataError, match="field 'zz': not a field of a history entry"):
         b.checkpoint_at(at=3)
     redis_client.xdel(keys.history, bad)
+    for fields, name in (({"t": "abc"}, "t"), ({"e": "zz"}, "e"), ({"d": b"3:1 0Q"}, "d")):
+        bad = redis_client.xadd(keys.history, {"v": "3", "op": "cancel", **fields})
+        with pytest.raises(CorruptDataError, match=f"field '{name}'"):
+            b.history()
+        redis_client.xdel(keys.history, bad)
     redis_client.xadd(keys.history, {"v": "9", "op": "cancel"})
     with pytest.raises(CorruptDataError, match="version 9 follows"):
         b.checkpoint_at(at=9)
@@ -345,6 +350,8 @@ def test_history_restarts_when_the_log_is_trimmed(make_frontend_backend: Callabl
     assert info.value.first_version == first.version
     for version in range(first.version, b.version + 1):
         assert b.checkpoint_at(at=version) == seen[version]
+    assert first.event_id is not None  # the restarting append: its event names it
+    assert b.checkpoint_at(at=first.event_id) == seen[first.version]
 
 
 def _dump(client: Client, run_id: uuid.UUID) -> dict[str, Any]:
@@ -414,6 +421,32 @@ def test_a_fork_of_a_cancelled_run_runs_to_the_end_under_leases(
     assert all(done.agent_results[a].status == "ok" for phase in phases for a in phase)
     assert _dump(redis_client, run_id) == parent_before
     assert fork.history(count=1)[0].op == "restore"
+
+
+def test_fork_log_events_and_finished_points(make_frontend_backend: Callable[..., Any],
+                                             redis_client: Client) -> None:  # fmt: skip
+    """A fork's copied events have no version of its own history (a typed error); a point
+    where the run was finished with agent tasks to run again is refused before anything is
+    written."""
+    b = make_frontend_backend()
+    run_id = uuid.uuid4()
+    b.init_run(run_id, "task", "/r")
+    b.submit_agents([AgentTask(uuid.uuid4(), 0, {"i": i}) for i in range(2)])
+    for i in range(3):
+        b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg=f"m{i}"))
+    b.cancel()
+    with pytest.raises(ValidationError, match="cancelled at 6"):
+        b.fork_run(run_id, at=6, new_run_id=uuid.UUID(int=7))
+    assert not redis_client.exists(*run_keys("luft", uuid.UUID(int=7)))
+    child = b.fork_run(run_id, at=5)
+    fork = make_frontend_backend()
+    fork.open_run(child)
+    fork.append_event(Log(run_id=child, level=LogLevel.INFO, msg="own"))
+    copied: Any = redis_client.xrange(run_keys("luft", child).events)
+    with pytest.raises(HistoryUnavailableError, match="starts at version 1"):
+        fork.checkpoint_at(at=copied[0][0].decode())
+    assert fork.checkpoint_at(at=copied[-1][0].decode()) == fork.get_checkpoint()
+    assert len(fork.agent_tasks()) == 2
 
 
 def test_fork_refuses_an_existing_id_and_its_own(make_frontend_backend: Callable[..., Any]) -> None:

@@ -79,11 +79,17 @@ local function id_seconds(id)
 end
 
 -- XADD the entry: at `id` when given and the stream allows it, else at '*' (then with e = id);
--- with t = updated_at when the id's second is not it (checked after the XADD: the entry is
--- added again with t, which is rare: a clock set back, or a second turning over).
+-- with t = updated_at when the id's second is not it: known before the XADD for `id`, checked
+-- after it for '*' (the entry is then added again with t, e kept: rare, a clock set back or a
+-- second turning over during the script).
 local function history_xadd(fields, id, updated_at)
   local added
   if id then
+    if updated_at and id_seconds(id) ~= updated_at then -- (decided before: no re-add)
+      fields[#fields + 1] = 't'
+      fields[#fields + 1] = updated_at
+      updated_at = nil
+    end
     added = redis.pcall('XADD', K_HISTORY, id, unpack(fields))
     if type(added) == 'table' then -- not after the last entry: take '*', name the event
       fields[#fields + 1] = 'e'

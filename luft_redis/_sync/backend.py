@@ -1564,6 +1564,10 @@ class RedisCheckpointBackend(FrontEnd):
                  for i in parse_tasks(tasks, keys.tasks)
                  if (r := cp.agent_results.get(i.agent_id)) is None
                  or r.status != t.ResultStatus.OK.value]  # fmt: skip
+        if again and cp.status is not t.CheckpointStatus.RUNNING:
+            raise ValidationError(  # (checked before anything is written)
+                "at", f"the run is {cp.status.value} at {past.entry.version}: its agent tasks "
+                "could not be ready again; fork from a version where it was running")
         run_dir = values[0].decode() if isinstance(values[0], bytes) else (values[0] or "")
         import_checkpoint(self._client, cp, events, prefix=self._prefix, run_dir=run_dir,
                                 replace=False, max_payload_size=self._encoder.max_payload_size,
@@ -1579,6 +1583,13 @@ class RedisCheckpointBackend(FrontEnd):
                                          max_tokens=member.max_tokens)  # fmt: skip
                 if again:
                     fork.submit_agents(again)
+            except BaseException:  # no half-made fork: its tasks or pool could not follow
+                logger.error("run %s: fork of run %s incomplete; deleting it", child, parent)
+                try:
+                    fork.delete_run(child)
+                except Exception:
+                    logger.exception("run %s: could not delete the incomplete fork", child)
+                raise
             finally:
                 fork.close()
         logger.info("run %s: forked from run %s at version %d (%d events, %d tasks again)",

@@ -114,10 +114,10 @@ def _event_target(client: Any, keys: RunKeys, run_id: uuid.UUID, point: Point,
         got = _xrange(client, run_id, key, lower, "+", page)
         for raw_id, fields in got:
             entry = parse_entry(key, raw_id, fields)
-            if entry.base and entry.op not in _WHOLE_OPS:
-                break  # the history starts again after the event: its append is not in it
             if entry.op == "append" and id_key(entry.event_id or "") >= want:
                 return entry.id
+            if entry.base:  # the event came before it (a fork's or an import's copied log,
+                break  # an older writer's append): no version of the history holds it
         else:
             if len(got) == page:
                 lower = "(" + entry_id(got[-1][0])
