@@ -320,8 +320,9 @@ def test_a_corrupt_history_entry_is_reported(make_frontend_backend: Callable[...
     with pytest.raises(CorruptDataError, match="field 'zz': not a field of a history entry"):
         b.checkpoint_at(at=3)
     redis_client.xdel(keys.history, bad)
-    for fields, name in (({"t": "abc"}, "t"), ({"e": "zz"}, "e"), ({"d": b"3:1 0Q"}, "d")):
-        bad = redis_client.xadd(keys.history, {"v": "3", "op": "cancel", **fields})
+    cases: list[tuple[str, bytes]] = [("t", b"abc"), ("e", b"zz"), ("d", b"3:1 0Q")]
+    for name, value in cases:
+        bad = redis_client.xadd(keys.history, {"v": "3", "op": "cancel", name: value})
         with pytest.raises(CorruptDataError, match=f"field '{name}'"):
             b.history()
         redis_client.xdel(keys.history, bad)
