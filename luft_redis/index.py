@@ -69,7 +69,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ROW_FIELDS = ("status", "total_tokens", "updated_at", "created_at", "task", "current_phase",
-              "agents", "agents_ok", "agents_failed")
+              "agents", "agents_ok", "agents_failed", "parent")
 """The run-hash fields :func:`read_page` reads for each row (one HMGET)."""
 
 STATUS_FIELDS = ("status", "updated_at", "version", "incarnation")
@@ -153,6 +153,16 @@ class IndexRow:
     results by this read (once per run version, then remembered in this process)."""
     problem: str | None = None
     """Why the counts are not shown (a corrupt counter: reported, never defaulted)."""
+    parent: str | None = None
+    """A fork's origin, ``"<run id> <version>"`` (the run field ``parent``)."""
+
+    @property
+    def forked_from(self) -> str:
+        """``fork of 0193a1b2 v57`` for a fork, else ``""``."""
+        if not self.parent:
+            return ""
+        run, _, version = self.parent.partition(" ")
+        return f"fork of {run[:8]} v{version}"
 
     @property
     def agents_running(self) -> int | None:
@@ -191,7 +201,7 @@ def row_of(prefix: str, run_id: uuid.UUID, values: Sequence[Any],
     """The row of a run from its hash's :data:`ROW_FIELDS` and ``version`` and its started
     count, and its version when it lacks the ok/failed counters (to count from its results);
     ``(None, None)`` when the run is gone (deleted, expired) since it was indexed."""
-    status, tokens, updated, created, task, phase, agents, ok, failed, version = values
+    status, tokens, updated, created, task, phase, agents, ok, failed, parent, version = values
     if status is None:
         return None, None
     key = run_keys(prefix, run_id).run
@@ -202,6 +212,7 @@ def row_of(prefix: str, run_id: uuid.UUID, values: Sequence[Any],
         created_at=decimal_field(key, "created_at", created or b"0"),
         task=text(task or b""), current_phase=decimal_field(key, "current_phase", phase or b"0"),
         agents=int(started) if agents is None else decimal_field(key, "agents", agents),
+        parent=text(parent) if parent else None,
     )  # fmt: skip
     if ok is None and failed is None:
         return row, version or b""

@@ -298,6 +298,12 @@ def test_history_show_at_and_fork(redis_url: str) -> None:
     child = made.stdout.split()[1].rstrip(":")
     summary = json.loads(luft("--redis", redis_url, "show", child, "--json").stdout.splitlines()[0])
     assert summary["parent"] == f"{run_id} 2" and summary["task"] == "again"
+    rows = [json.loads(line) for line in luft("--redis", redis_url, "runs", "--json").stdout
+            .splitlines()]  # fmt: skip
+    assert {r["run_id"]: r.get("parent") for r in rows} == {str(run_id): None,
+                                                             child: f"{run_id} 2"}  # fmt: skip
+    table = luft("--redis", redis_url, "runs").stdout
+    assert f"(fork of {str(run_id)[:8]} v2) again" in table
     missing = luft("--redis", redis_url, "show", str(run_id), "--at", "9")
     assert missing.returncode == 1 and "after the run's last version 3" in missing.stderr
     bad = luft("--redis", redis_url, "fork", str(run_id), "--at", "soon")

@@ -537,6 +537,10 @@ def test_history_api_and_the_fork_guard(
     assert cp is not None and cp.status is t.CheckpointStatus.RUNNING
     state = json.loads(_request(server, "GET", f"/api/runs/{child}")[2])
     assert state["parent"] == f"{run_id} {older[0]['version']}"
+    rows = json.loads(_request(server, "GET", "/api/runs")[2])["runs"]
+    assert {r["run_id"]: r.get("parent") for r in rows}[str(child)] == state["parent"]
+    runs_page = _request(server, "GET", "/")[2]
+    assert f"(fork of {str(run_id)[:8]} v{older[0]['version']})" in runs_page
 
 
 @pytest.mark.slow

@@ -222,7 +222,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
             table.add_row(
                 str(row.run_id), Text(row.status, style=STATUS_STYLE.get(row.status, "")),
                 str(row.total_tokens), str(row.agents), utc_time(row.updated_at),
-                Text(one_line(row.task)),
+                Text(f"({row.forked_from}) " * bool(row.parent) + one_line(row.task)),
             )  # fmt: skip
         _print(table)
         cut = len(page.rows) == args.limit and page.indexed > len(page.rows)

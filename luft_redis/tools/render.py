@@ -313,6 +313,7 @@ def run_row_json(row: index.IndexRow) -> dict[str, Any]:
         "updated_at": utc_time(row.updated_at),
         **({"counts_counted": True} if row.counted else {}),
         **({"problem": row.problem} if row.problem else {}),
+        **({"parent": row.parent} if row.parent else {}),
     }  # fmt: skip
 
 

@@ -29,7 +29,6 @@ import hashlib
 import hmac
 import html
 import logging
-import re
 import secrets
 import time
 import uuid
@@ -90,7 +89,6 @@ SHUTDOWN_TIMEOUT: Final = 5.0
 """Seconds the web view gives its run views (their backends, the counts being read) to close
 when it stops; then it stops without them."""
 _READ_ONLY: Final = "read-only: start luft-redis web with --allow-cancel to cancel runs"
-_STREAM_ID: Final = re.compile(r"\d{1,20}-\d{1,20}")
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -234,6 +232,15 @@ def _is_entry_id(text: str) -> bool:
     ms, dash, seq = text.partition("-")
     return bool(dash) and all(
         part.isascii() and part.isdigit() and int(part) < 2**64 for part in (ms, seq))
+
+
+def fork_note(row: index.IndexRow) -> str:
+    """A fork's note in the runs page's task cell (its parent's page linked)."""
+    if not row.parent:
+        return ""
+    parent = row.parent.partition(" ")[0]
+    return (f" <a class=\"note\" href=\"/runs/{_e(parent)}\" title=\"{_e(row.parent)}\">"
+            f"({_e(row.forked_from)})</a>")  # fmt: skip
 
 
 def _e(value: object) -> str:
@@ -438,7 +445,8 @@ def create_app(config: WebConfig, async_client: Any) -> _ASGI:
             parts.append(
                 f"<tr data-run=\"{row.run_id}\"><td data-label=\"task\" class=\"text\">"
                 f"<a href=\"/runs/{row.run_id}\">{_e(one_line(row.task, 80)) or '(no task)'}"
-                f"</a></td><td data-label=\"run\" class=\"run-id\" title=\"{row.run_id}\">"
+                f"</a>{fork_note(row)}</td>"
+                f"<td data-label=\"run\" class=\"run-id\" title=\"{row.run_id}\">"
                 f"<a href=\"/runs/{row.run_id}\">{str(row.run_id)[:8]}</a></td>"
                 f"<td data-label=\"status\" class=\"st-{_e(row.status)}\">{_e(row.status)}</td>"
                 f"<td data-label=\"phase\">{row.current_phase}</td>"
@@ -622,7 +630,7 @@ versions</button></section>
         before = request.query_params.get("before", "")
         try:
             count = max(1, min(int(request.query_params.get("count", "50")), 500))
-            if before and not _STREAM_ID.fullmatch(before):
+            if before and not _is_entry_id(before):
                 raise ValueError(before)
         except ValueError:
             hub.released()
