@@ -380,6 +380,7 @@ local function main()
   if lease_end then write_task_end(fenced, lease_end[1], lease_end[2]) end
   for i = 1, #entries do
     HISTORY_EVENT = redis.call('XADD', K_EVENTS, '*', unpack(ARGS, entries[i][1], entries[i][2]))
+    HISTORY_APPENDED = i
   end
   -- one HSET per hash and one RPUSH for the whole batch (a later value of a field in the same
   -- HSET wins, as it would in separate calls)

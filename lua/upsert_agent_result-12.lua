@@ -13,6 +13,8 @@
   ARGS[8..] cache_key_hash (opt), description (opt), role (opt): RESULT_OPTIONAL of
           includes/entities.lua from output on
 
+  History: a P record of the result (what changed), its F record only when the blob changed
+          (includes/history.lua).
   Reply and notice: the delta, op "result": E res of the agent, F/X of its finding segments,
           R agents when the agent is new (neither started nor had a result), R agents_ok and
           agents_failed when the agent's status counts change (includes/run.lua)
@@ -49,7 +51,12 @@ local function main()
   local findings = opt(ARGS[7], 'findings') or EMPTY_LIST
   local now = now_seconds()
   local run_fields = {}
-  local before = redis.call('HGET', K_RESULTS, p .. 'status')
+  -- the result and its finding segment as stored: the history records what changed
+  local names = {}
+  for i = 1, #RESULT_ATTRS do names[i] = p .. RESULT_ATTRS[i] end
+  local stored = redis.call('HMGET', K_RESULTS, unpack(names))
+  history_before('res', aid, RESULT_ATTRS, stored, redis.call('HGET', K_FINDINGS, aid))
+  local before = stored[1] -- (RESULT_ATTRS[1] is status)
   if not before and redis.call('HEXISTS', K_STARTED, aid) == 0 then
     run_fields = {'agents', tostring(stored_agents() + 1)} -- a new agent
   end

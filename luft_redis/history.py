@@ -43,7 +43,7 @@ DEFAULT_HISTORY_PAGE = 1000
 """Entries read per XRANGE/XREVRANGE of the history stream."""
 
 _STREAM_ID = re.compile(r"(0|[1-9][0-9]{0,19})-(0|[1-9][0-9]{0,19})")
-_FIELDS = frozenset({b"v", b"op", b"d", b"z", b"t", b"e"})
+_FIELDS = frozenset({b"v", b"op", b"d", b"z", b"t", b"e", b"l"})
 _FAST_FIELDS = frozenset({b"v", b"op", b"d", b"z"})
 """The fields of an entry read without further checks (t and e are checked each time)."""
 
@@ -84,6 +84,9 @@ class Entry(NamedTuple):
     """``t``: the change's ``updated_at`` when it is not the id's second."""
     event: str | None
     """``e``: the last appended event's id, when it is not the entry's own."""
+    log_last: str | None = None
+    """``l`` (a base): the log's last event before this change's own events (None: an empty
+    log); every event up to it came before the base."""
 
     @property
     def event_id(self) -> str | None:
@@ -136,10 +139,11 @@ def parse_entry(key: str, raw_id: Any, fields: Any) -> Entry:
             or type(raw_v) is not bytes or not raw_v.isdigit() or len(raw_v) > 20
             or (d is not None and z is not None)):  # fmt: skip
         op = _check_entry(f"{key} {entry_id}", values)
-    raw_t, raw_e = get(b"t"), get(b"e")
+    raw_t, raw_e, raw_l = get(b"t"), get(b"e"), get(b"l")
     return Entry(int(raw_v), entry_id, op, z if z is not None else d, z is not None,
                  int(raw_t) if raw_t is not None else None,
-                 _text(raw_e) if raw_e is not None else None)  # fmt: skip
+                 _text(raw_e) if raw_e is not None else None,
+                 _text(raw_l) if raw_l is not None else None)  # fmt: skip
 
 
 def _check_entry(where: str, values: dict[bytes, Any]) -> str:
@@ -155,11 +159,13 @@ def _check_entry(where: str, values: dict[bytes, Any]) -> str:
         raise CorruptDataError(where, "op", "is not an operation name")
     if values.get(b"d") is not None and values.get(b"z") is not None:
         raise CorruptDataError(where, "z", "an entry holds d or z, not both")
-    raw_t, raw_e = values.get(b"t"), values.get(b"e")
+    raw_t = values.get(b"t")
     if raw_t is not None and (not raw_t.isdigit() or len(raw_t) > 20):
         raise CorruptDataError(where, "t", "is not unix seconds")
-    if raw_e is not None and _STREAM_ID.fullmatch(_text(raw_e)) is None:
-        raise CorruptDataError(where, "e", "is not a stream id")
+    for name in (b"e", b"l"):
+        raw = values.get(name)
+        if raw is not None and _STREAM_ID.fullmatch(_text(raw)) is None:
+            raise CorruptDataError(where, name.decode(), "is not a stream id")
     if len(_OPS) < 256:
         _OPS[raw_op] = raw_op.decode()
     return raw_op.decode()
@@ -208,6 +214,22 @@ class _Stored:
                 else:
                     self.entities[section].pop(entity, None)
                 i = end
+            elif tag == b"P":  # what changed: n attributes set, then m removed
+                section, entity, count = parts[i + 1], parts[i + 2], int(parts[i + 3])
+                end = i + 4 + 2 * count
+                removed = int(parts[end])
+                if count < 0 or removed < 0 or end + 1 + removed > n:
+                    raise ValueError("truncated patch record")
+                table = self.entities[section]
+                attrs = dict(table.get(entity, {}))
+                attrs.update(zip(parts[i + 4 : end : 2], parts[i + 5 : end : 2], strict=True))
+                for name in parts[end + 1 : end + 1 + removed]:
+                    attrs.pop(name, None)
+                if attrs:
+                    table[entity] = attrs
+                else:
+                    table.pop(entity, None)
+                i = end + 1 + removed
             elif tag == b"S":
                 self.started[parts[i + 1]] = parts[i + 2]
                 i += 3
@@ -397,6 +419,15 @@ def _describe(parts: list[bytes]) -> Iterable[str]:
             else:
                 yield f"phase {entity}"
             i += 4 + 2 * count
+        elif tag == b"P":
+            section, entity, count = parts[i + 1], parts[i + 2].decode(), int(parts[i + 3])
+            end = i + 4 + 2 * count
+            names = [name.decode() for name in parts[i + 4 : end : 2]]
+            gone = [name.decode() for name in parts[end + 1 : end + 1 + int(parts[end])]]
+            what = {b"res": "result", b"ses": "session", b"ph": "phase"}.get(section, "?")
+            changed = ", ".join([*names, *(f"-{name}" for name in gone)])
+            yield f"{what} {_short(entity)} ({changed})"
+            i = end + 1 + len(gone)
         elif tag == b"S":
             yield f"started {_short(parts[i + 1].decode())}"
             i += 3

@@ -244,6 +244,31 @@ def test_checkpoint_at_an_event_id_and_a_time(make_frontend_backend: Callable[..
     assert b.checkpoint_at(at=str(history[2].version)) == b.checkpoint_at(at=history[2].version)
 
 
+def test_an_event_of_the_same_millisecond_as_the_base_before_it(
+    make_frontend_backend: Callable[..., Any], redis_client: Client,
+) -> None:  # fmt: skip
+    """Stream ids of the log and of the history come from one clock but two streams: an
+    init's base and the first event can share a millisecond, and the append's entry then
+    takes the next id with e. The event still names its version (ids set by hand here)."""
+    b = make_frontend_backend(watch=False)
+    run_id = uuid.uuid4()
+    keys = run_keys("luft", run_id)
+    b.init_run(run_id, "task", "/r")
+    b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="first"))
+    after = b.get_checkpoint()
+    entries: Any = redis_client.xrange(keys.history)
+    log: Any = redis_client.xrange(keys.events)
+    (base_id, base), (_, append) = entries
+    ((_, event),) = log
+    redis_client.delete(keys.history, keys.events)
+    ms = int(base_id.decode().split("-")[0])
+    redis_client.xadd(keys.history, base, id=f"{ms}-0")
+    redis_client.xadd(keys.events, event, id=f"{ms}-0")
+    redis_client.xadd(keys.history, {**append, b"e": f"{ms}-0"}, id=f"{ms}-1")
+    assert b.checkpoint_at(at=f"{ms}-0") == after
+    assert b.history()[1].event_id == f"{ms}-0"
+
+
 def test_points_outside_the_history_are_typed_errors(make_frontend_backend: Callable[..., Any],
                                                       redis_client: Client) -> None:  # fmt: skip
     b = make_frontend_backend()

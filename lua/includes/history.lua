@@ -11,10 +11,17 @@
     d   a change: its records (includes/delta.lua: the index of lengths, then the parts),
         without the R records of run fields that are not checkpoint state (version,
         updated_at, lease_token, agents, ...); absent when the change holds no other (a
-        claim, a submit: only the version and updated_at moved)
+        claim, a submit: only the version and updated_at moved). An entity the script
+        replaced whole, having told what it held before (history_before: a result upsert),
+        is a P record of what changed instead of its E record:
+          P section id n (attr value)*n m attr*m   n attributes set, m removed
+        and its finding segment's F record is left out when the blob is the one stored.
     z   a base, instead of d: the whole state after the change (a Z record)
     t   updated_at (unix seconds) when it is not the second of the entry's id
     e   an append's last event id, when the entry could not take that id as its own
+    l   (a base) the id of the log's last event before this change's own events (absent: an
+        empty log): the events up to it came before the base, so no version after it holds
+        them
   An append's entry takes the id of the last event it appended (so an event id names the
   version that holds it). A base is written by init, save and restore; by the first write to
   a run whose history does not reach the version before it (a run written before the
@@ -40,15 +47,63 @@ local HIST = {} -- scratch: an entry's record parts (kept from call to call, as 
 -- Set by a script before commit(): the id of the last event it appended, and whether its
 -- entry restarts the history (append_events, when it trimmed the log). Cleared at the start
 -- of every call.
-local HISTORY_EVENT, HISTORY_RESTART = nil, false
+local HISTORY_EVENT, HISTORY_RESTART, HISTORY_APPENDED = nil, false, 0
+-- Set by history_before: entities ("<section> <id>" -> {attr = value}) and finding segments
+-- (id -> blob, or false: none) as stored before this call's write.
+local HISTORY_BEFORE, HISTORY_SEGMENTS = nil, nil
 local function begin_history()
-  HISTORY_EVENT, HISTORY_RESTART = nil, false
+  HISTORY_EVENT, HISTORY_RESTART, HISTORY_APPENDED = nil, false, 0
+  HISTORY_BEFORE, HISTORY_SEGMENTS = nil, nil
+end
+
+-- Tell the history what entity `id` of `section` held before this call replaces it whole
+-- (`names`, `values`: an HMGET of its attributes) and its finding segment (`segment`, nil:
+-- none): its entry then holds what changed (a P record).
+local function history_before(section, id, names, values, segment)
+  local attrs = {}
+  for i = 1, #names do
+    if values[i] then attrs[names[i]] = values[i] end
+  end
+  HISTORY_BEFORE = HISTORY_BEFORE or {}
+  HISTORY_BEFORE[section .. ' ' .. id] = attrs
+  HISTORY_SEGMENTS = HISTORY_SEGMENTS or {}
+  HISTORY_SEGMENTS[id] = segment or false
 end
 --- @each-call begin_history()
 
--- DELTA[1..DN] without the R records of fields that are not checkpoint state: (parts, n).
+-- The P record of E record DELTA[i..] (entity `before` held before): appended to parts.
+local function history_patch(parts, n, i, before, blobs)
+  local section, id, count = DELTA[i + 1], DELTA[i + 2], tonumber(DELTA[i + 3])
+  local set, seen = {}, {}
+  for j = i + 4, i + 3 + 2 * count, 2 do
+    local attr, value = DELTA[j], DELTA[j + 1]
+    if section == 'res' and attr == 'findings' and value == '' then value = blobs[id] end
+    seen[attr] = true
+    if before[attr] ~= value then
+      set[#set + 1] = attr
+      set[#set + 1] = value
+    end
+  end
+  local gone = {}
+  for attr in pairs(before) do
+    if not seen[attr] then gone[#gone + 1] = attr end
+  end
+  if #set == 0 and #gone == 0 then return n end -- as it was: nothing to record
+  table.sort(gone)
+  parts[n + 1], parts[n + 2], parts[n + 3], parts[n + 4] = 'P', section, id, decimal(#set / 2)
+  n = n + 4
+  for j = 1, #set do parts[n + j] = set[j] end
+  n = n + #set + 1
+  parts[n] = decimal(#gone)
+  for j = 1, #gone do parts[n + j] = gone[j] end
+  return n + #gone
+end
+
+-- DELTA[1..DN] without the R records of fields that are not checkpoint state, and with the
+-- entities history_before named as P records: (parts, n).
 local function history_records()
   local parts, n = HIST, 0
+  local blobs = {} -- this delta's F blobs, by segment
   local i = 1
   while i <= DN do
     local tag = DELTA[i]
@@ -59,7 +114,14 @@ local function history_records()
         parts[n + 1], parts[n + 2], parts[n + 3] = 'R', DELTA[i + 1], DELTA[i + 2]
         n = n + 3
       end
+    elseif tag == 'E' and HISTORY_BEFORE and HISTORY_BEFORE[DELTA[i + 1] .. ' ' .. DELTA[i + 2]] then
+      size = 4 + 2 * tonumber(DELTA[i + 3])
+      n = history_patch(parts, n, i, HISTORY_BEFORE[DELTA[i + 1] .. ' ' .. DELTA[i + 2]], blobs)
+    elseif tag == 'F' and HISTORY_SEGMENTS and HISTORY_SEGMENTS[DELTA[i + 1]] == DELTA[i + 2] then
+      size = 3 -- the blob stored already: left out
+      blobs[DELTA[i + 1]] = DELTA[i + 2]
     else
+      if tag == 'F' then blobs[DELTA[i + 1]] = DELTA[i + 2] end
       if tag == 'E' then size = 4 + 2 * tonumber(DELTA[i + 3])
       elseif tag == 'X' then size = 2
       else size = 3 end -- S, F
@@ -119,6 +181,14 @@ end
 local function add_history(v, op, updated_at, base, whole, restart)
   local fields = {'v', v, 'op', op}
   if base then
+    -- the log's last event before this call's own (a base is rare: one XREVRANGE; a stray
+    -- key of another type in place of the log leaves l out, and is reported by its readers)
+    local got = redis.pcall('XREVRANGE', K_EVENTS, '+', '-', 'COUNT', HISTORY_APPENDED + 1)
+    local last = type(got) == 'table' and not got.err and got[HISTORY_APPENDED + 1]
+    if last then
+      fields[#fields + 1] = 'l'
+      fields[#fields + 1] = last[1]
+    end
     local parts, n
     if whole then
       parts, n = DELTA, DN
@@ -126,7 +196,8 @@ local function add_history(v, op, updated_at, base, whole, restart)
       parts = HIST
       n = whole_state_parts(parts)
     end
-    fields[5], fields[6] = 'z', records_bytes(parts, n)
+    fields[#fields + 1] = 'z'
+    fields[#fields + 1] = records_bytes(parts, n)
     if n > DELTA_KEEP then HIST = {} end
     updated_at = nil
   else

@@ -35,11 +35,6 @@ __all__ = ["Past", "read_history", "state_at"]
 
 logger = logging.getLogger(__name__)
 
-_WHOLE_OPS = frozenset({"init", "save", "restore"})
-"""Operations whose entry is always a base; a base of another operation starts the history
-again (a run written before it, an older writer in between, a trim)."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Past:
     """A past state: the checkpoint, the entry of its version, and the last event it holds."""
@@ -104,20 +99,27 @@ def _unavailable(client: Any, keys: RunKeys, run_id: uuid.UUID, at: Point,
 
 def _event_target(client: Any, keys: RunKeys, run_id: uuid.UUID, point: Point,
                         page: int) -> str:  # fmt: skip
-    """The history id of the append that holds event ``point.event_id``."""
+    """The history id of the append that holds event ``point.event_id``: the first append
+    whose last event is at or after it, unless a base came between (its ``l`` at or after
+    the event: the event is older than the base, and its append, if any, is not in the
+    history). The scan starts at the event's millisecond: an entry of the same millisecond
+    may precede the event in the other stream."""
     event = point.event_id or ""
     if not _xrange(client, run_id, keys.events, event, event, 1):
         _need_run(client, keys, run_id)
         raise ValidationError("at", f"no event {event} in the run's log")
-    key, lower, want = keys.history, event, id_key(event)
+    key, want = keys.history, id_key(event)
+    lower = f"{want[0]}-0"
     while True:
         got = _xrange(client, run_id, key, lower, "+", page)
         for raw_id, fields in got:
             entry = parse_entry(key, raw_id, fields)
+            before_base = (entry.base and entry.log_last is not None
+                           and id_key(entry.log_last) >= want)  # fmt: skip
+            if before_base:
+                break
             if entry.op == "append" and id_key(entry.event_id or "") >= want:
                 return entry.id
-            if entry.base:  # the event came before it (a fork's or an import's copied log,
-                break  # an older writer's append): no version of the history holds it
         else:
             if len(got) == page:
                 lower = "(" + entry_id(got[-1][0])
@@ -186,8 +188,8 @@ def _last_event(client: Any, keys: RunKeys, run_id: uuid.UUID, chain: list[Entry
     for entry in reversed(chain):
         if entry.op == "append":
             return entry.event_id
-        if entry.op == "init":
-            return None
+        if entry.base:  # the log's last event at the base (none after an init)
+            return entry.log_last
     key, hi = keys.history, "(" + chain[0].id
     first = chain[0].id
     while True:
