@@ -357,7 +357,7 @@ def test_live_reshard_onto_a_new_primary_costs_a_pause_not_an_error(
         full = uuid.uuid4()
         slot = key_slot(f"{{{full}}}".encode())
         sparse = _same_slot_run(slot)
-        # the full run: every one of its 11 keys exists (a script whose keys are all on one side
+        # the full run: every one of its 12 keys exists (a script whose keys are all on one side
         # of a migrating slot runs there, or is redirected with ASK; a split is TRYAGAIN)
         setup.init_run(full, "reshard", "/tmp/reshard")
         helper = uuid.uuid4()
@@ -372,9 +372,9 @@ def test_live_reshard_onto_a_new_primary_costs_a_pause_not_an_error(
             agent_id=helper, session_id="s", status="running", updated_at=1))  # fmt: skip
         setup.submit_agents([AgentTask(uuid.uuid4(), 0, {"n": 1})])  # the tasks and queue keys
         keys = run_keys("luft", full)
-        assert clients[0].exists(*keys) == len(keys) == 11
+        assert clients[0].exists(*keys) == len(keys) == 12
         base_tokens, base_events = 1, 3
-        # the sparse run: only its run hash and writers (TRYAGAIN while its slot moves)
+        # the sparse run: only its run hash, writers and history (TRYAGAIN while its slot moves)
         setup.init_run(sparse, "sparse", "/tmp/sparse")
         source = cluster.primary_for_slot(slot)
 
