@@ -8,6 +8,7 @@ on every target (fakeredis, a real server, a cluster) and both front ends.
 from __future__ import annotations
 
 import datetime as dt
+import multiprocessing
 import random
 import shutil
 import subprocess
@@ -188,6 +189,49 @@ def test_checkpoint_at_every_version_is_what_get_checkpoint_returned(
     for op in ops:
         mix.step(op)
     _check(backends[1], mix)
+
+
+def _writer_process(url: str, run_id: uuid.UUID, seed: int, ops: int, out: Any) -> None:
+    """One process of the fleet below: random writes by its own backend (no listener, so its
+    cache changes only with its own writes), each (version, checkpoint) it saw sent back."""
+    backend = RedisCheckpointBackend.from_url(url, watch=False)
+    try:
+        backend.open_run(run_id)
+        mix = Mix([backend], run_id, random.Random(seed))
+        rng = random.Random(seed + 1)
+        for _ in range(ops):
+            mix.step(rng.choice(OPS))
+        out.put([(v, cp.to_json()) for v, cp in mix.seen.items()])
+    finally:
+        backend.close()
+
+
+@pytest.mark.server
+def test_checkpoint_at_holds_for_writes_of_several_processes(redis_url: str) -> None:
+    """Three processes write a random mix to one run at once; every (version, checkpoint)
+    any of them saw right after its write is what checkpoint_at of that version returns."""
+    reader = RedisCheckpointBackend.from_url(redis_url, watch=False)
+    run_id = uuid.uuid4()
+    reader.init_run(run_id, "fleet", "/runs/f")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_writer_process, args=(redis_url, run_id, seed, 40, out))
+             for seed in (11, 22, 33)]  # fmt: skip
+    for proc in procs:
+        proc.start()
+    seen: dict[int, Any] = {}
+    for _ in procs:
+        for version, state in out.get(timeout=120):
+            assert seen.setdefault(version, state) == state  # one state per version
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert len(seen) > 30
+    for version, state in seen.items():
+        assert reader.checkpoint_at(at=version).to_json() == state, version
+    last = reader.history(count=1, reverse=True)[0].version
+    assert [v.version for v in reader.history(count=10_000)] == list(range(1, last + 1))
+    reader.close()
 
 
 def test_history_lists_versions_with_their_changes(
@@ -391,7 +435,8 @@ def test_a_fork_of_a_cancelled_run_runs_to_the_end_under_leases(
     """Phase 0 went well, phase 1 went wrong and the run was cancelled: a fork at the end of
     phase 0 gets phase 0's state and log, its phase-1 agents ready again in the parent's pool,
     and workers claiming from the pool finish it. The parent is not changed at all."""
-    coordinator, worker = make_frontend_backend(), make_frontend_backend()
+    coordinator = make_frontend_backend()
+    fleet = [make_frontend_backend() for _ in range(3)]  # leased workers, taking turns
     run_id = uuid.uuid4()
     coordinator.init_run(run_id, "review", "/runs/r")
     coordinator.join_pool("fleet", weight=2)
@@ -400,7 +445,11 @@ def test_a_fork_of_a_cancelled_run_runs_to_the_end_under_leases(
     def run_phase(backend: Any, rid: uuid.UUID, phase: int, fail: bool) -> None:
         backend.append_event(PhaseStarted(run_id=rid, phase_id=phase, label=f"p{phase}",
                                           planned=3))  # fmt: skip
-        while (lease := worker.claim_agent("w", pool="fleet", lease_for=30)) is not None:
+        turn = 0
+        while (lease := fleet[turn % 3].claim_agent(f"w{turn % 3}", pool="fleet",
+                                                   lease_for=30)) is not None:  # fmt: skip
+            worker = fleet[turn % 3]
+            turn += 1
             status = AgentStatus.ERROR if fail else AgentStatus.OK
             worker.append_event(AgentStarted(run_id=lease.run_id, phase_id=phase,
                                              agent_id=lease.agent_id, prompt_preview="p"),
@@ -409,6 +458,7 @@ def test_a_fork_of_a_cancelled_run_runs_to_the_end_under_leases(
                                           status=status, tokens=TokenUsage(input=10),
                                           elapsed_ms=1, output={"phase": phase}),
                                 lease=lease)  # fmt: skip
+        assert turn == 3  # each agent of the phase once
 
     coordinator.submit_agents([AgentTask(a, 0, {"n": i}) for i, a in enumerate(phases[0])])
     run_phase(coordinator, run_id, 0, fail=False)
@@ -420,6 +470,8 @@ def test_a_fork_of_a_cancelled_run_runs_to_the_end_under_leases(
                               max_attempts=1)  # fmt: skip
     run_phase(coordinator, run_id, 1, fail=True)
     coordinator.cancel()
+    for i, worker in enumerate(fleet):  # each worker's claim meets the cancelled run once (a
+        assert worker.claim_agent(f"w{i}", pool="fleet") is None  # write: its claim memo)
     parent_before = _dump(redis_client, run_id)
 
     child = coordinator.fork_run(run_id, at=good, task="review, again")
