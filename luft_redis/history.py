@@ -33,6 +33,7 @@ __all__ = [
     "HistoryPoint",
     "Point",
     "Version",
+    "base_incarnation",
     "fold",
     "parse_at",
     "parse_entry",
@@ -293,8 +294,13 @@ def _base(keys: RunKeys, entry: Entry) -> _Stored:
     return stored
 
 
-def fold(run_id: uuid.UUID, keys: RunKeys, entries: Sequence[Entry]) -> t.RunCheckpoint:
-    """The checkpoint after the last of ``entries``: a base, then the changes after it, one
+def base_incarnation(keys: RunKeys, entry: Entry) -> str:
+    """The incarnation a base's run hash holds ("" for none)."""
+    return _text(_base(keys, entry).run.get(b"incarnation", b""))
+
+
+def fold(run_id: uuid.UUID, keys: RunKeys, entries: Sequence[Entry]) -> RunState:
+    """The state after the last of ``entries``: a base, then the changes after it, one
     version each, in order (CorruptDataError naming the history key otherwise), decoded as
     ``open_run`` decodes a load (:meth:`luft_redis.cache.RunState.from_load`)."""
     if not entries or not entries[0].base:
@@ -317,7 +323,7 @@ def fold(run_id: uuid.UUID, keys: RunKeys, entries: Sequence[Entry]) -> t.RunChe
                                        f"unreadable: {exc!r}") from None  # fmt: skip
         stored.run[b"version"] = str(version).encode()
         stored.run[b"updated_at"] = str(entry.seconds).encode()
-    return RunState.from_load(run_id, keys, stored.reply()).snapshot
+    return RunState.from_load(run_id, keys, stored.reply())
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -368,6 +368,34 @@ def test_a_run_written_before_the_history_has_one_from_its_next_write(
     assert b.checkpoint_at(at=versions[-1].version) == b.get_checkpoint()
 
 
+@pytest.mark.parametrize("redis_target", ["fakeredis", "redis"])  # (a RENAME-free copy)
+def test_the_history_of_an_earlier_run_of_the_same_id_is_not_read(redis_client: Client) -> None:
+    """An older luft-redis deleted a run without its history and made it again: the next
+    write starts the new run's history with a base, and a version found only in the earlier
+    run's entries is a typed error naming that base, never the earlier run's state."""
+    b = RedisCheckpointBackend(redis_client, watch=False)
+    run_id, other = uuid.uuid4(), uuid.uuid4()
+    keys = run_keys("luft", run_id)
+    b.init_run(run_id, "first", "/r")
+    b.cancel()
+    stale: Any = redis_client.xrange(keys.history)
+    b.delete_run(run_id)
+    b.init_run(other, "second", "/r")  # an older init_run: this run hash, no history
+    fields: Any = redis_client.hgetall(run_keys("luft", other).run)
+    fields.pop(b"history_version")
+    redis_client.hset(keys.run, mapping={**fields, b"run_id": str(run_id).encode(),
+                                         b"incarnation": b"0ld"})  # fmt: skip
+    for entry_id, entry in stale:  # ... and the first run's history still there
+        redis_client.xadd(keys.history, entry, id=entry_id)
+    b.open_run(run_id)
+    b.append_event(Log(run_id=run_id, level=LogLevel.INFO, msg="new"))
+    assert b.checkpoint_at(at=2) == b.get_checkpoint()
+    with pytest.raises(HistoryUnavailableError, match="starts at version 2") as info:
+        b.checkpoint_at(at=1)
+    assert info.value.first_version == 2
+    b.close()
+
+
 def test_a_corrupt_history_entry_is_reported(make_frontend_backend: Callable[..., Any],
                                               redis_client: Client) -> None:  # fmt: skip
     b = make_frontend_backend()

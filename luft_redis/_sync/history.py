@@ -21,6 +21,7 @@ from ..history import (
     Entry,
     Point,
     Version,
+    base_incarnation,
     fold,
     id_key,
     parse_at,
@@ -171,13 +172,45 @@ def state_at(client: Any, keys: RunKeys, run_id: uuid.UUID,
             chain.append(entry)
             if entry.base:
                 chain.reverse()
-                return Past(fold(run_id, keys, chain), chain[-1],
+                state = fold(run_id, keys, chain)
+                _same_incarnation(client, keys, run_id, point, state.incarnation, page)
+                return Past(state.snapshot, chain[-1],
                             _last_event(client, keys, run_id, chain, page))  # fmt: skip
         if len(got) < page:
             if not chain and newest:
                 _need_run(client, keys, run_id)
             raise _unavailable(client, keys, run_id, point, page)
         hi = "(" + entry_id(got[-1][0])
+
+
+def _same_incarnation(client: Any, keys: RunKeys, run_id: uuid.UUID, point: Point,
+                            incarnation: str, page: int) -> None:  # fmt: skip
+    """HistoryUnavailableError when the folded state is of another incarnation than the run's
+    (a run deleted and made again by an older luft-redis, which left the history of the first
+    one): it names the first base of the run's own incarnation."""
+    try:
+        raw = client.hget(keys.run, "incarnation")
+    except REDIS_ERRORS as exc:
+        raise translate_error(exc, run_id=run_id, key=keys.run) from exc
+    current = raw.decode() if isinstance(raw, bytes) else (raw or "")
+    if not current or not incarnation or current == incarnation:
+        return
+    key, hi = keys.history, "+"
+    first: Entry | None = None
+    while True:  # back from the newest: the last base of another incarnation ends the run's
+        got = _xrange(client, run_id, key, "-", hi, page, reverse=True)
+        for raw_id, fields in got:
+            entry = parse_entry(key, raw_id, fields)
+            if entry.base:
+                if base_incarnation(keys, entry) != current:
+                    got = []
+                    break
+                first = entry
+        if len(got) < page:
+            break
+        hi = "(" + entry_id(got[-1][0])
+    raise HistoryUnavailableError(run_id, str(point), first.version if first else None,
+                                  first.id if first else None)  # fmt: skip
 
 
 def _last_event(client: Any, keys: RunKeys, run_id: uuid.UUID, chain: list[Entry],
