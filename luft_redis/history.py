@@ -26,6 +26,7 @@ from .cache import RunState
 from .delta import split_indexed
 from .errors import CorruptDataError, ValidationError
 from .keys import RunKeys
+from .wire import entry_id
 
 __all__ = [
     "DEFAULT_HISTORY_PAGE",
@@ -113,10 +114,6 @@ def stream_id_ms(entry_id: str) -> int:
     return int(entry_id.partition("-")[0])
 
 
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 _OPS: dict[bytes, str] = {}
 """Operation names seen, decoded once."""
 
@@ -124,7 +121,7 @@ _OPS: dict[bytes, str] = {}
 def parse_entry(key: str, raw_id: Any, fields: Any) -> Entry:
     """A history entry from an XRANGE reply's ``(id, fields)``: CorruptDataError naming the
     key and the field when it is not one this version wrote."""
-    entry_id = raw_id.decode() if type(raw_id) is bytes else _text(raw_id)
+    eid = raw_id.decode() if type(raw_id) is bytes else entry_id(raw_id)
     if type(fields) is dict and all(type(k) is bytes for k in fields):
         values: dict[bytes, Any] = fields
     elif isinstance(fields, dict):
@@ -139,19 +136,19 @@ def parse_entry(key: str, raw_id: Any, fields: Any) -> Entry:
     if (len(values) > 3 or not values.keys() <= _FAST_FIELDS or op is None
             or type(raw_v) is not bytes or not raw_v.isdigit() or len(raw_v) > 20
             or (d is not None and z is not None)):  # fmt: skip
-        op = _check_entry(f"{key} {entry_id}", values)
+        op = _check_entry(f"{key} {eid}", values)
     raw_t, raw_e, raw_l = get(b"t"), get(b"e"), get(b"l")
-    return Entry(int(raw_v), entry_id, op, z if z is not None else d, z is not None,
+    return Entry(int(raw_v), eid, op, z if z is not None else d, z is not None,
                  int(raw_t) if raw_t is not None else None,
-                 _text(raw_e) if raw_e is not None else None,
-                 _text(raw_l) if raw_l is not None else None)  # fmt: skip
+                 entry_id(raw_e) if raw_e is not None else None,
+                 entry_id(raw_l) if raw_l is not None else None)  # fmt: skip
 
 
 def _check_entry(where: str, values: dict[bytes, Any]) -> str:
     """The operation of an entry off the fast path, every field checked (CorruptDataError)."""
     unknown = set(values) - _FIELDS
     if unknown:
-        raise CorruptDataError(where, _text(min(unknown)), "not a field of a history entry")
+        raise CorruptDataError(where, entry_id(min(unknown)), "not a field of a history entry")
     raw_v, raw_op = values.get(b"v"), values.get(b"op")
     if not isinstance(raw_v, bytes) or not raw_v.isdigit() or len(raw_v) > 20:
         raise CorruptDataError(where, "v", "is not a version")
@@ -165,7 +162,7 @@ def _check_entry(where: str, values: dict[bytes, Any]) -> str:
         raise CorruptDataError(where, "t", "is not unix seconds")
     for name in (b"e", b"l"):
         raw = values.get(name)
-        if raw is not None and _STREAM_ID.fullmatch(_text(raw)) is None:
+        if raw is not None and _STREAM_ID.fullmatch(entry_id(raw)) is None:
             raise CorruptDataError(where, name.decode(), "is not a stream id")
     if len(_OPS) < 256:
         _OPS[raw_op] = raw_op.decode()
@@ -296,7 +293,7 @@ def _base(keys: RunKeys, entry: Entry) -> _Stored:
 
 def base_incarnation(keys: RunKeys, entry: Entry) -> str:
     """The incarnation a base's run hash holds ("" for none)."""
-    return _text(_base(keys, entry).run.get(b"incarnation", b""))
+    return entry_id(_base(keys, entry).run.get(b"incarnation", b""))
 
 
 def fold(run_id: uuid.UUID, keys: RunKeys, entries: Sequence[Entry]) -> RunState:

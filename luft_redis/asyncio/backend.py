@@ -764,9 +764,7 @@ class AsyncRedisCheckpointBackend(FrontEnd):
         unbound if it was bound to that run.
         """
         self._check_fork()
-        rid = self.run_id if run_id is None else check_uuid(run_id, "run_id")
-        if rid is None:
-            raise RunNotBoundError("delete_run")
+        rid = self._run_arg(run_id, "delete_run")
         keys = [*run_keys(self._prefix, rid), tombstone_key(self._prefix, rid)]
         ttl = (str(TOMBSTONE_TTL),)
         existed, acked = await self._execute(self._scripts.delete_run, ttl, keys, rid)

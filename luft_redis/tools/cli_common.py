@@ -43,6 +43,7 @@ __all__ = [
     "connect",
     "open_backend",
     "parse_run_id",
+    "positive_int",
     "redact_url",
     "server_failure",
 ]
@@ -198,6 +199,13 @@ def warn_needless_password(url: str, args: argparse.Namespace | None = None) -> 
     print(f"warning: the server at {redact_url(url)} accepts connections without a password; "
           "the password given is not needed", file=sys.stderr)  # fmt: skip
     return True
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type=``: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
 
 
 def parse_run_id(text: str) -> uuid.UUID:

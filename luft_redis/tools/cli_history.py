@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ValidationError
 from ..history import Point, parse_at
-from .cli_common import EXIT_OK, add_connection, open_backend, parse_run_id
+from .cli_common import EXIT_OK, add_connection, open_backend, parse_run_id, positive_int
 from .render import version_json, version_line
 
 __all__ = ["add_commands", "parse_point"]
@@ -33,12 +33,6 @@ def parse_point(text: str) -> Point:
         return parse_at(text)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
@@ -75,7 +69,7 @@ def add_commands(sub: Any) -> None:
         "its first write since.",
     )  # fmt: skip
     history.add_argument("run_id", metavar="RUN_ID", type=parse_run_id, help="the run's id")
-    history.add_argument("--limit", type=_positive, default=_DEFAULT_LIMIT, metavar="N",
+    history.add_argument("--limit", type=positive_int, default=_DEFAULT_LIMIT, metavar="N",
                          help=f"show at most N versions (default {_DEFAULT_LIMIT})")  # fmt: skip
     history.add_argument("--before", metavar="ID", help="only versions before this history id")
     history.add_argument("--after", metavar="ID", help="only versions after this history id")

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ValidationError
 from ..retention import DEFAULT_BATCH, FINAL_STATUSES, collect_garbage, parse_duration
-from .cli_common import EXIT_OK, add_connection, connect
+from .cli_common import EXIT_OK, add_connection, connect, positive_int
 
 __all__ = ["add_commands"]
 
@@ -42,12 +42,6 @@ def _statuses(text: str) -> tuple[str, ...]:
             f"{', '.join(bad) or 'no status'}: choose among {','.join(FINAL_STATUSES)}"
         )
     return wanted
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
 
 
 def _when(seconds: int) -> str:
@@ -113,7 +107,7 @@ def add_commands(sub: Any) -> None:
     gc.add_argument(
         "--batch",
         metavar="N",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_BATCH,
         help=f"runs read and deleted per batch (default {DEFAULT_BATCH})",
     )
